@@ -1,0 +1,1 @@
+"""System checks for BackWave's settings (ids backwave.E0xx / W0xx)."""

@@ -1,0 +1,46 @@
+"""Values the driver and the store exchange: a claimed job and the outcome decided for it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJob:
+    """A job row as a claim returns it: now running under the claimer's lease."""
+
+    id: int
+    task_path: str
+    queue: str
+    priority: int
+    payload: Any  # decoded JSON; the shell checks its shape before running anything
+    attempt: int  # this attempt's number, 1 for the first run (counted at claim)
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+    backend: str = "default"
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    attempted_at: datetime | None = None  # database clock, stamped by the claim
+
+
+class OutcomeKind(enum.Enum):
+    """What an attempt's end does to its job."""
+
+    SUCCEEDED = "succeeded"  # job done
+    RETRY = "retry"  # attempt failed, job ready again after a backoff
+    FAILED = "failed"  # attempt failed and no attempts are left: job dead
+    QUARANTINED = "quarantined"  # unroutable: unknown task or undecodable payload; kept, never retried
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """The driver's verdict on one finished attempt, waiting to be written."""
+
+    job_id: int
+    attempt: int
+    kind: OutcomeKind
+    retry_delay: float | None = None  # seconds from the write, by the database clock; RETRY only
