@@ -1,3 +1,12 @@
 """BackWave: background jobs for Django in the application's own PostgreSQL."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy, so that importing backwave.core (pure, Django-free) never drags Django in.
+    if name in {"enqueue_many", "aenqueue_many"}:
+        from backwave import tasks_api
+
+        return getattr(tasks_api, name)
+    raise AttributeError(f"module 'backwave' has no attribute {name!r}")

@@ -1,1 +1,53 @@
-"""System checks for BackWave's settings (ids backwave.E0xx / W0xx)."""
+"""System checks for BackWave's project-wide settings, with stable ids.
+
+backwave.E001  settings.BACKWAVE is not a dict
+backwave.E002  settings.BACKWAVE has an unknown key (the message suggests the closest one)
+backwave.E003  a BACKWAVE value has the wrong kind (the message says what is allowed)
+backwave.E004  a TASK_MODULES entry names no importable module
+
+Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+
+from django.conf import settings
+from django.core import checks
+
+from . import conf
+
+
+@checks.register()
+def check_backwave_settings(app_configs=None, **kwargs):
+    """Check ``settings.BACKWAVE``: known keys, values of the right kind, findable task modules."""
+    user = getattr(settings, "BACKWAVE", {})
+    if not isinstance(user, Mapping):
+        return [checks.Error(f"settings.BACKWAVE must be a dict, got {type(user).__name__}.", id="backwave.E001")]
+    errors = []
+    for key in user:
+        if key not in conf.DEFAULTS:
+            errors.append(checks.Error(conf.unknown_key_message(key, conf.DEFAULTS, "settings.BACKWAVE"), id="backwave.E002"))
+    for name, value in user.items():
+        if name in conf.DEFAULTS and (problem := conf.value_problem(name, value, "BACKWAVE")):
+            errors.append(checks.Error(problem, id="backwave.E003"))
+    modules = user.get("TASK_MODULES", [])
+    if not conf.value_problem("TASK_MODULES", modules, "BACKWAVE"):
+        for module in modules:
+            if not _module_exists(module):
+                errors.append(
+                    checks.Error(
+                        f"BACKWAVE['TASK_MODULES'] names {module!r}, which is not an importable module.",
+                        hint="Use the dotted path of a module that defines tasks, e.g. 'shop.tasks'.",
+                        id="backwave.E004",
+                    )
+                )
+    return errors
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False

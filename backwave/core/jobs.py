@@ -25,6 +25,7 @@ class ClaimedJob:
     enqueued_at: datetime | None = None
     started_at: datetime | None = None
     attempted_at: datetime | None = None  # database clock, stamped by the claim
+    previous_worker_ids: tuple[str, ...] = ()  # who ran the earlier attempts, oldest first
 
 
 class OutcomeKind(enum.Enum):

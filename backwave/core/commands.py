@@ -1,0 +1,75 @@
+"""Commands: what the Node Driver asks the shell to do, in order.
+
+A command list is executed in order, and its results come back as events in that order. A
+``ClaimJobs`` that follows a ``WriteOutcomes`` in one list was sized on the assumption that the
+write lands first: the shell runs it only after the write (it may pipeline the two into one
+round-trip) and, if the write fails, reports the claim as failed without running it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from .jobs import ClaimedJob, Outcome
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenLease(Command):
+    """Create a new lease for this pump (the shell mints its id)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimJobs(Command):
+    """Claim up to ``limit`` due jobs from ``queues`` under the lease."""
+
+    lease_id: uuid.UUID
+    queues: tuple[str, ...]
+    limit: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecuteJob(Command):
+    """Run this job's handler off the loop; report a JobFinished when it ends."""
+
+    job: ClaimedJob
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteOutcomes(Command):
+    """Apply these outcomes in one fenced batch write."""
+
+    lease_id: uuid.UUID
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RenewLease(Command):
+    """Heartbeat: push the lease's expiry forward."""
+
+    lease_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpireLeases(Command):
+    """Maintenance: release the jobs of leases that lapsed (anyone's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseJobs(Command):
+    """Give these unfinished jobs back, ready to run at once."""
+
+    lease_id: uuid.UUID
+    job_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseLease(Command):
+    """Give back everything still running under the lease, then delete the lease."""
+
+    lease_id: uuid.UUID

@@ -1,0 +1,515 @@
+"""The Node Driver: the sans-I/O state machine one pump obeys.
+
+Theory of operation
+-------------------
+The shell feeds events in (``handle``) and executes the commands that come back, in order,
+turning each result into the next event. The driver decides everything that matters for
+scheduling: how many jobs to claim, when to write outcomes, when to heartbeat, when to run
+maintenance, what a failed attempt turns into. It reads no clock (time arrives in ``event.now``,
+monotonic seconds), opens no connection and starts no thread, so production and the
+deterministic test pump make identical decisions.
+
+Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed and not yet
+reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
+its slot, because it still holds its lease; the slot reopens when the write lands.
+
+Lifecycle states and the events each accepts::
+
+    state     | event            | what happens                                        | next
+    ----------+------------------+-----------------------------------------------------+---------
+    NEW       | Started          | OpenLease                                           | OPENING
+    OPENING   | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
+    OPENING   | Tick             | retry OpenLease after a failed one                  | OPENING
+    OPENING   | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
+    OPENING   | DrainRequested   | nothing held yet                                    | STOPPED*
+    RUNNING   | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
+              |                  | heartbeat due: RenewLease; maintenance due:         |
+              |                  | ExpireLeases; lease presumed lapsed: self-fence     | OPENING
+    RUNNING   | HintReceived     | bring the poll forward (one pending-poll slot)      | RUNNING
+    RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
+    RUNNING   | JobFinished      | decide outcome, buffer; flush when the batch is     | RUNNING
+              |                  | full or nothing executes: WriteOutcomes + ClaimJobs |
+    RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
+    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all, OpenLease         | RUNNING/OPENING
+    RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
+    RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
+    DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
+              | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
+              | Tick, ...        | ReleaseLease (gives back what did not finish)       |
+    DRAINING  | LeaseReleased    |                                                     | STOPPED
+    DRAINING  | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
+              |                  | lease lapses and maintenance frees the rest         |
+
+    * after a LeaseOpened that was already in flight, the lease is released first.
+
+Any other pairing raises ``InvalidEvent`` naming the event and the state, and leaves the driver
+untouched: the shell halts the pump on it (fail-stop).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from . import commands as cmd
+from . import events as ev
+from .backoff import retry_delay
+from .jobs import ClaimedJob, Outcome, OutcomeKind
+from .options import WorkerGroupOptions
+
+# A pump stops trusting its lease this far before the lease's nominal end (as seen from the last
+# renewal it sent), so it fences itself before another node could have expired the lease.
+SELF_FENCE_MARGIN = 0.1
+
+
+class State(enum.Enum):
+    NEW = "NEW"
+    OPENING = "OPENING"
+    RUNNING = "RUNNING"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+
+
+class InvalidEvent(Exception):
+    """The driver cannot accept this event in its current state; nothing was changed."""
+
+    def __init__(self, event: ev.Event, state: State, reason: str):
+        self.event = event
+        self.state = state
+        super().__init__(f"{type(event).__name__} cannot be accepted in state {state.value}: {reason}")
+
+
+@dataclass(slots=True)
+class DriverStats:
+    """Counters the shell logs and the tests pin."""
+
+    claims: int = 0
+    claimed: int = 0
+    writes: int = 0
+    applied: int = 0
+    lost: int = 0  # outcomes the fence refused: the lease was no longer ours
+    abandoned: int = 0  # jobs given up on because the lease was lost
+    heartbeats: int = 0
+    store_faults: int = 0
+
+
+class NodeDriver:
+    """The decision-maker of one pump. See the module docstring for the transition table."""
+
+    def __init__(self, options: WorkerGroupOptions):
+        self.options = options
+        self.queues = tuple(options.policy.queues)
+        self.state = State.NEW
+        self.stats = DriverStats()
+        self.lease_id: uuid.UUID | None = None
+        self._executing: dict[int, ClaimedJob] = {}
+        self._buffer: deque[Outcome] = deque()
+        self._writing: tuple[Outcome, ...] = ()
+        self._abandoned: set[int] = set()
+        self._claim_limit = 0  # size of the claim in flight, 0 when none
+        self._claim_rides_write = False
+        self._renew_sent_at: float | None = None
+        self._lease_trusted_until = 0.0
+        self._open_in_flight = False
+        self._open_sent_at = 0.0
+        self._release_in_flight = False
+        self._next_poll = 0.0
+        self._next_heartbeat = 0.0
+        self._next_maintenance = 0.0
+        self._next_open = 0.0
+        self._hint_during_claim = False
+        self._drain_deadline: float | None = None
+        self._last_claim_short = False
+
+    # ---- what the shell may ask -------------------------------------------------------------
+
+    @property
+    def executing(self) -> int:
+        return len(self._executing)
+
+    @property
+    def unreported(self) -> int:
+        """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
+        return len(self._executing) + len(self._buffer) + len(self._writing)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.options.pool_size - self.unreported - self._claim_limit)
+
+    @property
+    def idle(self) -> bool:
+        """Running, nothing held, and the last claim found fewer jobs than it asked for."""
+        return self.state is State.RUNNING and self._last_claim_short and not self.unreported and not self._claim_limit
+
+    def next_wakeup(self) -> float | None:
+        """When the shell should send the next Tick; None once stopped."""
+        if self.state is State.STOPPED:
+            return None
+        if self.state is State.NEW:
+            return None
+        if self.state is State.OPENING:
+            return self._next_open if not self._open_in_flight else None
+        deadlines = [self._next_heartbeat, self._lease_trusted_until]
+        if self.state is State.RUNNING:
+            deadlines += [self._next_poll, self._next_maintenance]
+        elif self._drain_deadline is not None:
+            deadlines.append(self._drain_deadline)
+        return min(deadlines)
+
+    # ---- the one entry point ----------------------------------------------------------------
+
+    def handle(self, event: ev.Event) -> list[cmd.Command]:
+        """Take one event, return the commands to run in order."""
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise InvalidEvent(event, self.state, "unknown event type")
+        return handler(self, event)
+
+    # ---- handlers -----------------------------------------------------------------------------
+
+    def _on_started(self, event: ev.Started) -> list[cmd.Command]:
+        self._require(event, State.NEW)
+        self.state = State.OPENING
+        return self._open(event.now)
+
+    def _on_lease_opened(self, event: ev.LeaseOpened) -> list[cmd.Command]:
+        self._require(event, State.OPENING, State.STOPPED)
+        if not self._open_in_flight:
+            raise InvalidEvent(event, self.state, "no OpenLease is in flight")
+        self._open_in_flight = False
+        self.lease_id = event.lease_id
+        # Trusted and heartbeated from now on, even while it is being given straight back below.
+        self._trust_lease_from(self._open_sent_at)
+        self._next_heartbeat = event.now + self.options.heartbeat_every
+        if self.state is State.STOPPED:
+            # Drain came while the lease was being opened: give it straight back.
+            self.state = State.DRAINING
+            self._release_in_flight = True
+            return [cmd.ReleaseLease(lease_id=event.lease_id)]
+        self.state = State.RUNNING
+        # Maintenance at once: a worker that crashed before us may have left lapsed leases.
+        self._next_maintenance = event.now
+        self._next_poll = event.now
+        return self._on_due(event.now)
+
+    def _on_tick(self, event: ev.Tick) -> list[cmd.Command]:
+        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
+        if self.state is State.STOPPED:
+            return []
+        if self.state is State.OPENING:
+            if self._open_in_flight or event.now < self._next_open:
+                return []
+            return self._open(event.now)
+        return self._on_due(event.now)
+
+    def _on_hint(self, event: ev.HintReceived) -> list[cmd.Command]:
+        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
+        if self.state is not State.RUNNING:
+            return []
+        if self._claim_limit:
+            self._hint_during_claim = True
+            return []
+        self._next_poll = min(self._next_poll, event.now)
+        return self._on_due(event.now)
+
+    def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING)
+        if not self._claim_limit:
+            raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
+        if len(event.jobs) > self._claim_limit:
+            raise InvalidEvent(event, self.state, f"the claim asked for {self._claim_limit} jobs and got {len(event.jobs)}")
+        ids = [job.id for job in event.jobs]
+        if len(set(ids)) != len(ids) or any(i in self._executing for i in ids):
+            raise InvalidEvent(event, self.state, f"the claim returned a job this pump already holds: {ids}")
+        if self.unreported + len(event.jobs) > self.options.pool_size:
+            raise InvalidEvent(
+                event,
+                self.state,
+                f"backpressure violated: {self.unreported} unreported + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
+            )
+        asked = self._claim_limit
+        self._last_claim_short = len(event.jobs) < asked
+        self._claim_limit = 0
+        self._claim_rides_write = False
+        self.stats.claims += 1
+        self.stats.claimed += len(event.jobs)
+        if self.state is State.DRAINING:
+            commands: list[cmd.Command] = []
+            if event.jobs:
+                commands.append(cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=tuple(ids)))
+            return commands + self._drain_step(event.now)
+        commands = []
+        for job in event.jobs:
+            self._executing[job.id] = job
+            commands.append(cmd.ExecuteJob(job=job))
+        if self._hint_during_claim or len(event.jobs) == asked:
+            # A full batch says more is waiting; a hint said the same while we were busy.
+            self._hint_during_claim = False
+            self._next_poll = event.now
+            if self.free_slots:
+                commands += self._claim(event.now)
+        else:
+            self._next_poll = event.now + self.options.poll_interval
+        return commands
+
+    def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
+        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
+        job = self._executing.get(event.job_id)
+        if job is None:
+            if event.job_id in self._abandoned:
+                self._abandoned.discard(event.job_id)
+                return []
+            raise InvalidEvent(event, self.state, f"job {event.job_id} is not executing on this pump")
+        if job.attempt != event.attempt:
+            if event.job_id in self._abandoned:
+                # An attempt abandoned with a lost lease, finishing after the job was claimed again.
+                self._abandoned.discard(event.job_id)
+                return []
+            raise InvalidEvent(event, self.state, f"job {event.job_id} runs attempt {job.attempt}, not {event.attempt}")
+        if event.result not in ("succeeded", "failed", "unroutable"):
+            raise InvalidEvent(event, self.state, f"unknown result {event.result!r}")
+        try:
+            outcome = _decide(job, event)  # before any change: a refused event leaves no trace
+        except ValueError as error:  # e.g. jitter outside [0, 1)
+            raise InvalidEvent(event, self.state, str(error)) from None
+        del self._executing[event.job_id]
+        self._buffer.append(outcome)
+        if self.state is State.DRAINING:
+            return self._drain_step(event.now)
+        if len(self._buffer) >= self.options.outcome_batch or not self._executing:
+            return self._flush(event.now, then_claim=True)
+        return []
+
+    def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING, State.OPENING)
+        if not self._writing:
+            raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
+        written = {o.job_id for o in self._writing}
+        if not event.applied <= written:
+            raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
+        self.stats.writes += 1
+        self.stats.applied += len(event.applied)
+        self.stats.lost += len(written) - len(event.applied)
+        self._writing = ()
+        if self.state is State.DRAINING:
+            return self._drain_step(event.now)
+        if self.state is not State.RUNNING:
+            return []
+        commands: list[cmd.Command] = []
+        if len(self._buffer) >= self.options.outcome_batch or (self._buffer and not self._executing):
+            commands += self._flush(event.now, then_claim=not self._claim_limit)
+        elif not self._claim_limit and self.free_slots:
+            # Re-poll after an applied batch: work may have become due meanwhile.
+            commands += self._claim(event.now)
+        return commands
+
+    def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+        if self._renew_sent_at is None:
+            raise InvalidEvent(event, self.state, "no RenewLease is in flight")
+        sent_at, self._renew_sent_at = self._renew_sent_at, None
+        if self.state in (State.OPENING, State.STOPPED):
+            return []  # the lease it renewed was already given up
+        self.stats.heartbeats += 1
+        if event.held:
+            self._trust_lease_from(sent_at)
+            return []
+        return self._lose_lease(event.now)
+
+    def _on_leases_expired(self, event: ev.LeasesExpired) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+        return []
+
+    def _on_jobs_released(self, event: ev.JobsReleased) -> list[cmd.Command]:
+        self._require(event, State.DRAINING, State.RUNNING)
+        return []
+
+    def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
+        self._require(event, State.DRAINING)
+        if not self._release_in_flight:
+            raise InvalidEvent(event, self.state, "no ReleaseLease is in flight")
+        self._release_in_flight = False
+        self._abandon_all()
+        self.lease_id = None
+        self.state = State.STOPPED
+        return []
+
+    def _on_store_failed(self, event: ev.StoreFailed) -> list[cmd.Command]:
+        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
+        failed = event.command
+        if not isinstance(failed, cmd.Command):
+            raise InvalidEvent(event, self.state, f"unknown command {failed!r}")
+        self.stats.store_faults += 1
+        retry_at = event.now + self.options.poll_interval
+        if isinstance(failed, cmd.OpenLease):
+            self._open_in_flight = False
+            self._next_open = retry_at
+            if self.state is State.STOPPED:
+                return []
+        elif isinstance(failed, cmd.ClaimJobs):
+            self._claim_limit = 0
+            self._claim_rides_write = False
+            self._next_poll = max(self._next_poll, retry_at)
+        elif isinstance(failed, cmd.WriteOutcomes):
+            # Nothing was written: the batch goes back to the front of the buffer, and is
+            # written once on a later tick.
+            self._buffer.extendleft(reversed(self._writing))
+            self._writing = ()
+            self._next_poll = max(self._next_poll, retry_at)
+        elif isinstance(failed, cmd.RenewLease):
+            self._renew_sent_at = None
+            self._next_heartbeat = min(self._next_heartbeat, retry_at)
+        elif isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
+            if self.state is State.DRAINING:
+                # Give up: the lease lapses and maintenance anywhere gives the jobs back.
+                self._release_in_flight = False
+                self._abandon_all()
+                self.state = State.STOPPED
+            return []
+        # ExpireLeases: the next maintenance run tries again; nothing to undo.
+        if self.state is State.DRAINING and self._drain_deadline is not None and event.now >= self._drain_deadline:
+            self._abandon_all()
+            self._buffer.clear()
+            self.state = State.STOPPED
+        return []
+
+    def _on_drain_requested(self, event: ev.DrainRequested) -> list[cmd.Command]:
+        self._require(event, State.NEW, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
+        if self.state in (State.NEW, State.STOPPED):
+            self.state = State.STOPPED
+            return []
+        if self.state is State.OPENING:
+            # If an OpenLease is in flight, LeaseOpened will release the new lease at once.
+            self.state = State.STOPPED
+            return []
+        if self.state is State.DRAINING:
+            return []
+        self.state = State.DRAINING
+        self._drain_deadline = event.now + event.timeout
+        return self._drain_step(event.now)
+
+    # ---- decisions ----------------------------------------------------------------------------
+
+    def _on_due(self, now: float) -> list[cmd.Command]:
+        commands: list[cmd.Command] = []
+        if now >= self._lease_trusted_until:
+            # No renewal has landed for a whole lease: another node may already have expired
+            # it and re-run our jobs. Stop writing for them and start over.
+            return self._lose_lease(now)
+        if self.state is State.DRAINING:
+            commands += self._drain_step(now)
+        elif now >= self._next_poll:
+            self._next_poll = now + self.options.poll_interval
+            # The claim is sized before the buffer drains, so buffered outcomes keep their slots.
+            if not self._claim_limit and self.free_slots:
+                commands += self._claim(now)
+            commands += self._flush(now, then_claim=False)
+        if now >= self._next_heartbeat and self._renew_sent_at is None and self.lease_id is not None:
+            self._next_heartbeat = now + self.options.heartbeat_every
+            self._renew_sent_at = now
+            commands.append(cmd.RenewLease(lease_id=self.lease_id))
+        if self.state is State.RUNNING and now >= self._next_maintenance:
+            self._next_maintenance = now + self.options.maintenance_interval
+            commands.append(cmd.ExpireLeases())
+        return commands
+
+    def _claim(self, now: float) -> list[cmd.Command]:
+        limit = min(self.free_slots, self.options.max_claim_batch)
+        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING:
+            return []
+        self._claim_limit = limit
+        self._next_poll = now + self.options.poll_interval
+        return [cmd.ClaimJobs(lease_id=self.lease_id, queues=self.queues, limit=limit)]
+
+    def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
+        if self._writing or not self._buffer:
+            return []
+        batch = tuple(self._buffer.popleft() for _ in range(min(len(self._buffer), self.options.outcome_batch)))
+        self._writing = batch
+        commands: list[cmd.Command] = [cmd.WriteOutcomes(lease_id=self.lease_id, outcomes=batch)]
+        if then_claim and self.state is State.RUNNING and not self._claim_limit:
+            # The claim runs after the write lands, so the slots the write frees are counted as
+            # free: size it without the batch being written.
+            limit = min(
+                self.options.pool_size - len(self._executing) - len(self._buffer),
+                self.options.max_claim_batch,
+            )
+            if limit > 0:
+                self._claim_limit = limit
+                self._claim_rides_write = True
+                self._next_poll = now + self.options.poll_interval
+                commands.append(cmd.ClaimJobs(lease_id=self.lease_id, queues=self.queues, limit=limit))
+        return commands
+
+    def _drain_step(self, now: float) -> list[cmd.Command]:
+        """Move a drain forward: write what is buffered, then give the lease back."""
+        if self._claim_limit or self._writing or self._release_in_flight:
+            return []
+        past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
+        if self._executing and not past_deadline:
+            return []
+        if self._buffer:
+            return self._flush(now, then_claim=False)
+        self._release_in_flight = True
+        return [cmd.ReleaseLease(lease_id=self.lease_id)]
+
+    def _lose_lease(self, now: float) -> list[cmd.Command]:
+        self._abandon_all()
+        self._buffer.clear()
+        self._writing = ()
+        self.lease_id = None
+        self._renew_sent_at = None
+        if self.state is State.DRAINING:
+            self.state = State.STOPPED
+            return []
+        self.state = State.OPENING
+        return self._open(now)
+
+    def _open(self, now: float) -> list[cmd.Command]:
+        self._open_in_flight = True
+        self._open_sent_at = now
+        return [cmd.OpenLease()]
+
+    def _abandon_all(self) -> None:
+        self.stats.abandoned += len(self._executing)
+        self._abandoned.update(self._executing)
+        self._executing.clear()
+
+    def _trust_lease_from(self, sent_at: float) -> None:
+        # The database stamped the renewal no earlier than we sent it, so the lease is ours at
+        # least until sent_at + lease_duration; stop a margin before that.
+        self._lease_trusted_until = sent_at + self.options.lease_duration * (1.0 - SELF_FENCE_MARGIN)
+
+    def _require(self, event: ev.Event, *states: State) -> None:
+        if self.state not in states:
+            raise InvalidEvent(event, self.state, f"accepted only in {', '.join(s.value for s in states)}")
+
+
+def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
+    if event.result == "succeeded":
+        return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED)
+    if event.result == "unroutable":
+        return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.QUARANTINED)
+    if job.attempt >= job.max_attempts:
+        return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.FAILED)
+    delay = retry_delay(attempt=job.attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
+    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.RETRY, retry_delay=delay)
+
+
+_HANDLERS = {
+    ev.Started: NodeDriver._on_started,
+    ev.LeaseOpened: NodeDriver._on_lease_opened,
+    ev.Tick: NodeDriver._on_tick,
+    ev.HintReceived: NodeDriver._on_hint,
+    ev.ClaimReturned: NodeDriver._on_claim_returned,
+    ev.JobFinished: NodeDriver._on_job_finished,
+    ev.OutcomesWritten: NodeDriver._on_outcomes_written,
+    ev.LeaseRenewed: NodeDriver._on_lease_renewed,
+    ev.LeasesExpired: NodeDriver._on_leases_expired,
+    ev.JobsReleased: NodeDriver._on_jobs_released,
+    ev.LeaseReleased: NodeDriver._on_lease_released,
+    ev.StoreFailed: NodeDriver._on_store_failed,
+    ev.DrainRequested: NodeDriver._on_drain_requested,
+}

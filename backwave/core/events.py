@@ -1,0 +1,108 @@
+"""Events: facts the shell feeds into the Node Driver. Each carries ``now``, the shell's
+monotonic clock in seconds, because the driver reads no clock of its own."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from .jobs import ClaimedJob
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Started(Event):
+    """The pump is up and wants to work."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseOpened(Event):
+    """The store created the lease the pump asked for."""
+
+    lease_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick(Event):
+    """The pump's single timer fired (at or after ``driver.next_wakeup()``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HintReceived(Event):
+    """A Wake-Up Hint arrived: bring the next poll forward. Never required for correctness."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimReturned(Event):
+    """The claim the driver asked for returned these jobs (possibly none)."""
+
+    jobs: tuple[ClaimedJob, ...]
+
+
+JobResult = Literal["succeeded", "failed", "unroutable"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFinished(Event):
+    """An attempt ended. ``jitter`` in [0, 1) is the shell's random draw for a retry's backoff."""
+
+    job_id: int
+    attempt: int
+    result: JobResult
+    jitter: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutcomesWritten(Event):
+    """The outcome write landed; ``applied`` are the ids the fence let through."""
+
+    applied: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRenewed(Event):
+    """The heartbeat landed. ``held`` is False when the lease was gone (expired by someone else)."""
+
+    held: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeasesExpired(Event):
+    """A maintenance run released ``released`` jobs from lapsed leases (anyone's)."""
+
+    released: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsReleased(Event):
+    """Jobs the driver gave back are ready again."""
+
+    released: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseReleased(Event):
+    """The lease is gone and whatever ran under it is ready again."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreFailed(Event):
+    """A command failed with a transient store fault (connection lost, restart, timeout).
+
+    ``command`` is the command that failed. Commands after it in the same list that the shell
+    did not run are reported as failed too, in order.
+    """
+
+    command: object
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainRequested(Event):
+    """Stop claiming; let running jobs finish within ``timeout`` seconds, then give back the rest."""
+
+    timeout: float

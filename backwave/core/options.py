@@ -1,0 +1,63 @@
+"""Worker group options and their validation (the seeds' two messages, word for word)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .policy import DispatchPolicy, Strict
+
+QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")  # \Z, not $: $ also matches before a trailing newline
+
+
+class WorkerGroupConfigError(ValueError):
+    """A worker group is configured in a way BackWave cannot run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerGroupOptions:
+    """One worker group: its queues (through the policy) and every throughput dial.
+
+    A group's peak concurrency on a node is ``pumps * pool_size``. Intervals are seconds.
+    """
+
+    name: str
+    policy: DispatchPolicy = field(default_factory=lambda: Strict("default"))
+    pool_size: int = 20
+    pumps: int = 1
+    max_claim_batch: int = 32
+    max_outcome_batch: int | None = None  # None: falls back to max_claim_batch
+    poll_interval: float = 1.0
+    lease_duration: float = 30.0
+    heartbeat_interval: float | None = None  # None: lease_duration / 3
+    maintenance_interval: float = 30.0
+    drain_timeout: float = 30.0
+
+    @property
+    def outcome_batch(self) -> int:
+        """How many outcomes buffer before a write: max_outcome_batch, else max_claim_batch."""
+        return self.max_outcome_batch if self.max_outcome_batch is not None else self.max_claim_batch
+
+    @property
+    def heartbeat_every(self) -> float:
+        """Seconds between lease renewals: heartbeat_interval, else a third of the lease."""
+        return self.heartbeat_interval if self.heartbeat_interval is not None else self.lease_duration / 3.0
+
+
+def validate_groups(groups: Iterable[WorkerGroupOptions]) -> list[WorkerGroupOptions]:
+    """Reject what the seeds reject: a duplicate group name, and fewer than one pump.
+
+    Like the original, the other dials carry no upper bound: they are the operator's to set.
+    Types and signs are checked where the options are parsed from settings or flags.
+    """
+    seen: set[str] = set()
+    validated = []
+    for group in groups:
+        if group.name in seen:
+            raise WorkerGroupConfigError(f"Worker Group '{group.name}' is configured twice.")
+        if group.pumps < 1:
+            raise WorkerGroupConfigError(f"Worker Group '{group.name}' must run at least one Pump (Pumps = {group.pumps}).")
+        seen.add(group.name)
+        validated.append(group)
+    return validated

@@ -1,0 +1,81 @@
+"""manage.py backwave_worker: run BackWave's worker groups in this process."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from django.core.management.base import BaseCommand, CommandError
+
+from backwave import conf
+from backwave.core.options import WorkerGroupConfigError
+from backwave.shell.registry import TaskRegistry
+from backwave.shell.worker import Worker, group_from_mapping
+
+
+class Command(BaseCommand):
+    help = "Run BackWave worker groups: claim jobs, run them, report outcomes. SIGTERM or SIGINT drains; a second signal stops at once."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--queues", help="Comma-separated queues for a one-off group (instead of BACKWAVE['WORKER_GROUPS']).")
+        parser.add_argument("--group", default=None, help="Run only this configured group, or name the one-off group (default 'cli').")
+        parser.add_argument("--pool-size", type=int, help="Worker threads per pump.")
+        parser.add_argument("--pumps", type=int, help="Pumps (claim loops) per group.")
+        parser.add_argument("--max-claim-batch", type=int)
+        parser.add_argument("--poll-interval", type=float, help="Seconds between polls when idle.")
+        parser.add_argument("--lease-duration", type=float, help="Seconds a lease lives without renewal.")
+        parser.add_argument("--maintenance-interval", type=float)
+        parser.add_argument("--drain-timeout", type=float, help="Seconds running jobs get to finish after SIGTERM.")
+        parser.add_argument("--until-idle", action="store_true", help="Drain and exit once no due job is left (for scripts and tests).")
+        parser.add_argument("--log-every", type=float, default=10.0, help="Seconds between throughput lines.")
+
+    def handle(self, *args, **options):
+        if options["verbosity"] >= 2:
+            logging.getLogger("backwave").setLevel(logging.DEBUG)
+        try:
+            groups = self._groups(options)
+            worker = Worker(
+                groups,
+                store_factory=_store_factory,
+                registry=TaskRegistry.discover(conf.get_setting("TASK_MODULES")),
+                max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
+                log_every=options["log_every"],
+            )
+        except (WorkerGroupConfigError, ValueError) as error:
+            raise CommandError(str(error)) from error
+        code = worker.run(until_idle=options["until_idle"])
+        if worker.stragglers:
+            # Jobs given back at the drain deadline are still running on handler threads, and
+            # the interpreter would wait for them at exit. Their rows are already released.
+            logging.shutdown()
+            os._exit(code)
+        if code:
+            raise CommandError("every pump halted; see the log above for the reasons", returncode=code)
+
+    def _groups(self, options):
+        overrides = {
+            "pool_size": options["pool_size"],
+            "pumps": options["pumps"],
+            "max_claim_batch": options["max_claim_batch"],
+            "poll_interval": options["poll_interval"],
+            "lease_duration": options["lease_duration"],
+            "maintenance_interval": options["maintenance_interval"],
+            "drain_timeout": options["drain_timeout"],
+        }
+        overrides = {key: value for key, value in overrides.items() if value is not None}
+        if options["queues"]:
+            queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+            raw_groups = [{"name": options["group"] or "cli", "queues": queues}]
+        else:
+            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or [{"name": "default", "queues": ["default"]}]
+            if options["group"]:
+                raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
+                if not raw_groups:
+                    raise CommandError(f"No worker group named {options['group']!r} in BACKWAVE['WORKER_GROUPS']")
+        return [group_from_mapping({**raw, **overrides}) for raw in raw_groups]
+
+
+def _store_factory():
+    from backwave.store.postgres import PostgresStore
+
+    return PostgresStore.from_django()

@@ -1,0 +1,269 @@
+"""The pump: one claim -> dispatch -> report loop on its own thread.
+
+Theory of operation
+-------------------
+The pump owns a Node Driver, a store connection and a pool of ``pool_size`` worker threads. Its
+loop is the only reader of a single event channel: worker threads post ``JobFinished``, the
+process posts ``DrainRequested`` (and, later, hints); when nothing arrives before the driver's
+next deadline the loop makes a ``Tick``. Each event goes to the driver, and the commands that come
+back run in order on this thread, so exactly one store round-trip is in flight per pump and the
+store connection is never shared. A command's result is fed straight back to the driver as the
+next event. Handlers run on the pool, never on the loop.
+
+A ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one pipelined round-trip: the write
+lands first, then the claim, which is how a pump at steady state spends one round-trip per batch.
+
+Faults: a transient store fault marks the pump degraded and is reported to the driver as
+``StoreFailed`` (it retries on a later tick; the outcome buffer survives a reconnect). Anything
+else (an event the driver rejects, an unexpected exception) halts this pump only: it stops
+claiming, its lease lapses, other pumps inherit its jobs, and the process keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from backwave.core import commands as cmd
+from backwave.core import events as ev
+from backwave.core.driver import NodeDriver, State
+from backwave.core.options import WorkerGroupOptions
+from backwave.store.contract import OutcomeRecord, Store, TransientStoreError
+
+from .execution import AttemptReport, run_attempt
+from .registry import TaskRegistry
+
+logger = logging.getLogger("backwave.pump")
+
+HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
+
+
+class Pump:
+    """One pump of a worker group. ``start()`` runs it on a thread; ``drain()`` stops it gently."""
+
+    def __init__(
+        self,
+        options: WorkerGroupOptions,
+        index: int,
+        *,
+        store_factory: Callable[[], Store],
+        registry: TaskRegistry,
+        max_traceback_chars: int = 16_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.options = options
+        self.index = index
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{options.name}:{index}:{uuid.uuid4().hex[:8]}"
+        self.driver = NodeDriver(options)
+        self.health = HEALTHY
+        self.health_reason = ""
+        self._store_factory = store_factory
+        self._store: Store | None = None
+        self._registry = registry
+        self._max_traceback_chars = max_traceback_chars
+        self._clock = clock
+        self._channel: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
+        self._reports: dict[tuple[int, int], AttemptReport] = {}
+        self._random = random.Random()
+        self._stop_now = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
+        self._pool = ThreadPoolExecutor(max_workers=options.pool_size, thread_name_prefix=f"backwave-{options.name}-{index}")
+
+    # ---- control from other threads -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Stop claiming, let running jobs finish within ``timeout`` seconds, give back the rest."""
+        timeout = self.options.drain_timeout if timeout is None else timeout
+        self._channel.put(ev.DrainRequested(now=self._clock(), timeout=timeout))
+
+    def stop_now(self) -> None:
+        """Leave at once: nothing more is written; the lease lapses and others take over."""
+        self._stop_now.set()
+        self._channel.put(ev.Tick(now=self._clock()))
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def round_trips(self) -> int:
+        return getattr(self._store, "round_trips", 0)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._store = self._store_factory()
+            self._process(ev.Started(now=self._clock()))
+            while self.driver.state is not State.STOPPED and not self._stop_now.is_set():
+                self._process(self._next_event())
+        except Exception as error:
+            self._halt(error)
+        finally:
+            # Never wait here: after a clean drain nothing is running, and after a drain deadline,
+            # a halt or a stop, the handlers still running belong to jobs already given up on.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._store is not None:
+                try:
+                    self._store.close()
+                except Exception:
+                    logger.debug("Closing the store of %s failed", self.worker_id, exc_info=True)
+
+    def _next_event(self) -> ev.Event:
+        wake = self.driver.next_wakeup()
+        timeout = None if wake is None else max(0.0, wake - self._clock())
+        try:
+            return self._channel.get(timeout=timeout)
+        except queue.Empty:
+            return ev.Tick(now=self._clock())
+
+    def _process(self, event: ev.Event) -> None:
+        pending = deque(self.driver.handle(event))
+        while pending:
+            if self._stop_now.is_set():
+                return
+            command = pending.popleft()
+            if isinstance(command, cmd.WriteOutcomes) and pending and isinstance(pending[0], cmd.ClaimJobs):
+                results = self._write_then_claim(command, pending.popleft())
+            else:
+                results = self._execute(command)
+            for result in results:
+                pending.extend(self.driver.handle(result))
+
+    def _execute(self, command: cmd.Command) -> list[ev.Event]:
+        if isinstance(command, cmd.ExecuteJob):
+            self._pool.submit(self._run_job, command.job)
+            return []
+        try:
+            result = self._call_store(command)
+        except TransientStoreError as error:
+            self._degrade(error)
+            return [ev.StoreFailed(now=self._clock(), command=command)]
+        self._recovered()
+        return [result]
+
+    def _write_then_claim(self, write: cmd.WriteOutcomes, claim: cmd.ClaimJobs) -> list[ev.Event]:
+        try:
+            applied, jobs = self._store.write_outcomes_then_claim(
+                lease_id=write.lease_id,
+                worker_id=self.worker_id,
+                outcomes=self._records(write.outcomes),
+                queues=claim.queues,
+                limit=claim.limit,
+            )
+        except TransientStoreError as error:
+            self._degrade(error)
+            now = self._clock()
+            # The claim never ran: a failed write aborts the rest of the pipeline.
+            return [ev.StoreFailed(now=now, command=write), ev.StoreFailed(now=now, command=claim)]
+        self._recovered()
+        self._forget(write.outcomes)
+        now = self._clock()
+        return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
+
+    def _call_store(self, command: cmd.Command) -> ev.Event:
+        store = self._store
+        match command:
+            case cmd.ClaimJobs():
+                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=self.worker_id, queues=command.queues, limit=command.limit)
+                return ev.ClaimReturned(now=self._clock(), jobs=tuple(jobs))
+            case cmd.WriteOutcomes():
+                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
+                self._forget(command.outcomes)
+                return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied))
+            case cmd.OpenLease():
+                lease_id = uuid.uuid4()
+                store.open_lease(
+                    lease_id=lease_id,
+                    worker_id=self.worker_id,
+                    group=self.options.name,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    duration=self.options.lease_duration,
+                )
+                return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
+            case cmd.RenewLease():
+                held = store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration)
+                if not held:
+                    logger.warning("Pump %s lost its lease; its running jobs will be run again elsewhere", self.worker_id)
+                return ev.LeaseRenewed(now=self._clock(), held=held)
+            case cmd.ExpireLeases():
+                released = store.expire_leases(limit=1000)
+                if released:
+                    logger.info("Released %d job(s) from lapsed leases", released)
+                return ev.LeasesExpired(now=self._clock(), released=released)
+            case cmd.ReleaseJobs():
+                released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
+                return ev.JobsReleased(now=self._clock(), released=frozenset(released))
+            case cmd.ReleaseLease():
+                released = store.release_lease(lease_id=command.lease_id)
+                if released:
+                    logger.info("Pump %s gave back %d unfinished job(s)", self.worker_id, len(released))
+                return ev.LeaseReleased(now=self._clock())
+        raise TypeError(f"the pump cannot execute {command!r}")
+
+    # ---- jobs -------------------------------------------------------------------------------------
+
+    def _run_job(self, job) -> None:
+        report = run_attempt(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars)
+        self._reports[(job.id, job.attempt)] = report
+        self._channel.put(
+            ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random())
+        )
+
+    def _records(self, outcomes) -> list[OutcomeRecord]:
+        records = []
+        for outcome in outcomes:
+            report = self._reports.get((outcome.job_id, outcome.attempt))
+            records.append(
+                OutcomeRecord(
+                    job_id=outcome.job_id,
+                    attempt=outcome.attempt,
+                    kind=outcome.kind,
+                    retry_delay=outcome.retry_delay,
+                    return_value=report.return_value if report else None,
+                    error_class=report.error_class if report else "",
+                    traceback=report.traceback if report else "",
+                    duration=report.duration if report else 0.0,
+                )
+            )
+        return records
+
+    def _forget(self, outcomes) -> None:
+        for outcome in outcomes:
+            self._reports.pop((outcome.job_id, outcome.attempt), None)
+
+    # ---- health -----------------------------------------------------------------------------------
+
+    def _degrade(self, error: Exception) -> None:
+        if self.health == HEALTHY:
+            logger.warning("Pump %s degraded: %s", self.worker_id, error)
+        self.health = DEGRADED
+        self.health_reason = str(error)
+
+    def _recovered(self) -> None:
+        if self.health == DEGRADED:
+            logger.info("Pump %s recovered", self.worker_id)
+            self.health = HEALTHY
+            self.health_reason = ""
+
+    def _halt(self, error: Exception) -> None:
+        self.health = HALTED
+        self.health_reason = f"{type(error).__name__}: {error}"
+        logger.error("Pump %s halted; its lease will lapse and other pumps take its jobs", self.worker_id, exc_info=error)

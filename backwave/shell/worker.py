@@ -1,0 +1,166 @@
+"""A worker process: the configured groups' pumps, signals, graceful drain, throughput log."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
+from backwave.core.policy import Strict
+from backwave.store.contract import Store
+
+from .pump import HALTED, Pump
+from .registry import TaskRegistry
+
+logger = logging.getLogger("backwave.worker")
+
+_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions)} | {"queues": None}
+_INT_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
+_FLOAT_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
+
+
+def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
+    """Build one group from a settings dict, rejecting what is misspelt or out of range."""
+    if not isinstance(raw, Mapping):
+        raise WorkerGroupConfigError(f"A worker group must be a dict of options, got {type(raw).__name__}: {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise WorkerGroupConfigError(f"A worker group needs a 'name' (a non-empty string), got {name!r}")
+    for key in raw:
+        if key not in _OPTION_FIELDS:
+            hint = difflib.get_close_matches(key, _OPTION_FIELDS, n=1)
+            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise WorkerGroupConfigError(
+                f"Worker Group '{name}' has an unknown option {key!r}.{suggestion} Known options: {', '.join(sorted(_OPTION_FIELDS))}."
+            )
+    options: dict[str, Any] = {"name": name}
+    if "policy" in raw and "queues" in raw:
+        raise WorkerGroupConfigError(f"Worker Group '{name}' sets both 'policy' and 'queues'; give one.")
+    if "policy" in raw:
+        options["policy"] = raw["policy"]
+    else:
+        queues = raw.get("queues", ["default"])
+        if isinstance(queues, str) or not isinstance(queues, Iterable):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': 'queues' must be a list of queue names, got {queues!r}")
+        options["policy"] = Strict(*queues)
+    for queue_name in options["policy"].queues:
+        if not isinstance(queue_name, str) or not QUEUE_NAME_PATTERN.match(queue_name):
+            raise WorkerGroupConfigError(
+                f"Worker Group '{name}': queue name {queue_name!r} is invalid; use 1 to 64 letters, digits, '_', '.' or '-'."
+            )
+    for key in _INT_OPTIONS & raw.keys():
+        value = raw[key]
+        if key == "max_outcome_batch" and value is None:
+            options[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a whole number, got {value!r}")
+        if key != "pumps" and value < 1:
+            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be at least 1, got {value}")
+        options[key] = value
+    for key in _FLOAT_OPTIONS & raw.keys():
+        value = raw[key]
+        if key == "heartbeat_interval" and value is None:
+            options[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a positive number of seconds, got {value!r}")
+        options[key] = float(value)
+    return WorkerGroupOptions(**options)
+
+
+class Worker:
+    """Runs every pump of the given groups until drained or stopped."""
+
+    def __init__(
+        self,
+        groups: Iterable[WorkerGroupOptions],
+        *,
+        store_factory: Callable[[], Store],
+        registry: TaskRegistry,
+        max_traceback_chars: int = 16_000,
+        log_every: float = 10.0,
+    ):
+        self.groups = validate_groups(groups)
+        self.pumps = [
+            Pump(group, index, store_factory=store_factory, registry=registry, max_traceback_chars=max_traceback_chars)
+            for group in self.groups
+            for index in range(group.pumps)
+        ]
+        self._log_every = log_every
+        self._signals = 0
+        self._done = threading.Event()
+
+    def run(self, *, install_signal_handlers: bool = True, until_idle: bool = False) -> int:
+        """Start the pumps and block until they stop. Returns the process exit code."""
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        for pump in self.pumps:
+            pump.start()
+        names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}] pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
+        logger.info("BackWave worker started: %s", names)
+        last_time, last_done = time.monotonic(), 0
+        while any(p.alive for p in self.pumps):
+            time.sleep(min(0.2, self._log_every))
+            now = time.monotonic()
+            if now - last_time >= self._log_every:
+                done = self.jobs_done
+                rate = (done - last_done) / (now - last_time)
+                logger.info(
+                    "throughput: %.0f jobs/s (%d done, %d running, %d store round-trips); pumps: %s",
+                    rate,
+                    done,
+                    sum(p.driver.executing for p in self.pumps),
+                    sum(p.round_trips for p in self.pumps),
+                    ", ".join(p.health for p in self.pumps),
+                )
+                last_time, last_done = now, done
+            if until_idle and self.idle:
+                self.drain()
+            if all(p.health == HALTED for p in self.pumps):
+                logger.error("Every pump is halted; the worker exits")
+                return 1
+        logger.info("BackWave worker stopped after %d job(s) and %d store round-trips", self.jobs_done, sum(p.round_trips for p in self.pumps))
+        return 0
+
+    @property
+    def jobs_done(self) -> int:
+        return sum(p.driver.stats.applied for p in self.pumps)
+
+    @property
+    def idle(self) -> bool:
+        return all(p.driver.idle for p in self.pumps)
+
+    def drain(self, timeout: float | None = None) -> None:
+        for pump in self.pumps:
+            pump.drain(timeout)
+
+    def stop_now(self) -> None:
+        for pump in self.pumps:
+            pump.stop_now()
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.info("Received %s: draining (a second signal stops at once)", signal.Signals(signum).name)
+            self.drain()
+        else:
+            logger.warning("Received %s again: stopping at once; unfinished jobs run again after their lease lapses", signal.Signals(signum).name)
+            self.stop_now()
+            # Handler threads cannot be interrupted and the interpreter would wait for them at
+            # exit: leave now, as the operator asked.
+            logging.shutdown()
+            os._exit(128 + signum)
+
+    @property
+    def stragglers(self) -> int:
+        """Handler threads still running for jobs the pumps gave up on (drain deadline passed)."""
+        return sum(p.driver.stats.abandoned for p in self.pumps)

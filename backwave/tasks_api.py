@@ -1,0 +1,259 @@
+"""The task side of BackWave's ``django.tasks`` integration.
+
+* ``BackWaveTask``: Django's ``Task`` plus BackWave's per-task options (``max_attempts``,
+  ``backoff_base``, ``backoff_max``, ``tags``), so ``@task(max_attempts=5)`` and
+  ``.using(max_attempts=5)`` work. ``None`` means "the backend's default" (``backwave.conf``).
+* Small pure validators: each raises ``InvalidTask`` naming the option, the value and what is
+  allowed, before anything is written.
+* ``encode_payload``: the ``{"args": [...], "kwargs": {...}}`` JSON, checked so that what the
+  worker decodes is exactly what the caller passed (no silent ``default=`` conversion, no NaN, no
+  non-string keys, no NUL that jsonb would refuse mid-transaction), and no larger than the limit.
+* ``enqueue_many``: many calls, one INSERT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from asgiref.sync import sync_to_async
+from django.tasks import Task, TaskResult
+from django.tasks.exceptions import InvalidTask
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # also bounded by Job.queue (64)
+MAX_TASK_PATH_LENGTH = 255  # Job.task_path
+MAX_TAGS = 16
+MAX_TAG_LENGTH = 64  # Job.tags is varchar(64)[]
+MAX_JSON_DEPTH = 500  # only bounds the error-path walk; json.dumps has its own recursion limit
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackWaveTask(Task):
+    """A ``django.tasks.Task`` with BackWave's retry options and tags."""
+
+    max_attempts: int | None = None  # None: DEFAULT_MAX_ATTEMPTS
+    backoff_base: float | None = None  # None: DEFAULT_BACKOFF_BASE
+    backoff_max: float | None = None  # None: DEFAULT_BACKOFF_MAX
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.tags, list):
+            object.__setattr__(self, "tags", tuple(self.tags))
+        # Not super(): a slots dataclass is a new class, so the zero-argument form breaks before 3.14.
+        Task.__post_init__(self)
+
+    def using(
+        self,
+        *,
+        priority=None,
+        queue_name=None,
+        run_after=None,
+        backend=None,
+        max_attempts=None,
+        backoff_base=None,
+        backoff_max=None,
+        tags=None,
+    ):
+        """A copy of the task with other defaults: Django's options plus BackWave's."""
+        options = {
+            "priority": priority,
+            "queue_name": queue_name,
+            "run_after": run_after,
+            "backend": backend,
+            "max_attempts": max_attempts,
+            "backoff_base": backoff_base,
+            "backoff_max": backoff_max,
+            "tags": tags,
+        }
+        return replace(self, **{name: value for name, value in options.items() if value is not None})
+
+
+class TaskCall(NamedTuple):
+    """One call for ``enqueue_many``: a task and its arguments."""
+
+    task: Task
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = MappingProxyType({})
+
+
+# --- validators -------------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def validate_django_options(task, *, queues: Iterable[str], alias: str) -> None:
+    """Check the options Django's base backend checks too, first, with messages that name the value
+    (and without the TypeError a string priority or a timedelta run_after would raise there)."""
+    path = task.module_path
+    priority = task.priority
+    if not (_is_int(priority) or (isinstance(priority, float) and priority.is_integer())) or not -100 <= priority <= 100:
+        raise InvalidTask(f"priority of task {path!r} must be an integer from -100 to 100 (higher runs first), got {priority!r}.")
+    if task.run_after is not None and not isinstance(task.run_after, datetime):
+        raise InvalidTask(
+            f"run_after of task {path!r} must be a datetime, got {task.run_after!r}; "
+            "for a delay use .using(run_after=timezone.now() + timedelta(...))."
+        )
+    queue = task.queue_name
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise InvalidTask(
+            f"queue_name of task {path!r} must be 1 to 64 letters, digits, '_', '.' or '-', got {queue!r}."
+        )
+    queues = sorted(queues, key=str)
+    if queues and queue not in queues:
+        from difflib import get_close_matches
+
+        close = get_close_matches(queue, queues, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise InvalidTask(
+            f"queue_name {queue!r} of task {path!r} is not one of backend {alias!r}'s QUEUES {queues}.{hint}"
+        )
+    if len(path) > MAX_TASK_PATH_LENGTH:
+        raise InvalidTask(f"task path {path!r} is {len(path)} characters long; the limit is {MAX_TASK_PATH_LENGTH}.")
+
+
+def validate_backwave_options(task) -> None:
+    """Check ``max_attempts``, ``backoff_base``, ``backoff_max`` and ``tags`` (a plain ``Task``
+    has none of them and passes)."""
+    path = task.module_path
+    max_attempts = getattr(task, "max_attempts", None)
+    if max_attempts is not None and (not _is_int(max_attempts) or max_attempts < 1):
+        raise InvalidTask(f"max_attempts of task {path!r} must be an integer >= 1 (or None for the default), got {max_attempts!r}.")
+    for name in ("backoff_base", "backoff_max"):
+        value = getattr(task, name, None)
+        if value is not None and not _is_seconds(value):
+            raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 (or None for the default), got {value!r}.")
+    tags = getattr(task, "tags", ())
+    if isinstance(tags, str) or not isinstance(tags, tuple):
+        raise InvalidTask(f"tags of task {path!r} must be a list or tuple of strings, got {tags!r}" + (f"; did you mean ({tags!r},)?" if isinstance(tags, str) else "."))
+    if len(tags) > MAX_TAGS:
+        raise InvalidTask(f"task {path!r} has {len(tags)} tags; at most {MAX_TAGS} are allowed.")
+    for tag in tags:
+        if not isinstance(tag, str) or not 1 <= len(tag) <= MAX_TAG_LENGTH or "\x00" in tag:
+            raise InvalidTask(f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters, got {tag!r}.")
+
+
+# --- payload ----------------------------------------------------------------------------------
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _trail_text(trail) -> str:
+    parts = []
+    while trail is not None:
+        trail, key = trail
+        parts.append(f"[{key!r}]" if trail is not None else key)
+    return "".join(reversed(parts))
+
+
+def json_problem(value, root: str) -> str | None:
+    """Describe the first thing in ``value`` that would not come back from JSON as it went in."""
+    stack = [(value, (None, root), 0)]
+    while stack:
+        item, trail, depth = stack.pop()
+        if item is None or isinstance(item, (bool, int)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{_trail_text(trail)} is {item!r}, which JSON cannot represent"
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return f"{_trail_text(trail)} contains a NUL character, which PostgreSQL's jsonb cannot store"
+        elif depth >= MAX_JSON_DEPTH:
+            return f"{_trail_text(trail)} is nested more than {MAX_JSON_DEPTH} levels deep"
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, (trail, index), depth + 1) for index, child in reversed(list(enumerate(item))))
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"{_trail_text(trail)} has the key {key!r} ({_type_name(key)}); JSON object keys must be strings"
+                if "\x00" in key:
+                    return f"{_trail_text(trail)} has a key with a NUL character, which PostgreSQL's jsonb cannot store"
+                children.append((child, (trail, key), depth + 1))
+            stack.extend(reversed(children))
+        else:
+            return f"{_trail_text(trail)} is a {_type_name(item)}, which is not JSON"
+    return None
+
+
+def encode_payload(task, args, kwargs, *, max_bytes: int) -> dict[str, Any]:
+    """The job payload ``{"args": [...], "kwargs": {...}}``, or InvalidTask if it is not plain
+    JSON or its encoding is larger than ``max_bytes``."""
+    path = task.module_path
+    if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, Sequence):
+        raise InvalidTask(f"args for task {path!r} must be a list or tuple, got {_type_name(args)}.")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidTask(f"kwargs for task {path!r} must be a dict, got {_type_name(kwargs)}.")
+    payload = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        encoded = json.dumps(payload, allow_nan=False)
+    except RecursionError:
+        problem = "the arguments are nested too deeply"
+    except (TypeError, ValueError) as exc:
+        problem = "the arguments refer to themselves" if "ircular" in str(exc) else json_problem(payload, "payload") or str(exc)
+    else:
+        # Fast path: the round trip gives back an equal value and no NUL hides in a string. Only
+        # otherwise walk it (a non-string key, a NUL, or just a tuple, which is fine).
+        same = "\\u0000" not in encoded and json.loads(encoded) == payload
+        problem = None if same else json_problem(payload, "payload")
+    if problem:
+        raise InvalidTask(
+            f"Arguments of task {path!r} must be plain JSON (str, int, float, bool, None, lists, dicts "
+            f"with string keys): {problem}. Pass an id or an ISO string instead of an object."
+        )
+    if len(encoded) > max_bytes:  # ensure_ascii: one character is one byte
+        raise InvalidTask(
+            f"Arguments of task {path!r} encode to {len(encoded):,} bytes of JSON; the limit is {max_bytes:,} "
+            "(MAX_PAYLOAD_BYTES). Store large data elsewhere and pass its id."
+        )
+    return payload
+
+
+# --- many at once -----------------------------------------------------------------------------
+
+
+def coerce_calls(calls: Iterable[TaskCall | tuple]) -> list[TaskCall]:
+    """``calls`` as TaskCalls, or InvalidTask naming the first one that is not ``(task, args, kwargs)``."""
+    coerced = []
+    for position, call in enumerate(calls):
+        if not isinstance(call, tuple) or not 1 <= len(call) <= 3 or not isinstance(call[0], Task):
+            raise InvalidTask(f"enqueue_many: call #{position} must be a (task, args, kwargs) tuple whose task is a django.tasks.Task (a function decorated with @task), got {call!r:.200}.")
+        coerced.append(TaskCall(*call))
+    return coerced
+
+
+def enqueue_many(calls: Iterable[TaskCall | tuple]) -> list[TaskResult]:
+    """Enqueue ``(task, args, kwargs)`` calls with one INSERT; all must use the same backend.
+    Everything is validated before anything is written. Results come back in input order."""
+    from django.tasks import task_backends
+
+    calls = coerce_calls(calls)
+    if not calls:
+        return []
+    aliases = sorted({call.task.backend for call in calls})
+    if len(aliases) != 1:
+        raise InvalidTask(f"enqueue_many writes one statement on one backend, but the tasks use backends {aliases}; call it once per backend.")
+    backend = task_backends[aliases[0]]
+    if not hasattr(backend, "enqueue_many"):
+        raise InvalidTask(f"Backend {aliases[0]!r} ({type(backend).__name__}) cannot enqueue many tasks in one statement.")
+    return backend.enqueue_many(calls)
+
+
+async def aenqueue_many(calls: Iterable[TaskCall | tuple]) -> list[TaskResult]:
+    """See enqueue_many()."""
+    return await sync_to_async(enqueue_many, thread_sensitive=True)(list(calls))

@@ -1,0 +1,40 @@
+"""Module-level tasks for the backend tests (the backend only accepts module-level functions)."""
+
+from django.tasks import task
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="emails", priority=10)
+def send_email(to, subject="", body=""):
+    return f"sent to {to}"
+
+
+@task(max_attempts=5, backoff_base=2.0, backoff_max=60.0, tags=["billing", "nightly"])
+def charge(invoice_id):
+    return {"invoice": invoice_id}
+
+
+@task(takes_context=True)
+def with_context(context, value):
+    return context.attempt
+
+
+def not_a_task(a):
+    return a
+
+
+async def async_function(a):
+    return a
+
+
+def undecorated(a, b):
+    """Decorated inside tests, to check validation at decoration time."""
+    return a + b
+
+
+def needs_context_but_has_none(value):
+    return value

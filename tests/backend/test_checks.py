@@ -1,0 +1,86 @@
+"""System checks: stable ids for BACKWAVE (backwave.E00x) and each TASKS backend (backwave.E10x)."""
+
+import pytest
+from django.core import checks
+from django.tasks import task_backends
+
+from backwave.checks import check_backwave_settings
+
+
+def backend_check_ids():
+    return [message.id for message in task_backends["default"].check()]
+
+
+def test_the_project_configuration_passes():
+    assert [message for message in checks.run_checks() if message.id.startswith("backwave.")] == []
+
+
+def test_backwave_must_be_a_dict(settings):
+    settings.BACKWAVE = "nope"
+    assert [message.id for message in check_backwave_settings()] == ["backwave.E001"]
+
+
+def test_unknown_backwave_key_suggests_the_right_one(settings):
+    settings.BACKWAVE = {"DEFAULT_MAX_ATTEMPT": 3}
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E002"
+    assert "Did you mean 'DEFAULT_MAX_ATTEMPTS'?" in error.msg
+
+
+def test_bad_backwave_value(settings):
+    settings.BACKWAVE = {"MAX_PAYLOAD_BYTES": 0}
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E003"
+    assert "BACKWAVE['MAX_PAYLOAD_BYTES'] must be an integer >= 1, got 0" in error.msg
+
+
+def test_task_modules_must_exist(settings):
+    settings.BACKWAVE = {"TASK_MODULES": ["tests.backend.sample_tasks", "tests.backend.no_such_module"]}
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E004"
+    assert "'tests.backend.no_such_module'" in error.msg
+
+
+def with_backend(settings, **changes):
+    settings.TASKS = {"default": {**settings.TASKS["default"], **changes}}
+
+
+def test_backend_passes_as_configured():
+    assert backend_check_ids() == []
+
+
+def test_unknown_database_alias(settings):
+    with_backend(settings, OPTIONS={"DATABASE": "replica"})
+    assert backend_check_ids() == ["backwave.E101"]
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_database_must_be_postgresql(settings):
+    settings.DATABASES = {**settings.DATABASES, "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    with_backend(settings, OPTIONS={"DATABASE": "lite"})
+    messages = list(task_backends["default"].check())
+    assert [message.id for message in messages] == ["backwave.E102"]
+    assert "sqlite3" in messages[0].msg
+
+
+def test_queue_names_must_be_short_and_plain(settings):
+    with_backend(settings, QUEUES=["default", "has space", "x" * 65])
+    assert backend_check_ids() == ["backwave.E103", "backwave.E103"]
+
+
+def test_unknown_option_suggests_the_right_one(settings):
+    with_backend(settings, OPTIONS={"DATABSE": "default"})
+    messages = list(task_backends["default"].check())
+    assert [message.id for message in messages] == ["backwave.E104"]
+    assert "Did you mean 'DATABASE'?" in messages[0].msg
+
+
+@pytest.mark.parametrize("options", [{"MAX_PAYLOAD_BYTES": -1}, {"DEFAULT_MAX_ATTEMPTS": 0}, {"DATABASE": ""}])
+def test_bad_option_values(settings, options):
+    with_backend(settings, OPTIONS=options)
+    assert "backwave.E105" in backend_check_ids()
+
+
+def test_backend_checks_run_through_djangos_check_framework(settings):
+    with_backend(settings, QUEUES=["bad queue"])
+    assert "backwave.E103" in [message.id for message in checks.run_checks()]

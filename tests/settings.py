@@ -1,0 +1,15 @@
+"""Test settings: the project's, plus the task modules the worker tests run."""
+
+import os
+
+from project.settings import *  # noqa: F401,F403
+from project.settings import BACKWAVE, DATABASES, TASKS
+
+BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks"]}
+TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow"]}}
+
+# A worker subprocess started by a test must use the test database pytest-django created.
+if os.environ.get("BACKWAVE_TEST_DATABASE_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["BACKWAVE_TEST_DATABASE_NAME"]
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

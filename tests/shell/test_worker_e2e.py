@@ -1,0 +1,142 @@
+"""The real worker command in a subprocess, against the real test database."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from backwave.models import Attempt, Job, Lease
+from backwave.tasks_api import enqueue_many
+from tests.shell import worker_tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+FAST = ("--poll-interval", "0.05", "--maintenance-interval", "0.5", "--log-every", "0.5")
+
+
+def _states():
+    return {state: Job.objects.filter(state=state).count() for state in Job.objects.values_list("state", flat=True).distinct()}
+
+
+def test_every_job_succeeds_exactly_once(start_worker):
+    results = enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(300)])
+    worker = start_worker("--queues", "e2e", "--pool-size", "8", "--pumps", "2", "--until-idle", *FAST)
+    assert worker.wait() == 0, worker.output
+    assert _states() == {"succeeded": 300}
+    # One attempt row per job, all succeeded, each with the job's own return value.
+    assert Attempt.objects.count() == 300
+    assert set(Attempt.objects.values_list("state", flat=True)) == {"succeeded"}
+    returned = dict(Job.objects.values_list("id", "return_value"))
+    assert {int(r.id): i for i, r in enumerate(results)} == returned
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert Lease.objects.count() == 0, "a drained worker leaves no lease behind"
+    assert "throughput:" in worker.output
+
+
+def test_retries_with_backoff_then_succeeds(start_worker):
+    result = worker_tasks.flaky.enqueue(succeed_on=3)
+    worker = start_worker("--queues", "e2e", "--pool-size", "2", "--until-idle", *FAST)
+    worker.wait_for(lambda: Job.objects.get(id=result.id).state == "succeeded", what="the flaky job succeeding")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    job = Job.objects.get(id=result.id)
+    attempts = list(Attempt.objects.filter(job=job).order_by("number"))
+    assert [a.state for a in attempts] == ["failed", "failed", "succeeded"]
+    assert attempts[0].error_class == "builtins.RuntimeError"
+    assert "attempt 1 fails on purpose" in attempts[0].traceback
+    # Backoff: each retry waited at least half its nominal 0.05 s delay (database clock).
+    for earlier, later in zip(attempts, attempts[1:]):
+        assert (later.started_at - earlier.finished_at).total_seconds() >= 0.025
+    # The context saw three attempts and one worker id per attempt.
+    assert job.return_value["attempt"] == 3
+    assert len(job.return_value["worker_ids"]) == 3
+    refreshed = worker_tasks.flaky.get_result(result.id)
+    assert refreshed.status == "SUCCESSFUL"
+    assert refreshed.attempts == 3
+    assert len(refreshed.errors) == 2
+
+
+def test_failing_job_ends_failed_after_max_attempts(start_worker):
+    result = worker_tasks.always_fails.enqueue()
+    worker = start_worker("--queues", "e2e", "--until-idle", *FAST)
+    worker.wait_for(lambda: Job.objects.get(id=result.id).state == "failed", what="the job failing for good")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    job = Job.objects.get(id=result.id)
+    assert job.attempts == 2
+    assert list(Attempt.objects.filter(job=job).values_list("state", flat=True)) == ["failed", "failed"]
+    final = worker_tasks.always_fails.get_result(result.id)
+    assert final.status == "FAILED"
+    assert [e.exception_class_path for e in final.errors] == ["builtins.ValueError", "builtins.ValueError"]
+
+
+def test_unknown_task_and_bad_payload_are_quarantined_not_retried(start_worker):
+    unknown = Job.objects.create(task_path="somewhere.not_registered", queue="e2e", payload={"args": [], "kwargs": {}}, max_attempts=5)
+    bad_payload = Job.objects.create(task_path=worker_tasks.noop.module_path, queue="e2e", payload=["not", "an", "object"], max_attempts=5)
+    returns_set = worker_tasks.returns_set.enqueue()
+    worker = start_worker("--queues", "e2e", "--until-idle", *FAST)
+    assert worker.wait() == 0, worker.output
+    for job in (unknown, bad_payload):
+        job.refresh_from_db()
+        assert job.state == "quarantined"
+        assert job.attempts == 1
+        (attempt,) = Attempt.objects.filter(job=job)
+        assert attempt.state == "quarantined"
+        assert attempt.error_class == "backwave.shell.execution.Unroutable"
+    assert "no task named 'somewhere.not_registered' is registered" in Attempt.objects.get(job=unknown).traceback
+    # A return value that is not JSON fails the attempt (it is a bug in the task, not a routing problem).
+    job = Job.objects.get(id=returns_set.id)
+    assert job.state == "failed"
+    assert "not JSON-serialisable" in Attempt.objects.get(job=job).traceback
+
+
+def test_handler_that_leaves_a_transaction_open_is_rolled_back(start_worker):
+    target = worker_tasks.noop.enqueue(0)
+    Job.objects.filter(id=target.id).update(queue="elsewhere")  # keep it out of the worker's way
+    bad = worker_tasks.leaves_transaction_open.enqueue(int(target.id))
+    after = [worker_tasks.counts_jobs.enqueue() for _ in range(4)]
+    worker = start_worker("--queues", "e2e", "--pool-size", "1", "--until-idle", *FAST)
+    assert worker.wait() == 0, worker.output
+    assert Job.objects.get(id=bad.id).state == "succeeded"
+    assert Job.objects.get(id=target.id).priority == 0, "the open transaction's write was rolled back"
+    # The same (single) worker thread ran the next jobs on a clean connection.
+    assert {Job.objects.get(id=r.id).state for r in after} == {"succeeded"}
+    assert "left a transaction open" in worker.output
+
+
+def test_sigterm_drains_running_jobs_and_leaves_the_rest_ready(start_worker):
+    results = enqueue_many([(worker_tasks.sleeper, (0.6,), {}) for _ in range(12)])
+    worker = start_worker("--queues", "slow", "--pool-size", "4", "--drain-timeout", "10", *FAST)
+    worker.wait_for(lambda: Job.objects.filter(state="running").count() == 4, what="four jobs running")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output
+    states = _states()
+    assert states == {"succeeded": 4, "ready": 8}, states
+    assert set(Job.objects.filter(state="ready").values_list("attempts", flat=True)) == {0}
+    assert Lease.objects.count() == 0
+    assert len(results) == 12
+
+
+def test_drain_timeout_gives_unfinished_jobs_back_at_once(start_worker):
+    enqueue_many([(worker_tasks.sleeper, (30,), {}) for _ in range(2)])
+    worker = start_worker("--queues", "slow", "--pool-size", "2", "--drain-timeout", "0.3", *FAST)
+    worker.wait_for(lambda: Job.objects.filter(state="running").count() == 2, what="two jobs running")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output
+    # Released, not failed: ready again, due now, and the interrupted attempt refunded.
+    assert list(Job.objects.values_list("state", "attempts")) == [("ready", 0), ("ready", 0)]
+    assert Attempt.objects.count() == 0
+    assert Lease.objects.count() == 0
+
+
+def test_second_signal_stops_at_once(start_worker):
+    enqueue_many([(worker_tasks.sleeper, (30,), {}) for _ in range(2)])
+    worker = start_worker("--queues", "slow", "--pool-size", "2", "--drain-timeout", "60", *FAST)
+    worker.wait_for(lambda: Job.objects.filter(state="running").count() == 2, what="two jobs running")
+    worker.signal(signal.SIGTERM)
+    worker.signal(signal.SIGINT)
+    worker.wait(timeout=10)
+    # Nothing was written: the jobs stay under the lease until it lapses.
+    assert Job.objects.filter(state="running").count() == 2
+    assert "stopping at once" in worker.output
