@@ -109,7 +109,6 @@ class NodeDriver:
         self._writing: tuple[Outcome, ...] = ()
         self._abandoned: set[int] = set()
         self._claim_limit = 0  # size of the claim in flight, 0 when none
-        self._claim_rides_write = False
         self._renew_sent_at: float | None = None
         self._lease_trusted_until = 0.0
         self._open_in_flight = False
@@ -122,6 +121,12 @@ class NodeDriver:
         self._hint_during_claim = False
         self._drain_deadline: float | None = None
         self._last_claim_short = False
+        # Results still on their way for commands sent under a lease the driver gave up on.
+        # They are swallowed when they arrive: the store's fence makes them no-ops anyway.
+        self._stale_claims = 0
+        self._stale_writes = 0
+        self._stale_renewals = 0
+        self._stale_releases = 0
 
     # ---- what the shell may ask -------------------------------------------------------------
 
@@ -215,6 +220,10 @@ class NodeDriver:
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
+        if not self._claim_limit and self._stale_claims:
+            # Claimed under a lost lease: not ours to run; maintenance gives those rows back.
+            self._stale_claims -= 1
+            return []
         self._require(event, State.RUNNING, State.DRAINING)
         if not self._claim_limit:
             raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
@@ -232,7 +241,6 @@ class NodeDriver:
         asked = self._claim_limit
         self._last_claim_short = len(event.jobs) < asked
         self._claim_limit = 0
-        self._claim_rides_write = False
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
         if self.state is State.DRAINING:
@@ -244,14 +252,14 @@ class NodeDriver:
         for job in event.jobs:
             self._executing[job.id] = job
             commands.append(cmd.ExecuteJob(job=job))
+        self._next_poll = event.now + self.options.poll_interval
         if self._hint_during_claim or len(event.jobs) == asked:
-            # A full batch says more is waiting; a hint said the same while we were busy.
+            # A full batch says more is waiting; a hint said the same while we were busy. With
+            # room left, claim again now; with none, the claim that rides the next outcome
+            # write picks the rest up (a tick now would only flush a half-full buffer).
             self._hint_during_claim = False
-            self._next_poll = event.now
             if self.free_slots:
                 commands += self._claim(event.now)
-        else:
-            self._next_poll = event.now + self.options.poll_interval
         return commands
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
@@ -283,6 +291,9 @@ class NodeDriver:
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
+        if not self._writing and self._stale_writes:
+            self._stale_writes -= 1
+            return []
         self._require(event, State.RUNNING, State.DRAINING, State.OPENING)
         if not self._writing:
             raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
@@ -306,12 +317,13 @@ class NodeDriver:
         return commands
 
     def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+        if self._renew_sent_at is None and self._stale_renewals:
+            self._stale_renewals -= 1
+            return []  # the lease it renewed was already given up
+        self._require(event, State.RUNNING, State.DRAINING)
         if self._renew_sent_at is None:
             raise InvalidEvent(event, self.state, "no RenewLease is in flight")
         sent_at, self._renew_sent_at = self._renew_sent_at, None
-        if self.state in (State.OPENING, State.STOPPED):
-            return []  # the lease it renewed was already given up
         self.stats.heartbeats += 1
         if event.held:
             self._trust_lease_from(sent_at)
@@ -327,11 +339,15 @@ class NodeDriver:
         return []
 
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
+        if not self._release_in_flight and self._stale_releases:
+            self._stale_releases -= 1
+            return []
         self._require(event, State.DRAINING)
         if not self._release_in_flight:
             raise InvalidEvent(event, self.state, "no ReleaseLease is in flight")
         self._release_in_flight = False
         self._abandon_all()
+        self._forget_in_flight()
         self.lease_id = None
         self.state = State.STOPPED
         return []
@@ -341,6 +357,12 @@ class NodeDriver:
         failed = event.command
         if not isinstance(failed, cmd.Command):
             raise InvalidEvent(event, self.state, f"unknown command {failed!r}")
+        stale = self._stale_counter_for(failed)
+        if stale:
+            setattr(self, stale, getattr(self, stale) - 1)
+            return []
+        if not self._in_flight(failed):
+            raise InvalidEvent(event, self.state, f"{type(failed).__name__} is not in flight")
         self.stats.store_faults += 1
         retry_at = event.now + self.options.poll_interval
         if isinstance(failed, cmd.OpenLease):
@@ -350,7 +372,7 @@ class NodeDriver:
                 return []
         elif isinstance(failed, cmd.ClaimJobs):
             self._claim_limit = 0
-            self._claim_rides_write = False
+            self._hint_during_claim = False
             self._next_poll = max(self._next_poll, retry_at)
         elif isinstance(failed, cmd.WriteOutcomes):
             # Nothing was written: the batch goes back to the front of the buffer, and is
@@ -366,11 +388,13 @@ class NodeDriver:
                 # Give up: the lease lapses and maintenance anywhere gives the jobs back.
                 self._release_in_flight = False
                 self._abandon_all()
+                self._forget_in_flight()
                 self.state = State.STOPPED
             return []
         # ExpireLeases: the next maintenance run tries again; nothing to undo.
         if self.state is State.DRAINING and self._drain_deadline is not None and event.now >= self._drain_deadline:
             self._abandon_all()
+            self._forget_in_flight()
             self._buffer.clear()
             self.state = State.STOPPED
         return []
@@ -438,7 +462,6 @@ class NodeDriver:
             )
             if limit > 0:
                 self._claim_limit = limit
-                self._claim_rides_write = True
                 self._next_poll = now + self.options.poll_interval
                 commands.append(cmd.ClaimJobs(lease_id=self.lease_id, queues=self.queues, limit=limit))
         return commands
@@ -449,18 +472,47 @@ class NodeDriver:
             return []
         past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
         if self._executing and not past_deadline:
+            if len(self._buffer) >= self.options.outcome_batch:
+                return self._flush(now, then_claim=False)
             return []
         if self._buffer:
             return self._flush(now, then_claim=False)
         self._release_in_flight = True
         return [cmd.ReleaseLease(lease_id=self.lease_id)]
 
+    def _stale_counter_for(self, command: cmd.Command) -> str | None:
+        """The stale counter a failure of ``command`` settles, when it was sent under a lost lease."""
+        if isinstance(command, cmd.ClaimJobs) and not self._claim_limit and self._stale_claims:
+            return "_stale_claims"
+        if isinstance(command, cmd.WriteOutcomes) and not self._writing and self._stale_writes:
+            return "_stale_writes"
+        if isinstance(command, cmd.RenewLease) and self._renew_sent_at is None and self._stale_renewals:
+            return "_stale_renewals"
+        if isinstance(command, cmd.ReleaseLease) and not self._release_in_flight and self._stale_releases:
+            return "_stale_releases"
+        return None
+
+    def _in_flight(self, command: cmd.Command) -> bool:
+        match command:
+            case cmd.OpenLease():
+                return self._open_in_flight
+            case cmd.ClaimJobs():
+                return bool(self._claim_limit)
+            case cmd.WriteOutcomes():
+                return bool(self._writing)
+            case cmd.RenewLease():
+                return self._renew_sent_at is not None
+            case cmd.ReleaseLease():
+                return self._release_in_flight
+            case cmd.ReleaseJobs() | cmd.ExpireLeases():
+                return True  # not tracked: the driver waits for neither
+        return False
+
     def _lose_lease(self, now: float) -> list[cmd.Command]:
         self._abandon_all()
         self._buffer.clear()
-        self._writing = ()
+        self._forget_in_flight()
         self.lease_id = None
-        self._renew_sent_at = None
         if self.state is State.DRAINING:
             self.state = State.STOPPED
             return []
@@ -471,6 +523,22 @@ class NodeDriver:
         self._open_in_flight = True
         self._open_sent_at = now
         return [cmd.OpenLease()]
+
+    def _forget_in_flight(self) -> None:
+        """The lease is gone: whatever is in flight under it will come back as a stale result."""
+        if self._claim_limit:
+            self._stale_claims += 1
+            self._claim_limit = 0
+            self._hint_during_claim = False
+        if self._writing:
+            self._stale_writes += 1
+            self._writing = ()
+        if self._renew_sent_at is not None:
+            self._stale_renewals += 1
+            self._renew_sent_at = None
+        if self._release_in_flight:
+            self._stale_releases += 1
+            self._release_in_flight = False
 
     def _abandon_all(self) -> None:
         self.stats.abandoned += len(self._executing)

@@ -1,0 +1,188 @@
+"""Claims: sizing against free capacity, the poll cadence, hints, and claims the store got wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from backwave.core import commands as cmd
+from backwave.core.driver import InvalidEvent, State
+
+from .helpers import Trace, claim, execute, ids_of
+
+
+def test_claim_is_sized_by_free_capacity_counting_buffered_outcomes():
+    t = Trace.running(pool_size=10, max_claim_batch=32, poll_interval=1.0)
+    jobs = t.jobs.make(6)
+    assert t.returned(*jobs, now=0.1) == execute(*jobs)  # short: 6 of 10
+    assert t.finished(jobs[0], now=0.5) == []
+    assert t.finished(jobs[1], now=0.6) == []
+    assert (t.driver.executing, t.driver.unreported) == (4, 6)
+    out = t.tick(1.1)
+    # 10 - 4 executing - 2 buffered-unreported = 4, and the claim comes before the write.
+    assert [type(c) for c in out] == [cmd.ClaimJobs, cmd.WriteOutcomes]
+    assert out[0] == claim(4)
+    assert ids_of(out[1]) == [1, 2]
+
+
+@pytest.mark.parametrize(("pool", "batch", "limits"), [(20, 8, [8, 8, 4]), (16, 32, [16]), (7, 3, [3, 3, 1]), (1, 32, [1])])
+def test_full_claims_reclaim_at_once_until_the_pool_is_full(pool, batch, limits):
+    t = Trace.running(pool_size=pool, max_claim_batch=batch)
+    seen = [t.first_claim_limit]
+    while True:
+        jobs = t.jobs.make(seen[-1])
+        out = t.returned(*jobs, now=0.1)
+        assert out[: len(jobs)] == execute(*jobs)
+        rest = out[len(jobs) :]
+        if not rest:
+            break
+        assert len(rest) == 1 and isinstance(rest[0], cmd.ClaimJobs)
+        seen.append(rest[0].limit)
+    assert seen == limits
+    assert t.driver.executing == pool
+    assert t.driver.free_slots == 0
+
+
+def test_pool_full_means_no_claim_on_a_tick_or_a_hint():
+    t, _ = Trace.with_jobs(4, pool_size=4, poll_interval=1.0)
+    for now in (0.1, 1.0, 2.0, 3.5):
+        assert t.tick(now) == []
+        assert t.hint(now) == []
+    assert t.driver.stats.claims == 1
+
+
+def test_short_claim_polls_again_after_poll_interval():
+    t = Trace.running(pool_size=20, poll_interval=2.0)
+    jobs = t.jobs.make(3)
+    assert t.returned(*jobs, now=0.2) == execute(*jobs)
+    assert t.driver.next_wakeup() == pytest.approx(2.2)
+    assert t.tick(2.1) == []  # early
+    assert t.tick(2.2) == [claim(17)]
+
+
+def test_empty_claim_polls_again_after_poll_interval():
+    t = Trace.running(poll_interval=0.5)
+    assert t.returned(now=0.1) == []
+    assert t.driver.next_wakeup() == pytest.approx(0.6)
+    assert t.tick(0.6) == [claim(20)]
+    assert t.returned(now=0.7) == []
+    assert t.tick(1.2) == [claim(20)]
+
+
+def test_a_hint_brings_the_poll_forward():
+    t = Trace.running(poll_interval=5.0)
+    assert t.returned(now=0.1) == []
+    assert t.driver.next_wakeup() == pytest.approx(5.1)
+    assert t.hint(0.4) == [claim(20)]
+    assert t.returned(now=0.5) == []
+    assert t.driver.next_wakeup() == pytest.approx(5.5)  # a short claim re-arms the regular poll
+
+
+def test_a_hint_while_a_claim_is_in_flight_costs_one_extra_claim():
+    t = Trace.running(pool_size=20, poll_interval=5.0)
+    assert t.hint(0.05) == []  # the first claim is in flight: remembered, not sent
+    a = t.jobs.one()
+    assert t.returned(a, now=0.1) == execute(a) + [claim(19)]  # short, yet re-claimed for the hint
+    assert t.returned(now=0.2) == []  # the hint was spent: a short claim waits for the poll
+
+
+def test_a_burst_of_hints_while_a_claim_is_in_flight_costs_one_extra_claim():
+    t = Trace.running(pool_size=20, poll_interval=5.0)
+    for i in range(50):
+        assert t.hint(0.01 * i) == []
+    out = t.returned(now=0.6)
+    assert out == [claim(20)]
+    assert t.returned(now=0.7) == []
+    assert t.driver.stats.claims == 2
+    assert [type(c) for _, cs in t.log for c in cs].count(cmd.ClaimJobs) == 2
+
+
+def test_a_hint_with_no_room_does_not_claim_after_the_claim_lands():
+    t = Trace.running(pool_size=2, max_claim_batch=2)
+    t.hint(0.05)
+    jobs = t.jobs.make(2)
+    assert t.returned(*jobs, now=0.1) == execute(*jobs)  # full and a hint, but the pool is full
+
+
+def test_claim_in_flight_holds_its_slots():
+    t = Trace.running(pool_size=20, max_claim_batch=8)
+    assert t.driver.free_slots == 12
+    t.returned(*t.jobs.make(3), now=0.1)  # short
+    assert t.driver.free_slots == 17
+
+
+def test_failed_claim_is_retried_after_poll_interval():
+    t = Trace.running(poll_interval=1.0)
+    assert t.failed(claim(20), now=0.1) == []
+    assert t.driver.free_slots == 20
+    assert t.driver.next_wakeup() == pytest.approx(1.1)
+    assert t.tick(1.0) == []
+    assert t.tick(1.1) == [claim(20)]
+    assert t.driver.stats.store_faults == 1
+
+
+def test_a_hint_may_retry_a_failed_claim_early():
+    t = Trace.running(poll_interval=10.0)
+    t.failed(claim(20), now=0.1)
+    assert t.hint(0.2) == [claim(20)]
+
+
+def test_a_short_claim_after_a_write_repolls_when_the_write_lands():
+    """Each applied outcome triggers a re-poll: a released dependency may be due that instant."""
+    t, jobs = Trace.with_jobs(3, pool_size=4, poll_interval=1.0)
+    t.finished(jobs[0], now=0.5)
+    out = t.tick(1.0)
+    assert out[0] == claim(1) and isinstance(out[1], cmd.WriteOutcomes)
+    assert t.returned(now=1.1) == []  # short
+    assert t.written({1}, now=1.2) == [claim(2)]  # 4 - 2 executing
+
+
+# ---- claims the store got wrong ------------------------------------------------------------------
+
+
+def test_more_jobs_than_asked_is_refused():
+    t = Trace.running(pool_size=2)
+    with pytest.raises(InvalidEvent, match=r"^ClaimReturned cannot be accepted in state RUNNING: the claim asked for 2 jobs and got 3$"):
+        t.returned(*t.jobs.make(3), now=0.1)
+    assert t.driver.executing == 0
+    assert t.driver.free_slots == 0  # the claim is still in flight
+
+
+def test_duplicate_job_ids_in_one_claim_are_refused():
+    t = Trace.running(pool_size=5)
+    a = t.jobs.one()
+    with pytest.raises(InvalidEvent, match="already holds"):
+        t.returned(a, a, now=0.1)
+    assert t.driver.executing == 0
+
+
+def test_a_job_this_pump_already_runs_is_refused():
+    t = Trace.running(pool_size=5, poll_interval=1.0)
+    a = t.jobs.one()
+    t.returned(a, now=0.1)
+    assert t.tick(1.1) == [claim(4)]
+    with pytest.raises(InvalidEvent, match=r"already holds: \[1\]"):
+        t.returned(a, now=1.2)
+    assert t.driver.executing == 1
+
+
+def test_the_claim_behind_a_write_answered_before_the_write_violates_backpressure():
+    """The shell promises the write lands first; if it did not, the pool would be over-admitted."""
+    t, jobs = Trace.with_jobs(2, pool_size=2)
+    t.finished(jobs[0], now=0.2)
+    write, ride = t.finished(jobs[1], now=0.3)
+    assert ride == claim(2)
+    with pytest.raises(InvalidEvent, match=r"backpressure violated: 2 unreported \+ 2 claimed > pool_size 2"):
+        t.returned(*t.jobs.make(2), now=0.4)
+    assert t.written(write, now=0.4) == []
+    more = t.jobs.make(2)
+    assert t.returned(*more, now=0.5) == execute(*more)
+    assert t.driver.state is State.RUNNING
+
+
+def test_the_driver_never_asks_for_zero_jobs():
+    t, _ = Trace.with_jobs(3, pool_size=3)
+    for now in (1.0, 2.0, 3.0):
+        t.hint(now)
+        t.tick(now + 0.5)
+    assert all(c.limit > 0 for _, cs in t.log for c in cs if isinstance(c, cmd.ClaimJobs))
+    assert t.driver.stats.claims == 1

@@ -1,0 +1,209 @@
+"""Outcomes: what a finished attempt turns into, how outcomes buffer, and when they are written."""
+
+from __future__ import annotations
+
+import pytest
+
+from backwave.core import commands as cmd
+from backwave.core.backoff import retry_delay
+from backwave.core.jobs import Outcome, OutcomeKind
+
+from .helpers import LEASE, Trace, claim, execute, ids_of
+
+
+def test_outcomes_buffer_until_nothing_executes_then_write_and_claim_as_if_written():
+    t, jobs = Trace.with_jobs(3, pool_size=4)
+    assert t.finished(jobs[1], now=0.5) == []
+    assert t.finished(jobs[2], now=0.6) == []
+    assert t.driver.unreported == 3  # finished-but-unreported jobs keep their slots
+    assert t.driver.free_slots == 1
+    out = t.finished(jobs[0], now=0.7)
+    # Why claim(4) and not claim(1): the shell runs (or pipelines) the claim after the write, so
+    # by the time the claim runs the written outcomes have released their slots. Sizing it on the
+    # pre-write free capacity would cost an extra round-trip per batch at steady state.
+    assert out == [
+        cmd.WriteOutcomes(
+            lease_id=LEASE,
+            outcomes=tuple(Outcome(job_id=j.id, attempt=1, kind=OutcomeKind.SUCCEEDED) for j in (jobs[1], jobs[2], jobs[0])),
+        ),
+        claim(4),
+    ]
+    assert t.written(out[0], now=0.8) == []  # the claim rode the write: no second re-poll
+    fresh = t.jobs.make(4)
+    assert t.returned(*fresh, now=0.8) == execute(*fresh)  # four jobs fit once the write landed
+
+
+def test_a_full_batch_is_written_at_once():
+    t, jobs = Trace.with_jobs(5, pool_size=10, max_outcome_batch=2)
+    assert t.finished(jobs[0], now=0.1) == []
+    out = t.finished(jobs[1], now=0.2)
+    assert [type(c) for c in out] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(out[0]) == [1, 2]
+    assert out[1] == claim(10 - 3)
+
+
+def test_the_outcome_batch_falls_back_to_max_claim_batch():
+    t = Trace.running(pool_size=10, max_claim_batch=2)
+    first = t.jobs.make(2)
+    assert t.returned(*first, now=0.1) == execute(*first) + [claim(2)]
+    second = t.jobs.make(2)
+    assert t.returned(*second, now=0.1) == execute(*second) + [claim(2)]
+    third = t.jobs.make(1)
+    assert t.returned(*third, now=0.1) == execute(*third)
+    assert t.finished(first[0], now=0.2) == []
+    out = t.finished(first[1], now=0.3)
+    assert ids_of(out[0]) == [1, 2]
+    assert out[1] == claim(2)  # min(10 - 3 executing, max_claim_batch 2)
+
+
+def test_a_poll_tick_sizes_its_claim_before_the_buffer_drains():
+    t, jobs = Trace.with_jobs(3, pool_size=5, poll_interval=1.0)
+    t.finished(jobs[0], now=0.5)
+    out = t.tick(1.0)
+    # 5 - 2 executing - 1 buffered = 2, not 3: the claim runs before the write, so the buffered
+    # outcome still holds its lease and its slot. And the claim comes first in the list.
+    assert out == [claim(2), cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=1, attempt=1, kind=OutcomeKind.SUCCEEDED),))]
+
+
+def test_a_poll_tick_with_a_full_pool_only_writes():
+    t, jobs = Trace.with_jobs(3, pool_size=3, poll_interval=1.0)
+    t.finished(jobs[0], now=0.5)
+    out = t.tick(1.0)
+    assert [type(c) for c in out] == [cmd.WriteOutcomes]
+    assert t.written(out[0], now=1.1) == [claim(1)]  # the landed write re-polls for the slot
+
+
+def test_only_one_write_is_in_flight():
+    t, jobs = Trace.with_jobs(3, pool_size=10, max_outcome_batch=1)
+    first = t.finished(jobs[0], now=0.1)
+    assert ids_of(first[0]) == [1] and first[1] == claim(8)
+    assert t.finished(jobs[1], now=0.2) == []  # batch full, but a write is in flight
+    assert t.finished(jobs[2], now=0.3) == []  # nothing executes, but a write is in flight
+    assert t.driver.unreported == 3
+    second = t.written({1}, now=0.4)
+    assert [ids_of(c) for c in second] == [[2]]  # the claim is still in flight: none rides
+    assert t.returned(now=0.5) == []
+    third = t.written({2}, now=0.6)
+    assert [type(c) for c in third] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(third[0]) == [3] and third[1] == claim(10)
+    writes = [c for _, cs in t.log for c in cs if isinstance(c, cmd.WriteOutcomes)]
+    assert [ids_of(w) for w in writes] == [[1], [2], [3]]
+
+
+def test_ids_the_fence_refused_are_lost_and_free_their_slots():
+    t, jobs = Trace.with_jobs(3, pool_size=4)
+    t.finished(jobs[0], now=0.1)
+    t.finished(jobs[1], now=0.2)
+    write, ride = t.finished(jobs[2], now=0.3)
+    assert t.written({1, 3}, now=0.4) == []
+    assert (t.driver.stats.writes, t.driver.stats.applied, t.driver.stats.lost) == (1, 2, 1)
+    assert t.driver.unreported == 0
+    fresh = t.jobs.make(4)
+    assert t.returned(*fresh, now=0.5) == execute(*fresh)
+
+
+def test_a_write_the_fence_refused_entirely_still_frees_every_slot():
+    t, jobs = Trace.with_jobs(2, pool_size=2)
+    t.finished(jobs[0], now=0.1)
+    write, ride = t.finished(jobs[1], now=0.2)
+    assert t.written(set(), now=0.3) == []
+    assert (t.driver.stats.applied, t.driver.stats.lost, t.driver.unreported) == (0, 2, 0)
+
+
+def test_a_failed_write_is_put_back_and_written_once_later():
+    t, jobs = Trace.with_jobs(3, pool_size=4, poll_interval=1.0)
+    t.finished(jobs[0], now=0.1)
+    t.finished(jobs[1], now=0.2)
+    write, ride = t.finished(jobs[2], now=0.3)
+    assert t.failed(write, now=0.4) == []
+    assert t.failed(ride, now=0.4) == []  # the claim behind it never ran
+    assert t.driver.unreported == 3 and t.driver.free_slots == 1
+    assert t.driver.next_wakeup() == pytest.approx(1.4)
+    assert t.tick(1.3) == []
+    again = t.tick(1.4)
+    assert again == [claim(1), write]  # same outcomes, same order, sized before the write
+    assert t.returned(now=1.5) == []
+    assert t.written(write, now=1.6) == [claim(4)]
+    assert t.tick(2.6) == []  # nothing buffered: no further write
+    writes = [c for _, cs in t.log for c in cs if isinstance(c, cmd.WriteOutcomes)]
+    assert writes == [write, write]  # the failed one and its single retry
+    assert t.driver.stats.applied == 3 and t.driver.stats.store_faults == 2
+
+
+def test_a_failed_batch_goes_back_to_the_front_of_the_buffer():
+    t, jobs = Trace.with_jobs(4, pool_size=4, max_outcome_batch=2, poll_interval=1.0)
+    t.finished(jobs[0], now=0.1)
+    write, ride = t.finished(jobs[1], now=0.2)
+    t.failed(write, now=0.3)
+    t.failed(ride, now=0.3)
+    out = t.finished(jobs[2], now=0.4)  # buffer is now 1, 2, 3: full, so it writes 1, 2 again
+    assert [ids_of(c) for c in out if isinstance(c, cmd.WriteOutcomes)] == [[1, 2]]
+    assert t.written({1, 2}, now=0.5) == []  # 3 alone is not a full batch; job 4 still runs
+    out = t.finished(jobs[3], now=0.6)
+    assert [ids_of(c) for c in out if isinstance(c, cmd.WriteOutcomes)] == [[3, 4]]
+
+
+# ---- what a finished attempt turns into ----------------------------------------------------------
+
+
+def _outcome_for(result, *, attempt=1, max_attempts=3, base=2.0, cap=100.0, jitter=0.0) -> Outcome:
+    t = Trace.running(pool_size=1)
+    job = t.jobs.one(attempt=attempt, max_attempts=max_attempts, backoff_base=base, backoff_max=cap)
+    t.returned(job, now=0.1)
+    write, ride = t.finished(job, result, jitter=jitter, now=0.2)
+    assert ride == claim(1)
+    (outcome,) = write.outcomes
+    assert outcome.job_id == job.id and outcome.attempt == attempt
+    return outcome
+
+
+def test_succeeded_is_succeeded():
+    assert _outcome_for("succeeded", attempt=3, max_attempts=3) == Outcome(job_id=1, attempt=3, kind=OutcomeKind.SUCCEEDED)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "base", "cap", "jitter", "expected"),
+    [
+        (1, 3, 2.0, 100.0, 0.5, 1.5),  # ceiling 2: [1, 2)
+        (2, 3, 2.0, 100.0, 0.0, 2.0),  # ceiling 4
+        (2, 25, 2.0, 100.0, 0.75, 3.5),
+        (6, 25, 2.0, 10.0, 0.25, 6.25),  # ceiling 64 capped to 10
+    ],
+)
+def test_failed_with_attempts_left_retries_with_backoff(attempt, max_attempts, base, cap, jitter, expected):
+    outcome = _outcome_for("failed", attempt=attempt, max_attempts=max_attempts, base=base, cap=cap, jitter=jitter)
+    assert outcome.kind is OutcomeKind.RETRY
+    assert outcome.retry_delay == expected
+    assert outcome.retry_delay == retry_delay(attempt=attempt, base=base, cap=cap, jitter=jitter)
+
+
+def test_the_event_jitter_is_the_one_used():
+    low = _outcome_for("failed", attempt=3, max_attempts=9, jitter=0.0).retry_delay
+    high = _outcome_for("failed", attempt=3, max_attempts=9, jitter=0.9).retry_delay
+    assert (low, high) == (4.0, 4.0 + 4.0 * 0.9)
+
+
+@pytest.mark.parametrize(("attempt", "max_attempts"), [(3, 3), (1, 1), (7, 3)])
+def test_failed_at_max_attempts_is_failed(attempt, max_attempts):
+    outcome = _outcome_for("failed", attempt=attempt, max_attempts=max_attempts, jitter=0.5)
+    assert outcome == Outcome(job_id=1, attempt=attempt, kind=OutcomeKind.FAILED, retry_delay=None)
+
+
+@pytest.mark.parametrize(("attempt", "max_attempts"), [(1, 3), (3, 3), (1, 1)])
+def test_unroutable_is_quarantined_and_never_retried(attempt, max_attempts):
+    outcome = _outcome_for("unroutable", attempt=attempt, max_attempts=max_attempts, jitter=0.5)
+    assert outcome == Outcome(job_id=1, attempt=attempt, kind=OutcomeKind.QUARANTINED, retry_delay=None)
+
+
+def test_mixed_results_in_one_batch_keep_finish_order():
+    t = Trace.running(pool_size=3)
+    a, b, c = t.jobs.make(3, max_attempts=2)
+    t.returned(a, b, c, now=0.1)
+    t.finished(c, "unroutable", now=0.2)
+    t.finished(a, "failed", jitter=0.5, now=0.3)
+    write, ride = t.finished(b, "succeeded", now=0.4)
+    assert [(o.job_id, o.kind, o.retry_delay) for o in write.outcomes] == [
+        (3, OutcomeKind.QUARANTINED, None),
+        (1, OutcomeKind.RETRY, 1.5),
+        (2, OutcomeKind.SUCCEEDED, None),
+    ]

@@ -1,0 +1,82 @@
+"""One pump, in-process, against the real store: pin the statements of a claim -> execute ->
+report cycle so a per-job round-trip can never creep in."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from backwave.core.options import WorkerGroupOptions
+from backwave.core.policy import Strict
+from backwave.models import Attempt, Job, Lease
+from backwave.shell.pump import HEALTHY, Pump
+from backwave.shell.registry import TaskRegistry
+from backwave.store.postgres import PostgresStore
+from backwave.tasks_api import enqueue_many
+from tests.shell import worker_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class RecordingStore:
+    """Passes every call to a real PostgresStore and records (method, size) pairs."""
+
+    def __init__(self):
+        self.inner = PostgresStore.from_django()
+        self.calls: list[tuple[str, int]] = []
+
+    @property
+    def round_trips(self):
+        return self.inner.round_trips
+
+    def __getattr__(self, name):
+        method = getattr(self.inner, name)
+        if not callable(method):
+            return method
+
+        def record(*args, **kwargs):
+            result = method(*args, **kwargs)
+            size = len(kwargs.get("outcomes", ())) if "outcomes" in kwargs else kwargs.get("limit", 0)
+            self.calls.append((name, size))
+            return result
+
+        return record
+
+
+def _wait_until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+def test_a_batch_of_32_costs_two_round_trips():
+    enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(32)])
+    store = RecordingStore()
+    options = WorkerGroupOptions(
+        name="cycle", policy=Strict("e2e"), pool_size=32, max_claim_batch=32, poll_interval=3600, maintenance_interval=3600, lease_duration=600
+    )
+    pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.noop]))
+    pump.start()
+    try:
+        _wait_until(lambda: Attempt.objects.count() == 32)
+        _wait_until(lambda: pump.driver.unreported == 0 and pump.driver.idle)
+    finally:
+        pump.drain(timeout=5)
+        assert pump.join(10)
+    assert pump.health == HEALTHY
+    assert Job.objects.filter(state="succeeded").count() == 32
+    assert Lease.objects.count() == 0
+    assert store.calls == [
+        ("open_lease", 0),
+        ("claim_jobs", 32),  # the first poll: all 32 jobs in one statement
+        ("expire_leases", 1000),  # maintenance once at start-up, bounded
+        ("write_outcomes_then_claim", 32),  # all 32 outcomes, and the re-poll riding the write
+        ("release_lease", 0),  # the drain
+        ("close", 0),
+    ]
+    # open, claim, expire, write+claim (one pipelined round-trip), release.
+    assert store.round_trips == 5
