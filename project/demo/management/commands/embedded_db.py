@@ -1,0 +1,47 @@
+"""``manage.py embedded_db start|stop|status``: control the embedded PostgreSQL in .pgdata/.
+
+``status`` exits 0 when the server runs and 3 when it does not (as ``pg_ctl status`` does), so
+scripts can ask before they start it and stop only what they started.
+"""
+
+import os
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from project import database
+
+
+class Command(BaseCommand):
+    help = "Start, stop or report the embedded PostgreSQL server (used when DATABASE_URL is not set)."
+    requires_system_checks = []
+
+    def add_arguments(self, parser):
+        parser.add_argument("action", choices=["start", "stop", "status"])
+
+    def handle(self, *args, action, **options):
+        getattr(self, f"handle_{action}")()
+
+    def handle_start(self):
+        if os.environ.get("DATABASE_URL"):
+            raise CommandError("DATABASE_URL is set, so the project does not use the embedded server; unset it first.")
+        info = database.embedded_server().get_postmaster_info()
+        self.stdout.write(f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}")
+
+    def handle_stop(self):
+        try:
+            stopped = database.stop_embedded_server()
+        except Exception as exc:  # pg_ctl's failure: CalledProcessError or TimeoutExpired
+            raise CommandError(f"could not stop the embedded PostgreSQL in {database.EMBEDDED_DATA_DIR}: {exc}") from exc
+        if stopped:
+            self.stdout.write(f"embedded PostgreSQL stopped (data {database.EMBEDDED_DATA_DIR})")
+        else:
+            self.stdout.write(f"embedded PostgreSQL was not running (data {database.EMBEDDED_DATA_DIR})")
+
+    def handle_status(self):
+        info = database.embedded_server_info()
+        if info is None:
+            self.stdout.write(f"embedded PostgreSQL stopped (data {database.EMBEDDED_DATA_DIR})")
+            sys.exit(3)
+        note = " (not in use: DATABASE_URL is set)" if os.environ.get("DATABASE_URL") else ""
+        self.stdout.write(f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}{note}")

@@ -1,0 +1,39 @@
+"""The demo's tasks: one per kind of job the home page can enqueue."""
+
+import time
+
+from django.tasks import task
+
+SLOW_JOB_MAX_SECONDS = 5
+
+
+@task
+def fast_job(n):
+    """Return at once: the throughput case."""
+    return n * 2
+
+
+@task
+def slow_job(seconds):
+    """Hold a worker slot for a while (capped, so a typo cannot park a worker for an hour)."""
+    seconds = min(max(float(seconds), 0.0), SLOW_JOB_MAX_SECONDS)
+    time.sleep(seconds)
+    return seconds
+
+
+@task(max_attempts=3, backoff_base=0.5)
+def failing_job(message):
+    """Always fail: shows retries with backoff, then a dead job with every attempt's error."""
+    raise RuntimeError(message)
+
+
+@task(queue_name="reports")
+def report_job():
+    """Stand-in for a report rendered on its own queue."""
+    return {"rows": 42}
+
+
+@task(queue_name="emails")
+def email_job():
+    """Stand-in for an email sent on its own queue."""
+    return "sent"
