@@ -32,7 +32,7 @@ from django.db import connection  # noqa: E402
 
 from backwave.models import Job  # noqa: E402
 from backwave.tasks_api import enqueue_many  # noqa: E402
-from project.demo.tasks import noop  # noqa: E402
+from project.demo.tasks import noop  # noqa: E402  (queue "bench")
 
 QUEUE = "bench"
 
@@ -46,7 +46,7 @@ def clear_queue() -> None:
 
 def run_once(jobs: int, pool_size: int, pumps: int, claim_batch: int) -> dict:
     clear_queue()
-    task = noop.using(queue_name=QUEUE)
+    task = noop
     calls = [(task, (i,), {}) for i in range(jobs)]
     started = time.perf_counter()
     enqueue_many(calls)

@@ -79,7 +79,7 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 TASKS = {
     "default": {
         "BACKEND": "backwave.backend.BackWaveBackend",
-        "QUEUES": ["default", "emails", "reports"],
+        "QUEUES": ["default", "emails", "reports", "bench"],
     }
 }
 

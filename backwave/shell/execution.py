@@ -67,7 +67,7 @@ def run_attempt(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_
             else:
                 value = task.call(*args, **kwargs)
             encoded = _json_value(value)
-    except Exception as error:  # the attempt failed; the driver decides retry or death
+    except BaseException as error:  # SystemExit from a handler too: the attempt failed; the driver decides
         duration = time.monotonic() - started
         error_class = f"{type(error).__module__}.{type(error).__qualname__}"
         text = "".join(traceback_module.format_exception(error))

@@ -64,7 +64,8 @@ class Store(Protocol):
 
     def renew_lease(self, *, lease_id: uuid.UUID, duration: float) -> bool:
         """Push the lease's expiry to now + duration. False when the lease is gone (it lapsed and
-        was expired by maintenance, or was released)."""
+        was expired by maintenance, or was released) or has already lapsed: a lapsed lease is
+        never revived, since the fence has refused its writes from the moment it lapsed."""
 
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Put every job still running under the lease back to ready (refunding the attempt, due
@@ -73,11 +74,14 @@ class Store(Protocol):
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
         """Lock up to ``limit`` due ready jobs of ``queues`` (priority, run_at, id order), skipping
         rows other claimers hold, and put them under the lease. Returns at once, short or empty
-        when fewer are ready."""
+        when fewer are ready, and empty when the lease is gone or lapsed (no job is ever put under
+        a lease that maintenance could not expire)."""
 
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> set[int]:
         """Apply outcomes, each fenced: a row changes only if it is still running under this live
-        lease at this attempt. Inserts one Attempt row per applied outcome. Returns applied ids."""
+        lease at this attempt. Inserts one Attempt row per applied outcome. Returns applied ids.
+        A SUCCEEDED outcome stores its return value as JSON (None becomes JSON null); other kinds
+        store no return value (SQL NULL)."""
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""

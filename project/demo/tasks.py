@@ -37,3 +37,9 @@ def report_job():
 def email_job():
     """Stand-in for an email sent on its own queue."""
     return "sent"
+
+
+@task(queue_name="bench")
+def noop(n):
+    """Does nothing: what bench/throughput.py drains to measure the engine itself."""
+    return n

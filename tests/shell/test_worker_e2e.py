@@ -31,7 +31,7 @@ def test_every_job_succeeds_exactly_once(start_worker):
     assert {int(r.id): i for i, r in enumerate(results)} == returned
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
     assert Lease.objects.count() == 0, "a drained worker leaves no lease behind"
-    assert "throughput:" in worker.output
+    assert "stopped after 300 job(s)" in worker.output
 
 
 def test_retries_with_backoff_then_succeeds(start_worker):
@@ -122,6 +122,7 @@ def test_drain_timeout_gives_unfinished_jobs_back_at_once(start_worker):
     enqueue_many([(worker_tasks.sleeper, (30,), {}) for _ in range(2)])
     worker = start_worker("--queues", "slow", "--pool-size", "2", "--drain-timeout", "0.3", *FAST)
     worker.wait_for(lambda: Job.objects.filter(state="running").count() == 2, what="two jobs running")
+    worker.wait_for(lambda: "throughput:" in worker.output, what="a periodic throughput line")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, worker.output
     # Released, not failed: ready again, due now, and the interrupted attempt refunded.

@@ -1,0 +1,35 @@
+"""The named SQL blocks of ``queries.sql``, loaded once at import."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+QUERIES_FILE = Path(__file__).with_name("queries.sql")
+
+_NAME_LINE = re.compile(r"^--\s*name:\s*(\w+)\s*$")
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """Split ``text`` into ``{name: sql}`` at each ``-- name: <name>`` line.
+
+    Whole-line comments are dropped (they are for the reader, and psycopg would read a ``%`` in
+    them as a placeholder); anything before the first name line is the file's preamble.
+    """
+    queries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if match := _NAME_LINE.match(line.strip()):
+            name = match.group(1)
+            if name in queries:
+                raise ValueError(f"{QUERIES_FILE.name}: query {name!r} is defined twice")
+            current = queries[name] = []
+        elif current is not None and not line.lstrip().startswith("--"):
+            current.append(line.rstrip())
+    result = {name: "\n".join(lines).strip() for name, lines in queries.items()}
+    if empty := [name for name, sql in result.items() if not sql]:
+        raise ValueError(f"{QUERIES_FILE.name}: query {empty[0]!r} has no SQL")
+    return result
+
+
+QUERIES: dict[str, str] = parse_queries(QUERIES_FILE.read_text(encoding="utf-8"))

@@ -1,0 +1,71 @@
+"""enqueue_many on the store's connection, and the SQL file loader."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from backwave.models import Job
+from backwave.store.contract import NewJob
+from backwave.store.queries import QUERIES, parse_queries
+
+from .helpers import db_now
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_twenty_thousand_jobs_in_one_round_trip_in_order(store):
+    jobs = [NewJob(task_path="app.tasks.n", payload={"args": [n], "kwargs": {}}, priority=n % 5) for n in range(20_000)]
+    before = store.round_trips
+
+    ids = store.enqueue_many(jobs)
+
+    assert store.round_trips == before + 1
+    assert len(ids) == 20_000 and ids == sorted(ids)
+    stored = list(Job.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "payload", "priority"))
+    assert stored == [(pk, {"args": [n], "kwargs": {}}, n % 5) for n, pk in enumerate(ids)]
+
+
+def test_enqueued_fields_and_the_database_clock(store):
+    later = timezone.now() + timedelta(hours=2)
+    before = db_now()
+    now_id, later_id = store.enqueue_many([
+        NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}, queue="emails", max_attempts=3, tags=("x", "y"), backend="other"),
+        NewJob(task_path="a.c", payload={"args": [], "kwargs": {}}, run_at=later, backoff_base=2.5, backoff_max=10),
+    ])
+    after = db_now()
+    due, scheduled = Job.objects.get(pk=now_id), Job.objects.get(pk=later_id)
+    assert (due.state, due.queue, due.attempts, due.max_attempts, due.tags, due.backend) == ("ready", "emails", 0, 3, ["x", "y"], "other")
+    assert before <= due.run_at <= after
+    assert scheduled.run_at == later
+    assert (scheduled.backoff_base, scheduled.backoff_max) == (2.5, 10.0)
+
+
+def test_enqueueing_nothing_costs_no_round_trip(store):
+    before = store.round_trips
+    assert store.enqueue_many([]) == []
+    assert store.round_trips == before
+
+
+def test_every_statement_the_store_uses_is_loaded():
+    assert set(QUERIES) == {
+        "open_lease", "renew_lease", "release_lease", "claim_jobs_one_queue", "claim_jobs_many_queues",
+        "write_outcomes_many", "release_jobs_many", "expire_leases",
+    }
+    assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
+
+
+def test_the_loader_splits_named_blocks_and_drops_comment_lines():
+    text = "-- preamble\n-- name: one\n-- why 100%\nSELECT 1\n\n-- name: two\nSELECT %(x)s\n  -- indented note\nFROM t\n"
+    assert parse_queries(text) == {"one": "SELECT 1", "two": "SELECT %(x)s\nFROM t"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n", "defined twice"),
+    ("-- name: a\n-- only a comment\n", "has no SQL"),
+])
+def test_the_loader_rejects_a_broken_file(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_queries(text)

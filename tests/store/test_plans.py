@@ -1,0 +1,63 @@
+"""The claim's plan: served by the partial index backwave_job_claim, never a scan-and-sort.
+
+A regression guard for the SQL shapes in queries.sql: with finished rows piling up and a backlog
+of ready ones, each queue is read through an ordered index scan, so a claim costs about
+``limit`` index tuples per queue however large the table grows.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.db import connection
+
+from backwave.store.queries import QUERIES
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def plan_nodes(node: dict):
+    yield node
+    for child in node.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+@pytest.fixture
+def backlog(transactional_db):
+    """20,000 finished and 5,000 ready jobs over three queues, with fresh statistics."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
+                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
+            SELECT 't.t', (ARRAY['default', 'emails', 'reports'])[1 + g % 3], g % 7 - 3, '{}',
+                   CASE WHEN g <= 20000 THEN 'succeeded' ELSE 'ready' END, 'default', '{}',
+                   now() - make_interval(secs => g), now(), 0, 1, 1, 3600, ''
+            FROM generate_series(1, 25000) AS g
+        """)
+        cursor.execute("ANALYZE backwave_job")
+
+
+def explain(name: str, params: dict) -> list[dict]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {QUERIES[name]}", params)
+        (document,) = cursor.fetchone()
+    plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+    return list(plan_nodes(plan))
+
+
+@pytest.mark.parametrize(("name", "queue_params"), [
+    ("claim_jobs_one_queue", {"queue": "default"}),
+    ("claim_jobs_many_queues", {"queues": ["default", "emails", "reports"]}),
+])
+def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params):
+    nodes = explain(name, {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, **queue_params})
+
+    # Every read of backwave_job besides the UPDATE's primary-key lookups of the picked ids.
+    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]
+                 and n.get("Index Name") != "backwave_job_pkey"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in job_scans] == [("Index Scan", "backwave_job_claim")]
+    # The rows come out of the index already in claim order: no Sort sits under a LockRows.
+    for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
+        assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
