@@ -71,8 +71,13 @@ class Job(models.Model):
             ),
             # Lease expiry and release find a lease's running jobs without touching the rest.
             models.Index(fields=["lease_id"], name="backwave_job_running_lease", condition=models.Q(state="running")),
-            # Retention and the admin's per-state views.
-            models.Index(fields=["state", "finished_at"], name="backwave_job_state_finished"),
+            # Retention and the admin's finished-job views. Partial, so that it never holds a
+            # ready or running row: the planner cannot mistake it for a way to the claim's rows.
+            models.Index(
+                fields=["state", "finished_at"],
+                name="backwave_job_finished",
+                condition=models.Q(state__in=["succeeded", "failed", "cancelled", "quarantined"]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_job_priority_range"),

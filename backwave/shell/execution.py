@@ -19,7 +19,7 @@ from backwave.core.jobs import ClaimedJob
 from backwave.results import task_result_for_attempt
 
 from .registry import TaskRegistry
-from .scope import attempt_scope
+from .scope import enter_attempt, leave_attempt
 
 logger = logging.getLogger("backwave.execution")
 
@@ -58,15 +58,18 @@ def run_attempt(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_
             duration=time.monotonic() - started,
         )
     task_result = _running_result(job, task, worker_id)
-    sender = backend_class or type(task.get_backend())
+    sender = backend_class or registry.sender(task)
     try:
-        with attempt_scope():
+        enter_attempt()
+        try:
             task_started.send(sender=sender, task_result=task_result)
             if task.takes_context:
                 value = task.call(TaskContext(task_result=task_result), *args, **kwargs)
             else:
                 value = task.call(*args, **kwargs)
             encoded = _json_value(value)
+        finally:
+            leave_attempt()
     except BaseException as error:  # SystemExit from a handler too: the attempt failed; the driver decides
         duration = time.monotonic() - started
         error_class = f"{type(error).__module__}.{type(error).__qualname__}"

@@ -24,8 +24,16 @@ class TaskRegistry(Mapping):
 
     def __init__(self, tasks: Iterable[Task] = ()):
         self._tasks: dict[str, Task] = {}
+        self._senders: dict[str, type] = {}
         for task in tasks:
             self._tasks[task.module_path] = task
+
+    def sender(self, task: Task) -> type:
+        """The backend class a task's signals are sent from (looked up once per task)."""
+        sender = self._senders.get(task.module_path)
+        if sender is None:
+            sender = self._senders[task.module_path] = type(task.get_backend())
+        return sender
 
     def __getitem__(self, wire_name: str) -> Task:
         return self._tasks[wire_name]

@@ -16,16 +16,26 @@ from django.db import close_old_connections, connections
 logger = logging.getLogger("backwave.scope")
 
 
+def enter_attempt() -> None:
+    """Call before the handler (plain functions, not a context manager: this is the hot path)."""
+    close_old_connections()
+
+
+def leave_attempt() -> None:
+    """Call after the handler, in a ``finally``."""
+    for connection in connections.all(initialized_only=True):
+        _leave_clean(connection)
+    close_old_connections()
+
+
 @contextmanager
 def attempt_scope():
     """Wrap exactly one handler call."""
-    close_old_connections()
+    enter_attempt()
     try:
         yield
     finally:
-        for connection in connections.all(initialized_only=True):
-            _leave_clean(connection)
-        close_old_connections()
+        leave_attempt()
 
 
 def _leave_clean(connection) -> None:

@@ -83,6 +83,13 @@ class Store(Protocol):
         A SUCCEEDED outcome stores its return value as JSON (None becomes JSON null); other kinds
         store no return value (SQL NULL)."""
 
+    def write_outcomes_then_claim(
+        self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """write_outcomes_many, then claim_jobs, in ONE round-trip, the claim strictly after the
+        write; if the write fails the claim does not run. How a pump at steady state spends one
+        round-trip per batch."""
+
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
 

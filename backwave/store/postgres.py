@@ -91,8 +91,13 @@ class PostgresStore:
         *,
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         application_name: str = DEFAULT_APPLICATION_NAME,
+        synchronous_commit: bool = True,
     ) -> None:
         params = conninfo_to_dict(conninfo) if isinstance(conninfo, str) else dict(conninfo)
+        if not synchronous_commit:
+            # Set at connect time (libpq 'options'), so it costs no round-trip and survives
+            # every reconnect. See BACKWAVE["WORKER_SYNCHRONOUS_COMMIT"] for why it is safe.
+            params["options"] = f"{params.get('options', '')} -c synchronous_commit=off".strip()
         params.setdefault("application_name", application_name)
         params.setdefault("prepare_threshold", prepare_threshold)
         params["autocommit"] = True
@@ -110,6 +115,9 @@ class PostgresStore:
         """A store on the database of ``settings.DATABASES[alias]``, with a connection of its own."""
         from django.conf import settings
 
+        from backwave import conf
+
+        kwargs.setdefault("synchronous_commit", conf.get_setting("WORKER_SYNCHRONOUS_COMMIT"))
         return cls(django_conninfo(settings.DATABASES[alias]), **kwargs)
 
     # -- leases --------------------------------------------------------------------------------
@@ -278,32 +286,47 @@ def _claimed_job(row: tuple) -> ClaimedJob:
         id=job_id, task_path=task_path, queue=queue, priority=priority, payload=payload, attempt=attempt,
         max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max, backend=backend,
         enqueued_at=enqueued_at, started_at=started_at, attempted_at=attempted_at,
-        previous_worker_ids=tuple(previous_worker_ids),
+        previous_worker_ids=tuple(previous_worker_ids) if previous_worker_ids else (),
     )
 
 
 def _outcome_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
-    """The array parameters of write_outcomes_many, one element per outcome.
+    """The parameters of write_outcomes_many: the batch as one JSON array.
 
-    A SUCCEEDED outcome stores its return value JSON-encoded, so a task that returned None gets
-    JSON ``null`` (a value); every other kind stores SQL NULL (no value at all).
+    A SUCCEEDED outcome's return value travels boxed as ``{"v": value}``, so a task that returned
+    None stores JSON ``null`` (a value); every other kind stores SQL NULL (no value at all).
+    A return value PostgreSQL could not store (not JSON, NaN, a NUL character) is refused here,
+    before anything is sent, naming the job: one bad value would otherwise fail the whole batch.
     """
-    seen: set[int] = set()
-    for outcome in outcomes:
-        if outcome.job_id in seen:
-            raise ValueError(f"job {outcome.job_id} has two outcomes in one batch; a batch holds one outcome per job")
-        seen.add(outcome.job_id)
-    return {
-        "lease_id": lease_id,
-        "job_ids": [o.job_id for o in outcomes],
-        "attempts": [o.attempt for o in outcomes],
-        "kinds": [OutcomeKind(o.kind).value for o in outcomes],
-        "retry_delays": [float(o.retry_delay or 0.0) for o in outcomes],
-        "return_values": [_encode_return_value(o) for o in outcomes],
-        "error_classes": [_text(o.error_class) for o in outcomes],
-        "tracebacks": [_text(o.traceback) for o in outcomes],
-        "durations": [float(o.duration) for o in outcomes],
-    }
+    if len({o.job_id for o in outcomes}) != len(outcomes):
+        seen: set[int] = set()
+        duplicate = next(o.job_id for o in outcomes if o.job_id in seen or seen.add(o.job_id))
+        raise ValueError(f"job {duplicate} has two outcomes in one batch; a batch holds one outcome per job")
+    succeeded = OutcomeKind.SUCCEEDED
+    rows = [
+        {
+            "job_id": o.job_id,
+            "attempt": o.attempt,
+            "kind": o.kind.value,
+            "retry_delay": float(o.retry_delay or 0.0),
+            "boxed": {"v": o.return_value} if o.kind is succeeded else None,
+            "error_class": _text(o.error_class),
+            "traceback": _text(o.traceback),
+            "duration": float(o.duration),
+        }
+        for o in outcomes
+    ]
+    # One encode for the whole batch on the hot path; only when it fails, or when a NUL escape
+    # shows up, is each return value checked alone to name the job at fault.
+    try:
+        encoded = json.dumps(rows, allow_nan=False)
+    except (TypeError, ValueError):
+        encoded = None
+    if encoded is None or _JSON_NUL.search(encoded):
+        for outcome in outcomes:
+            _check_return_value(outcome)
+        encoded = json.dumps(rows, allow_nan=False)
+    return {"lease_id": lease_id, "outcomes": encoded}
 
 
 # A \u0000 escape in JSON text, not preceded by an escaped backslash of the string's own.
@@ -315,15 +338,13 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\\x00")
 
 
-def _encode_return_value(outcome: OutcomeRecord) -> str | None:
-    """JSON text for a SUCCEEDED outcome's return value; refused here, before anything is sent,
-    when PostgreSQL could not store it (one bad value would otherwise fail the whole batch)."""
-    if OutcomeKind(outcome.kind) is not OutcomeKind.SUCCEEDED:
-        return None
+def _check_return_value(outcome: OutcomeRecord) -> None:
+    """Raise ValueError naming the job when its return value cannot be stored as jsonb."""
+    if outcome.kind is not OutcomeKind.SUCCEEDED:
+        return
     try:
         encoded = json.dumps(outcome.return_value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"job {outcome.job_id}: the return value is not JSON-serialisable ({exc}); return JSON types only") from exc
     if _JSON_NUL.search(encoded):
         raise ValueError(f"job {outcome.job_id}: the return value contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
-    return encoded
