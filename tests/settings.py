@@ -11,5 +11,8 @@ TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"],
 # A worker subprocess started by a test must use the test database pytest-django created.
 if os.environ.get("BACKWAVE_TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["BACKWAVE_TEST_DATABASE_NAME"]
+else:
+    # One test database per pytest process, so two runs on one server never trample each other.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -294,8 +294,8 @@ WITH lapsed AS MATERIALIZED (
     INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
                                   error_class, traceback)
     SELECT r.id, r.attempts, 'lapsed', r.worker_id, r.last_attempted_at, now(),
-           'backwave.LeaseLapsed',
-           'backwave.LeaseLapsed: the lease of worker ' || r.lease_worker_id
+           'backwave.results.LeaseLapsed',
+           'backwave.results.LeaseLapsed: the lease of worker ' || r.lease_worker_id
                || ' expired at ' || r.lease_expired_at::text
                || ' (database clock) without being renewed, so this attempt''s outcome was never'
                || ' written; the worker died, hung or lost its database connection. Attempt '

@@ -190,7 +190,7 @@ def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease,
     attempts = {a.job_id: a for a in Attempt.objects.all()}
     assert set(attempts) == {again.pk, last.pk}
     for job_id, attempt in attempts.items():
-        assert (attempt.number, attempt.state, attempt.worker_id, attempt.error_class) == (1, "lapsed", lease.worker_id, "backwave.LeaseLapsed")
+        assert (attempt.number, attempt.state, attempt.worker_id, attempt.error_class) == (1, "lapsed", lease.worker_id, "backwave.results.LeaseLapsed")
         assert attempt.started_at == rows[job_id].last_attempted_at
         assert lease.worker_id in attempt.traceback
         assert "expired at" in attempt.traceback and str(expired_at.year) in attempt.traceback
