@@ -120,6 +120,16 @@ class Pump:
         timeout = self.options.drain_timeout if timeout is None else timeout
         self._channel.put(ev.DrainRequested(now=self._clock(), timeout=timeout))
 
+    def hint(self) -> None:
+        """A Wake-Up Hint for one of this pump's queues (called from the listener thread).
+
+        The coarse pre-check: a pump whose pool is full has nothing to claim with, so the hint
+        is dropped here instead of waking the loop; the driver's pending-poll slot coalesces the
+        rest, so a burst of hints costs at most one extra claim.
+        """
+        if self.driver.free_slots:
+            self._channel.put(ev.HintReceived(now=self._clock()))
+
     def stop_now(self) -> None:
         """Leave at once: nothing more is written; the lease lapses and others take over."""
         self._stop_now.set()

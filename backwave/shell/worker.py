@@ -16,6 +16,7 @@ from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, Wo
 from backwave.core.policy import Strict
 from backwave.store.contract import Store
 
+from .hints import HintListener
 from .pump import HALTED, Pump
 from .registry import TaskRegistry
 
@@ -87,6 +88,7 @@ class Worker:
         registry: TaskRegistry,
         max_traceback_chars: int = 16_000,
         log_every: float = 10.0,
+        hints: HintListener | None = None,
     ):
         self.groups = validate_groups(groups)
         self.pumps = [
@@ -95,6 +97,10 @@ class Worker:
             for index in range(group.pumps)
         ]
         self._log_every = log_every
+        self.hints = hints
+        if hints is not None:
+            for pump in self.pumps:
+                hints.subscribe(pump.options.policy.queues, pump.hint)
         self._signals = 0
         self._done = threading.Event()
 
@@ -105,6 +111,8 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         for pump in self.pumps:
             pump.start()
+        if self.hints is not None:
+            self.hints.start()
         names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}] pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
         logger.info("BackWave worker started: %s", names)
         last_time, last_done = time.monotonic(), 0
@@ -128,6 +136,8 @@ class Worker:
             if all(p.health == HALTED for p in self.pumps):
                 logger.error("Every pump is halted; the worker exits")
                 return 1
+        if self.hints is not None:
+            self.hints.stop()
         logger.info("BackWave worker stopped after %d job(s) and %d store round-trips", self.jobs_done, sum(p.round_trips for p in self.pumps))
         return 0
 

@@ -35,6 +35,26 @@ RETURNING id
 """
 
 
+# The same insert, plus one Wake-Up Hint per distinct queue: pg_notify() inside the enqueuing
+# transaction goes out only on commit (a rolled-back enqueue wakes nobody), and PostgreSQL folds
+# identical notifications of one transaction into one, so a bulk enqueue sends one per queue.
+# A SELECT-only CTE runs only when referenced, hence the cross join with its one-row count. Ids
+# come from the sequence in insertion order, which follows the ORDER BY, so ORDER BY id gives
+# input order.
+INSERT_JOBS_AND_HINT_SQL = (
+    "WITH inserted AS ("
+    + INSERT_JOBS_SQL.strip().removesuffix("RETURNING id").rstrip()
+    + """
+    RETURNING id, queue
+), hinted AS (
+    SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
+    FROM (SELECT DISTINCT queue FROM inserted) AS q
+)
+SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
+"""
+)
+
+
 def insert_jobs_params(jobs: Sequence[NewJob]) -> list[str]:
     """The one parameter of INSERT_JOBS_SQL: the jobs as a JSON array of objects."""
     rows = [
@@ -55,9 +75,10 @@ def insert_jobs_params(jobs: Sequence[NewJob]) -> list[str]:
     return [json.dumps(rows)]
 
 
-def insert_jobs(cursor, jobs: Sequence[NewJob]) -> list[int]:
-    """Insert ``jobs`` with one statement on ``cursor`` (psycopg or Django); ids in input order."""
+def insert_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[int]:
+    """Insert ``jobs`` with one statement on ``cursor`` (psycopg or Django); ids in input order.
+    ``hint`` also sends a Wake-Up Hint per queue, delivered when the transaction commits."""
     if not jobs:
         return []
-    cursor.execute(INSERT_JOBS_SQL, insert_jobs_params(jobs))
+    cursor.execute(INSERT_JOBS_AND_HINT_SQL if hint else INSERT_JOBS_SQL, insert_jobs_params(jobs))
     return [row[0] for row in cursor.fetchall()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -141,3 +142,52 @@ def test_second_signal_stops_at_once(start_worker):
     # Nothing was written: the jobs stay under the lease until it lapses.
     assert Job.objects.filter(state="running").count() == 2
     assert "stopping at once" in worker.output
+
+
+def _listener_backends():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_a_hint_wakes_an_idle_worker_long_before_its_poll(start_worker):
+    # Poll every 60 s: only a wake-up hint can start the job within the wait below.
+    worker = start_worker("--queues", "e2e", "--poll-interval", "60", "--log-every", "60")
+    worker.wait_for(lambda: len(_listener_backends()) == 1, what="the hint listener connecting")
+    worker.wait_for(lambda: Lease.objects.count() == 1, what="the pump opening its lease")
+    worker.wait_for(lambda: Job.objects.count() == 0, timeout=1, what="an empty table")
+    time.sleep(0.3)  # let the pump's first (empty) claim finish: the job must come from the hint
+    result = worker_tasks.noop.enqueue(1)
+    worker.wait_for(lambda: Job.objects.get(id=result.id).state == "succeeded", timeout=20, what="the hinted job running")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_with_the_listener_dead_polling_still_runs_every_job(start_worker):
+    from django.db import connection
+
+    worker = start_worker("--queues", "e2e", "--poll-interval", "0.3", "--log-every", "60")
+    worker.wait_for(lambda: len(_listener_backends()) == 1, what="the hint listener connecting")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+    results = enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(20)])
+    worker.wait_for(lambda: Job.objects.filter(state="succeeded").count() == 20, what="every job running by polling")
+    assert "hint listener lost its connection" in worker.output
+    worker.wait_for(lambda: len(_listener_backends()) == 1, what="the listener reconnecting")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert len(results) == 20
+
+
+def test_processes_supervises_children_and_sigterm_drains_them_all(start_worker):
+    enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(200)])
+    worker = start_worker("--queues", "e2e", "--processes", "2", "--pool-size", "4", *FAST)
+    worker.wait_for(lambda: Job.objects.filter(state="succeeded").count() == 200, what="every job done by the children")
+    # Two child processes, each with its own lease (worker ids are host:pid:group:pump:token).
+    worker.wait_for(lambda: len({w.split(":")[1] for w in Lease.objects.values_list("worker_id", flat=True)}) == 2, what="two children")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
+    assert Lease.objects.count() == 0
+    assert worker.output.count("BackWave worker stopped") == 2

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf
 from backwave.core.options import WorkerGroupConfigError
 from backwave.shell.registry import TaskRegistry
+from backwave.shell.supervisor import Supervisor
 from backwave.shell.worker import Worker, group_from_mapping
 
 
@@ -27,11 +30,15 @@ class Command(BaseCommand):
         parser.add_argument("--maintenance-interval", type=float)
         parser.add_argument("--drain-timeout", type=float, help="Seconds running jobs get to finish after SIGTERM.")
         parser.add_argument("--until-idle", action="store_true", help="Drain and exit once no due job is left (for scripts and tests).")
+        parser.add_argument("--processes", type=int, default=1, help="Run this many worker processes under a supervisor (CPU-bound tasks).")
+        parser.add_argument("--no-hints", action="store_true", help="Do not LISTEN for wake-up hints: poll only.")
         parser.add_argument("--log-every", type=float, default=10.0, help="Seconds between throughput lines.")
 
     def handle(self, *args, **options):
         if options["verbosity"] >= 2:
             logging.getLogger("backwave").setLevel(logging.DEBUG)
+        if options["processes"] != 1:
+            return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
             worker = Worker(
@@ -40,6 +47,7 @@ class Command(BaseCommand):
                 registry=TaskRegistry.discover(conf.get_setting("TASK_MODULES")),
                 max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
                 log_every=options["log_every"],
+                hints=None if options["no_hints"] else _hint_listener(),
             )
         except (WorkerGroupConfigError, ValueError) as error:
             raise CommandError(str(error)) from error
@@ -51,6 +59,20 @@ class Command(BaseCommand):
             os._exit(code)
         if code:
             raise CommandError("every pump halted; see the log above for the reasons", returncode=code)
+
+    def _supervise(self, processes: int) -> None:
+        if processes < 1:
+            raise CommandError(f"--processes must be at least 1, got {processes}")
+        argv = list(sys.argv)
+        # The children run the same command without --processes (one worker each).
+        for flag in ("--processes",):
+            while flag in argv:
+                position = argv.index(flag)
+                del argv[position : position + 2]
+            argv = [a for a in argv if not a.startswith(flag + "=")]
+        code = Supervisor([sys.executable, *argv], processes).run()
+        if code:
+            raise CommandError("a worker process exited with an error", returncode=code)
 
     def _groups(self, options):
         overrides = {
@@ -73,6 +95,13 @@ class Command(BaseCommand):
                 if not raw_groups:
                     raise CommandError(f"No worker group named {options['group']!r} in BACKWAVE['WORKER_GROUPS']")
         return [group_from_mapping({**raw, **overrides}) for raw in raw_groups]
+
+
+def _hint_listener():
+    from backwave.shell.hints import HintListener
+    from backwave.store.postgres import django_conninfo
+
+    return HintListener(django_conninfo(settings.DATABASES["default"]))
 
 
 def _store_factory():

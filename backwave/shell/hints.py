@@ -1,0 +1,100 @@
+"""Wake-Up Hints: one LISTEN connection per worker process, shared by its pumps.
+
+An enqueue sends ``NOTIFY backwave_hint, '<queue>'`` inside the enqueuing transaction, so the
+hint goes out only on commit (and PostgreSQL folds identical notifications of one transaction
+into one, so a bulk enqueue sends one per queue). The listener hands each hint to the pumps that
+serve that queue; a pump turns it into a ``HintReceived`` for its driver, which only brings the
+next poll forward through the single pending-poll slot.
+
+Hints are never needed for correctness: while the listener is down (connection lost, server
+restarting) it reconnects with backoff, and the pumps fall back to polling every
+``poll_interval``. LISTEN needs a session of its own: point it at PostgreSQL directly, not
+through a transaction-mode pooler (PgBouncer in transaction mode drops LISTEN state).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import psycopg
+
+logger = logging.getLogger("backwave.hints")
+
+CHANNEL = "backwave_hint"
+
+
+class HintListener:
+    """A daemon thread that LISTENs and fans hints out to subscribers by queue name."""
+
+    def __init__(self, connect_params: Mapping[str, Any], *, max_backoff: float = 5.0, wait_step: float = 0.5):
+        # Named, so an operator (or a test) can find the LISTEN sessions in pg_stat_activity.
+        self._connect_params = {**connect_params, "application_name": "backwave-hints"}
+        self._subscribers: dict[str, list[Callable[[], None]]] = defaultdict(list)
+        self._stop = threading.Event()
+        self._max_backoff = max_backoff
+        self._wait_step = wait_step
+        self._random = random.Random()
+        self._connection: psycopg.Connection | None = None
+        self.connected = threading.Event()
+        self.hints_received = 0
+        self._thread = threading.Thread(target=self._run, name="backwave-hints", daemon=True)
+
+    def subscribe(self, queues: Iterable[str], callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the listener thread; it must not block) on a hint for any of ``queues``."""
+        for queue in queues:
+            self._subscribers[queue].append(callback)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        connection = self._connection
+        if connection is not None:
+            try:
+                connection.cancel_safe()
+            except Exception:
+                pass
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                self._listen()
+                backoff = 0.1
+            except psycopg.Error as error:
+                self.connected.clear()
+                if self._stop.is_set():
+                    break
+                delay = backoff * (0.5 + self._random.random() / 2)
+                logger.warning("Wake-up hint listener lost its connection (%s); polling covers until it reconnects in %.1fs", error, delay)
+                self._stop.wait(delay)
+                backoff = min(backoff * 2, self._max_backoff)
+            finally:
+                self._close()
+
+    def _listen(self) -> None:
+        self._connection = psycopg.connect(**self._connect_params, autocommit=True)
+        self._connection.execute(f"LISTEN {CHANNEL}")
+        self.connected.set()
+        logger.debug("Listening for wake-up hints on %s", CHANNEL)
+        while not self._stop.is_set():
+            # A bounded wait, so stop() is noticed even when no hint ever comes.
+            for notify in self._connection.notifies(timeout=self._wait_step):
+                self.hints_received += 1
+                for callback in self._subscribers.get(notify.payload, ()):
+                    callback()
+
+    def _close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass

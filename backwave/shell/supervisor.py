@@ -1,0 +1,105 @@
+"""``backwave_worker --processes N``: N worker processes under one supervisor.
+
+One Python process runs one handler at a time per core at best (the GIL), so CPU-heavy tasks need
+processes. The supervisor starts N children, each a plain ``backwave_worker`` with the same
+arguments (its own pumps, leases and connections; they coordinate only through the database),
+restarts a child that dies with exponential backoff (its jobs come back through its lease), and
+forwards signals: the first SIGTERM or SIGINT makes every child drain, a second stops them at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+logger = logging.getLogger("backwave.supervisor")
+
+# A child that lived this long before dying is considered healthy again: its restart backoff resets.
+STABLE_AFTER = 60.0
+
+
+def _drain_when_orphaned() -> None:
+    """In the child, before exec: on Linux, ask for SIGTERM when the supervisor dies, so a
+    SIGKILLed supervisor leaves no worker behind (the child drains as on any SIGTERM)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+class Child:
+    def __init__(self, index: int):
+        self.index = index
+        self.process: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.restart_at = 0.0
+        self.backoff = 0.0
+        self.restarts = 0
+
+
+class Supervisor:
+    """Keeps ``processes`` copies of ``command`` running until told to stop."""
+
+    def __init__(self, command: Sequence[str], processes: int, *, initial_backoff: float = 0.5, max_backoff: float = 30.0, tick: float = 0.2):
+        if processes < 1:
+            raise ValueError(f"--processes must be at least 1, got {processes}")
+        self.command = list(command)
+        self.children = [Child(i) for i in range(processes)]
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self._tick = tick
+        self._signals = 0
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for child in self.children:
+            self._start(child)
+        logger.info("Supervisor started %d worker processes", len(self.children))
+        while True:
+            now = time.monotonic()
+            for child in self.children:
+                self._watch(child, now)
+            if self._signals and all(c.process is None or c.process.poll() is not None for c in self.children):
+                break
+            time.sleep(self._tick)
+        codes = [c.process.returncode for c in self.children if c.process is not None]
+        logger.info("Supervisor stopped; worker exit codes %s", codes)
+        return 0 if all(code == 0 for code in codes) else 1
+
+    def _watch(self, child: Child, now: float) -> None:
+        if child.process is None:
+            if not self._signals and now >= child.restart_at:
+                self._start(child)
+            return
+        code = child.process.poll()
+        if code is None or self._signals:
+            return
+        lived = now - child.started_at
+        child.backoff = self._initial_backoff if lived >= STABLE_AFTER or not child.backoff else min(child.backoff * 2, self._max_backoff)
+        child.restart_at = now + child.backoff
+        child.process = None
+        logger.warning("Worker process %d exited with %s after %.1fs; restarting in %.1fs", child.index, code, lived, child.backoff)
+
+    def _start(self, child: Child) -> None:
+        # Its own session: a Ctrl-C in the terminal reaches only the supervisor, which forwards
+        # exactly one signal, so a child never mistakes it for a second "stop at once".
+        child.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_drain_when_orphaned)
+        child.started_at = time.monotonic()
+        child.restarts += 1
+        logger.info("Worker process %d started (pid %d)", child.index, child.process.pid)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signals += 1
+        action = "draining" if self._signals == 1 else "stopping at once"
+        logger.info("Received %s: %s all worker processes", signal.Signals(signum).name, action)
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum if self._signals == 1 else signal.SIGINT)
