@@ -32,7 +32,7 @@ from django.db import connection  # noqa: E402
 
 from backwave.models import Job  # noqa: E402
 from backwave.tasks_api import enqueue_many  # noqa: E402
-from project.demo.tasks import noop  # noqa: E402  (queue "bench")
+from project.demo.tasks import noop, slow_job  # noqa: E402  (noop is on queue "bench")
 
 QUEUE = "bench"
 
@@ -44,10 +44,12 @@ def clear_queue() -> None:
         cursor.execute("VACUUM ANALYZE backwave_attempt")
 
 
-def run_once(jobs: int, pool_size: int, pumps: int, claim_batch: int) -> dict:
+def run_once(jobs: int, pool_size: int, pumps: int, claim_batch: int, sleep_ms: float = 0.0, processes: int = 1) -> dict:
     clear_queue()
-    task = noop
-    calls = [(task, (i,), {}) for i in range(jobs)]
+    if sleep_ms:
+        calls = [(slow_job.using(queue_name=QUEUE), (sleep_ms / 1000,), {}) for _ in range(jobs)]
+    else:
+        calls = [(noop, (i,), {}) for i in range(jobs)]
     started = time.perf_counter()
     enqueue_many(calls)
     enqueue_seconds = time.perf_counter() - started
@@ -56,6 +58,9 @@ def run_once(jobs: int, pool_size: int, pumps: int, claim_batch: int) -> dict:
         sys.executable, "manage.py", "backwave_worker", "--queues", QUEUE, "--pool-size", str(pool_size),
         "--pumps", str(pumps), "--max-claim-batch", str(claim_batch), "--until-idle", "--log-every", "1",
     ]
+    if processes > 1:
+        # Children run --until-idle each; the supervisor exits when all of them have.
+        command += ["--processes", str(processes)]
     env = {**os.environ, "BACKWAVE_LOG_LEVEL": "INFO"}
     wall = time.perf_counter()
     finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -63,8 +68,7 @@ def run_once(jobs: int, pool_size: int, pumps: int, claim_batch: int) -> dict:
     if finished.returncode != 0:
         sys.exit(f"worker failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
     log = finished.stdout + finished.stderr
-    match = re.search(r"stopped after (\d+) job\(s\) and (\d+) store round-trips", log)
-    round_trips = int(match.group(2)) if match else -1
+    round_trips = sum(int(m.group(2)) for m in re.finditer(r"stopped after (\d+) job\(s\) and (\d+) store round-trips", log)) or -1
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -97,15 +101,21 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument("--pumps", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--max-claim-batch", type=int, default=32)
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="jobs sleep this long instead of doing nothing")
+    parser.add_argument("--processes", type=int, default=1, help="worker processes under the supervisor")
     args = parser.parse_args()
-    print(f"{args.jobs} no-op jobs, pool {args.pool_size}, claim batch {args.max_claim_batch}, database {connection.settings_dict['HOST'] or 'local'}")
+    kind = f"{args.sleep_ms:g} ms sleeping" if args.sleep_ms else "no-op"
+    print(f"{args.jobs} {kind} jobs, processes {args.processes}, pool {args.pool_size}, claim batch {args.max_claim_batch}, database {connection.settings_dict['HOST'] or 'local'}")
     print(f"{'pumps':>5} {'enqueue s':>10} {'enqueue/s':>10} {'drain s':>8} {'jobs/s':>8} {'rt/job':>7} {'ok':>6}")
     for pumps in args.pumps:
-        r = run_once(args.jobs, args.pool_size, pumps, args.max_claim_batch)
+        r = run_once(args.jobs, args.pool_size, pumps, args.max_claim_batch, args.sleep_ms, args.processes)
         print(
             f"{r['pumps']:>5} {r['enqueue_seconds']:>10.2f} {r['enqueue_rate']:>10.0f} {r['drain_seconds']:>8.2f} "
             f"{r['jobs_per_second']:>8.0f} {r['round_trips_per_job']:>7.3f} {r['succeeded']:>6}"
         )
+        if args.sleep_ms:
+            ideal = args.jobs * args.sleep_ms / 1000 / (args.pool_size * pumps * args.processes)
+            print(f"      ideal {ideal:.2f} s: efficiency {ideal / r['drain_seconds']:.0%}")
         if r["succeeded"] != args.jobs or r["attempts"] != args.jobs:
             sys.exit(f"expected {args.jobs} jobs succeeded once each, got {r['succeeded']} succeeded and {r['attempts']} attempts")
 
