@@ -51,7 +51,7 @@ class BackWaveBackend(BaseTaskBackend):
     supports_defer = True
     supports_priority = True
     supports_get_result = True
-    supports_async_task = False  # the worker runs sync functions only, for now
+    supports_async_task = True  # async def tasks run on an event loop per pump
 
     def __init__(self, alias, params):
         super().__init__(alias, params)
@@ -74,11 +74,6 @@ class BackWaveBackend(BaseTaskBackend):
         naming the option, the value and what is allowed."""
         if not is_module_level_function(task.func):
             raise InvalidTask(f"Task function {task.func!r} must be defined at a module level (not nested, not a lambda or partial).")
-        if iscoroutinefunction(task.func):
-            raise InvalidTask(
-                f"Task {task.module_path!r} is an async function; BackWave runs only sync functions "
-                "for now. Define it with 'def' (use async_to_sync inside if needed)."
-            )
         validate_django_options(task, queues=self.queues, alias=self.alias)
         super().validate_task(task)
         validate_backwave_options(task)

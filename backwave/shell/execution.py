@@ -4,12 +4,14 @@ describe what happened. Shared by the production pump and the deterministic test
 from __future__ import annotations
 
 import json
+from inspect import iscoroutinefunction
 import logging
 import time
 import traceback as traceback_module
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
@@ -41,9 +43,48 @@ class AttemptReport:
     duration: float = 0.0
 
 
-def run_attempt(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, backend_class: type | None = None) -> AttemptReport:
-    """Run ``job`` once and describe the outcome. Never raises (but for KeyboardInterrupt and
-    SystemExit): a handler's exception is the attempt's outcome, not the pump's problem."""
+class _Attempt:
+    """One routed attempt between its start and its report: the parts sync and async share."""
+
+    __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars")
+
+    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int):
+        self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
+        self.result = _running_result(job, task, worker_id)
+        self.sender = sender
+        self.started = started
+        self.max_traceback_chars = max_traceback_chars
+
+    def announce(self) -> None:
+        task_started.send(sender=self.sender, task_result=self.result)
+
+    def arguments(self) -> tuple[list, dict]:
+        if self.task.takes_context:
+            return [TaskContext(task_result=self.result), *self.args], self.kwargs
+        return self.args, self.kwargs
+
+    def failed(self, error: BaseException) -> AttemptReport:
+        duration = time.monotonic() - self.started
+        error_class = f"{type(error).__module__}.{type(error).__qualname__}"
+        text = "".join(traceback_module.format_exception(error))
+        if len(text) > self.max_traceback_chars:
+            text = "…(truncated)\n" + text[-self.max_traceback_chars :]
+        object.__setattr__(self.result, "status", TaskResultStatus.FAILED)
+        self.result.errors.append(TaskError(exception_class_path=error_class, traceback=text))
+        _send_finished(self.sender, self.result)
+        job = self.job
+        return AttemptReport(job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration)
+
+    def succeeded(self, encoded) -> AttemptReport:
+        object.__setattr__(self.result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(self.result, "_return_value", encoded)
+        _send_finished(self.sender, self.result)
+        job = self.job
+        return AttemptReport(job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started)
+
+
+def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, backend_class) -> _Attempt | AttemptReport:
+    """Route the job: an _Attempt ready to run, or the report of an unroutable (quarantined) one."""
     started = time.monotonic()
     try:
         task, args, kwargs = route(job, registry)
@@ -57,33 +98,52 @@ def run_attempt(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_
             traceback=str(unroutable),
             duration=time.monotonic() - started,
         )
-    task_result = _running_result(job, task, worker_id)
     sender = backend_class or registry.sender(task)
+    return _Attempt(job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started, max_traceback_chars=max_traceback_chars)
+
+
+def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
+    """Whether the job's task is an ``async def`` (it then runs on the pump's event loop)."""
+    task = registry.get(job.task_path)
+    return task is not None and iscoroutinefunction(task.func)
+
+
+def run_attempt(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, backend_class: type | None = None) -> AttemptReport:
+    """Run ``job`` once and describe the outcome. Never raises: a handler's exception (SystemExit
+    included) is the attempt's outcome, not the pump's problem."""
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, backend_class)
+    if isinstance(attempt, AttemptReport):
+        return attempt
     try:
         enter_attempt()
         try:
-            task_started.send(sender=sender, task_result=task_result)
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=task_result), *args, **kwargs)
-            else:
-                value = task.call(*args, **kwargs)
-            encoded = _json_value(value)
+            attempt.announce()
+            args, kwargs = attempt.arguments()
+            encoded = _json_value(attempt.task.call(*args, **kwargs))
         finally:
             leave_attempt()
-    except BaseException as error:  # SystemExit from a handler too: the attempt failed; the driver decides
-        duration = time.monotonic() - started
-        error_class = f"{type(error).__module__}.{type(error).__qualname__}"
-        text = "".join(traceback_module.format_exception(error))
-        if len(text) > max_traceback_chars:
-            text = "…(truncated)\n" + text[-max_traceback_chars:]
-        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-        task_result.errors.append(TaskError(exception_class_path=error_class, traceback=text))
-        _send_finished(sender, task_result)
-        return AttemptReport(job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration)
-    object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(task_result, "_return_value", encoded)
-    _send_finished(sender, task_result)
-    return AttemptReport(job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - started)
+    except BaseException as error:
+        return attempt.failed(error)
+    return attempt.succeeded(encoded)
+
+
+async def run_attempt_async(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_traceback_chars: int) -> AttemptReport:
+    """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
+    runs through sync_to_async, as Django's ASGI handler does around a request."""
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, None)
+    if isinstance(attempt, AttemptReport):
+        return attempt
+    try:
+        await sync_to_async(enter_attempt)()
+        try:
+            attempt.announce()
+            args, kwargs = attempt.arguments()
+            encoded = _json_value(await attempt.task.acall(*args, **kwargs))
+        finally:
+            await sync_to_async(leave_attempt)()
+    except BaseException as error:
+        return attempt.failed(error)
+    return attempt.succeeded(encoded)
 
 
 def route(job: ClaimedJob, registry: TaskRegistry):

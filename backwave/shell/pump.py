@@ -21,6 +21,7 @@ claiming, its lease lapses, other pumps inherit its jobs, and the process keeps 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -38,7 +39,7 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import OutcomeRecord, Store, TransientStoreError
 
-from .execution import AttemptReport, run_attempt
+from .execution import AttemptReport, is_async, run_attempt, run_attempt_async
 from .registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
@@ -79,6 +80,22 @@ class WorkerPool:
                 logger.exception("A worker thread failed outside its job")
 
 
+class EventLoopThread:
+    """An asyncio event loop on a daemon thread, where a pump's ``async def`` tasks run."""
+
+    def __init__(self, *, name: str):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coroutine) -> None:
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def shutdown(self) -> None:
+        """Stop the loop once the coroutines still running have been given up on (drain is over)."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
 class Pump:
     """One pump of a worker group. ``start()`` runs it on a thread; ``drain()`` stops it gently."""
 
@@ -109,6 +126,7 @@ class Pump:
         self._stop_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, name=f"backwave-{options.name}-{index}")
+        self._loop: EventLoopThread | None = None
 
     # ---- control from other threads -------------------------------------------------------------
 
@@ -161,6 +179,8 @@ class Pump:
             # Never wait here: after a clean drain nothing is running, and after a drain deadline,
             # a halt or a stop, the handlers still running belong to jobs already given up on.
             self._pool.shutdown()
+            if self._loop is not None:
+                self._loop.shutdown()
             if self._store is not None:
                 try:
                     self._store.close()
@@ -190,7 +210,10 @@ class Pump:
 
     def _execute(self, command: cmd.Command) -> list[ev.Event]:
         if isinstance(command, cmd.ExecuteJob):
-            self._pool.submit(command.job)
+            if is_async(command.job, self._registry):
+                self._event_loop().submit(self._run_async_job(command.job))
+            else:
+                self._pool.submit(command.job)
             return []
         try:
             result = self._call_store(command)
@@ -263,7 +286,20 @@ class Pump:
     # ---- jobs -------------------------------------------------------------------------------------
 
     def _run_job(self, job) -> None:
-        report = run_attempt(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars)
+        self._finished(job, run_attempt(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars))
+
+    async def _run_async_job(self, job) -> None:
+        report = await run_attempt_async(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars)
+        self._finished(job, report)
+
+    def _event_loop(self) -> EventLoopThread:
+        # Started on the first async job: a pump that runs only sync tasks never has one. The
+        # driver already bounds what runs at once to pool_size, async and sync together.
+        if self._loop is None:
+            self._loop = EventLoopThread(name=f"backwave-{self.options.name}-{self.index}-loop")
+        return self._loop
+
+    def _finished(self, job, report: AttemptReport) -> None:
         self._reports[(job.id, job.attempt)] = report
         self._channel.put(
             ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random())

@@ -3,6 +3,8 @@
 from datetime import datetime, timedelta
 
 import pytest
+
+from backwave.backend import BackWaveBackend
 from django.tasks import task
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
@@ -101,9 +103,9 @@ def test_run_after_must_be_an_aware_datetime():
         sample_tasks.add.using(run_after=datetime(2030, 1, 1))
 
 
-def test_async_functions_are_rejected_clearly():
-    with pytest.raises(InvalidTask, match="is an async function; BackWave runs only sync functions"):
-        task(sample_tasks.async_function)
+def test_async_functions_are_accepted():
+    assert BackWaveBackend.supports_async_task
+    assert task(sample_tasks.async_function).func is sample_tasks.async_function
 
 
 def test_takes_context_needs_a_first_argument_named_context():

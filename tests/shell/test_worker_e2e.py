@@ -191,3 +191,18 @@ def test_processes_supervises_children_and_sigterm_drains_them_all(start_worker)
     assert worker.wait(timeout=30) == 0, worker.output
     assert Lease.objects.count() == 0
     assert worker.output.count("BackWave worker stopped") == 2
+
+
+def test_async_tasks_run_on_the_event_loop_alongside_sync_ones(start_worker):
+    doubled = enqueue_many([(worker_tasks.async_double, (i,), {}) for i in range(30)])
+    plain = enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(10)])
+    failing = worker_tasks.async_fails.enqueue()
+    worker = start_worker("--queues", "e2e", "--pool-size", "8", "--until-idle", *FAST)
+    assert worker.wait() == 0, worker.output
+    for i, result in enumerate(doubled):
+        value = worker_tasks.async_double.get_result(result.id).return_value
+        assert value["double"] == i * 2 and value["jobs"] >= 41
+    assert {Job.objects.get(id=r.id).state for r in plain} == {"succeeded"}
+    final = worker_tasks.async_fails.get_result(failing.id)
+    assert final.status == "FAILED"
+    assert final.errors[0].exception_class_path == "builtins.KeyError"

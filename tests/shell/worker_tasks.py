@@ -54,3 +54,17 @@ def returns_set():
 @task(queue_name="e2e", max_attempts=2)
 def exits_process():
     os._exit(3)
+
+
+@task(queue_name="e2e")
+async def async_double(n):
+    """An async task: runs on the pump's event loop, may use the async ORM."""
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return {"double": n * 2, "jobs": await Job.objects.acount()}
+
+
+@task(queue_name="e2e", max_attempts=1)
+async def async_fails():
+    raise KeyError("async failure")
