@@ -98,6 +98,13 @@ class BackWaveBackend(BaseTaskBackend):
             tags=tuple(getattr(task, "tags", ())),
         )
 
+    def build_job(self, task, args, kwargs) -> NewJob:
+        """Validate one call as enqueue would and return the row it would insert, inserting
+        nothing (how a schedule resolves the job it mints at each slot)."""
+        self.validate_task(task)
+        defaults = {name: self._setting(name) for name in conf.BACKEND_OVERRIDABLE}
+        return self._new_job(task, args, kwargs, defaults)
+
     def _enqueue_calls(self, calls: Sequence[TaskCall]) -> list[TaskResult]:
         """Validate every call, then insert them all with one statement and announce them."""
         defaults = {name: self._setting(name) for name in conf.BACKEND_OVERRIDABLE}

@@ -4,6 +4,7 @@ backwave.E001  settings.BACKWAVE is not a dict
 backwave.E002  settings.BACKWAVE has an unknown key (the message suggests the closest one)
 backwave.E003  a BACKWAVE value has the wrong kind (the message says what is allowed)
 backwave.E004  a TASK_MODULES entry names no importable module
+backwave.E005  a SCHEDULES entry names a task that cannot be imported as a django.tasks Task
 
 Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
 """
@@ -43,7 +44,33 @@ def check_backwave_settings(app_configs=None, **kwargs):
                         id="backwave.E004",
                     )
                 )
+    schedules = user.get("SCHEDULES", {})
+    if not conf.value_problem("SCHEDULES", schedules, "BACKWAVE"):
+        for name, spec in schedules.items():
+            if problem := _task_problem(spec["task"]):
+                errors.append(
+                    checks.Error(
+                        f"BACKWAVE['SCHEDULES'][{name!r}] names the task {spec['task']!r}, which {problem}.",
+                        hint="Use the wire name of a function decorated with @task: its module path and name, e.g. 'shop.tasks.report'.",
+                        id="backwave.E005",
+                    )
+                )
     return errors
+
+
+def _task_problem(path: str) -> str | None:
+    from django.tasks import Task
+    from django.utils.module_loading import import_string
+
+    try:
+        value = import_string(path)
+    except ImportError as error:
+        return f"cannot be imported ({error})"
+    if not isinstance(value, Task):
+        return f"is a {type(value).__name__}, not a task (decorate it with @task)"
+    if value.module_path != path:
+        return f"is the task {value.module_path!r} under another name; use its wire name"
+    return None
 
 
 def _module_exists(name: str) -> bool:

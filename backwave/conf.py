@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,7 +47,26 @@ DEFAULTS: dict[str, Any] = {
     # a lease that lapses. Enqueues keep the application's own setting. True restores the
     # flush-per-commit at about a fifth of the throughput on an ordinary disk.
     "WORKER_SYNCHRONOUS_COMMIT": False,
+    # Recurring jobs, by name: {"nightly": {"task": "shop.tasks.report", "cron": "0 3 * * *"}}.
+    # Keys: task (wire name of a registered task) and cron (5 fields, or 6 with seconds last,
+    # evaluated in settings.TIME_ZONE against the database clock), optionally args, kwargs,
+    # queue, priority, max_attempts, enabled. Workers sync them to the Schedule table at start.
+    "SCHEDULES": {},
+    # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
+    # them for ever. Keys left out keep their default (RETENTION_DEFAULTS).
+    "RETENTION": {},
 }
+
+RETENTION_DEFAULTS: dict[str, float | None] = {
+    "succeeded": 86_400.0,  # a day: enough to look a run up, small enough that the table stays lean
+    "failed": 7 * 86_400.0,  # a week: failures are what people come back for
+    "cancelled": 7 * 86_400.0,
+    "quarantined": 7 * 86_400.0,
+    "pumps": 3_600.0,  # a pump silent for an hour (killed, host gone) drops out of the health views
+}
+
+SCHEDULE_KEYS = ("task", "cron", "args", "kwargs", "queue", "priority", "max_attempts", "enabled")
+MAX_SCHEDULE_NAME_LENGTH = 100  # Schedule.name
 
 # Keys a TASKS backend's OPTIONS may carry: its database alias plus the enqueue-side values.
 BACKEND_OPTION_DEFAULTS: dict[str, Any] = {"DATABASE": "default"}
@@ -88,7 +108,78 @@ def _alias(value) -> str | None:
     return None
 
 
-# Each validator returns None for a good value, else what is allowed ("an integer >= 1").
+class Sentence(str):
+    """A validator's answer that is a whole sentence about the value, not just what is allowed."""
+
+
+def _retention(value) -> str | None:
+    if not isinstance(value, Mapping):
+        return f"a dict with some of the keys {', '.join(RETENTION_DEFAULTS)}"
+    for key, seconds in value.items():
+        if key not in RETENTION_DEFAULTS:
+            return Sentence(unknown_key_message(key, RETENTION_DEFAULTS, "['RETENTION']"))
+        if seconds is not None and _seconds(seconds):
+            return Sentence(f"['RETENTION'][{key!r}] must be a finite number of seconds >= 0 or None (keep for ever), got {seconds!r}.")
+    return None
+
+
+def cron_problem(expression) -> str | None:
+    """Why ``expression`` is not a cron expression BackWave accepts, or None when it is."""
+    from croniter import croniter
+
+    if not isinstance(expression, str) or not expression.strip():
+        return "must be a cron expression (a string such as '*/5 * * * *')"
+    fields = expression.split()
+    if not expression.startswith("@") and len(fields) not in (5, 6):
+        return f"has {len(fields)} fields; use 5 (minute hour day month weekday) or 6 (with seconds last)"
+    if not croniter.is_valid(expression):
+        return "is not a valid cron expression (minute hour day month weekday, e.g. '*/5 * * * *')"
+    return None
+
+
+def _schedule_problem(name, spec) -> str | None:
+    where = f"['SCHEDULES'][{name!r}]"
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_SCHEDULE_NAME_LENGTH:
+        return f"['SCHEDULES'] keys are schedule names (1 to {MAX_SCHEDULE_NAME_LENGTH} characters), got {name!r}."
+    if not isinstance(spec, Mapping):
+        return f"{where} must be a dict with 'task' and 'cron', got {spec!r}."
+    for key in spec:
+        if key not in SCHEDULE_KEYS:
+            return unknown_key_message(key, SCHEDULE_KEYS, where)
+    for key in ("task", "cron"):
+        if key not in spec:
+            return f"{where} needs {key!r} ({'the wire name of a task, e.g. shop.tasks.report' if key == 'task' else 'a cron expression, e.g. */5 * * * *'})."
+    if not isinstance(spec["task"], str) or not spec["task"]:
+        return f"{where}['task'] must be a task's wire name (its dotted import path), got {spec['task']!r}."
+    if problem := cron_problem(spec["cron"]):
+        return f"{where}['cron'] {problem}, got {spec['cron']!r}."
+    args, kwargs = spec.get("args", []), spec.get("kwargs", {})
+    if not isinstance(args, (list, tuple)):
+        return f"{where}['args'] must be a list, got {args!r}."
+    if not isinstance(kwargs, Mapping):
+        return f"{where}['kwargs'] must be a dict, got {kwargs!r}."
+    if "queue" in spec and (not isinstance(spec["queue"], str) or not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", spec["queue"])):
+        return f"{where}['queue'] must be 1 to 64 letters, digits, '_', '.' or '-', got {spec['queue']!r}."
+    if "priority" in spec and (not _is_int(spec["priority"]) or not -100 <= spec["priority"] <= 100):
+        return f"{where}['priority'] must be an integer from -100 to 100, got {spec['priority']!r}."
+    if "max_attempts" in spec and (not _is_int(spec["max_attempts"]) or spec["max_attempts"] < 1):
+        return f"{where}['max_attempts'] must be an integer >= 1, got {spec['max_attempts']!r}."
+    if "enabled" in spec and not isinstance(spec["enabled"], bool):
+        return f"{where}['enabled'] must be True or False, got {spec['enabled']!r}."
+    return None
+
+
+def _schedules(value) -> str | None:
+    if not isinstance(value, Mapping):
+        return "a dict of schedules by name, e.g. {'nightly': {'task': 'shop.tasks.report', 'cron': '0 3 * * *'}}"
+    for name, spec in value.items():
+        if problem := _schedule_problem(name, spec):
+            return Sentence(problem)
+    return None
+
+
+# Each validator returns None for a good value, else what is allowed ("an integer >= 1"), or a
+# Sentence about the value when that says more (a nested key of SCHEDULES or RETENTION).
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "MAX_PAYLOAD_BYTES": _int_at_least(1),
     "DEFAULT_MAX_ATTEMPTS": _int_at_least(1),
@@ -98,6 +189,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "WORKER_GROUPS": _list_of(dict, "dicts (one per worker group)"),
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
     "WORKER_SYNCHRONOUS_COMMIT": lambda value: None if isinstance(value, bool) else "True or False",
+    "SCHEDULES": _schedules,
+    "RETENTION": _retention,
     "DATABASE": _alias,
 }
 
@@ -114,7 +207,14 @@ def value_problem(name: str, value, where: str) -> str | None:
     allowed = VALIDATORS[name](value)
     if allowed is None:
         return None
+    if isinstance(allowed, Sentence):
+        return f"{where}{allowed}"
     return f"{where}[{name!r}] must be {allowed}, got {value!r}."
+
+
+def retention() -> dict[str, float | None]:
+    """BACKWAVE["RETENTION"] over its defaults: every key, in seconds or None."""
+    return {**RETENTION_DEFAULTS, **get_setting("RETENTION")}
 
 
 def settings_problems() -> list[str]:

@@ -1,6 +1,6 @@
 """BackWave's tables.
 
-Three tables carry the engine:
+Five tables carry the engine:
 
 * ``Job``: one row per unit of work. The claim path reads only rows in state ``ready`` through a
   partial index that matches the claim's ORDER BY, so finished rows never slow a poll down.
@@ -8,6 +8,10 @@ Three tables carry the engine:
   the single lease row however many jobs it covers, and the Effect-Once fence compares tokens.
 * ``Attempt``: one row per finished attempt (the outcome), written in the same statement that
   moves the job on.
+* ``Schedule``: a recurring job (cron), declared in ``BACKWAVE["SCHEDULES"]`` and synced at worker
+  start; maintenance mints each due slot as a job, once, enforced by a unique (schedule, slot).
+* ``Pump``: the health each pump reports (healthy, degraded, halted and why), for the admin and
+  ``manage.py backwave_health``.
 
 The hot path uses hand-written SQL in ``backwave/store/``; these models are the schema, the
 admin's view and the tasks backend's read path.
@@ -28,6 +32,46 @@ class JobState(models.TextChoices):
 
 
 FINISHED_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUARANTINED})
+
+
+class Schedule(models.Model):
+    """A recurring job: a cron expression and what to enqueue at each of its slots.
+
+    Rows mirror ``BACKWAVE["SCHEDULES"]``: every worker writes the declared definitions at start
+    and disables rows that are no longer declared. The job fields (queue, priority, retry options,
+    backend, tags) are resolved from the task when the row is written, so minting a slot is one
+    INSERT ... SELECT. ``next_run`` is NULL until the first maintenance run computes it (and again
+    after the cron expression changes or the schedule is re-enabled): a new schedule starts at
+    its next slot, it does not catch up on slots from before it existed.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    task_path = models.CharField(max_length=255, help_text="Wire name of a registered task.")
+    cron = models.CharField(max_length=255, help_text="Cron expression (5 fields, or 6 with seconds last), evaluated in settings.TIME_ZONE against the database clock.")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    max_attempts = models.IntegerField(default=3)
+    backoff_base = models.FloatField(default=1.0)
+    backoff_max = models.FloatField(default=3600.0)
+    backend = models.CharField(max_length=64, default="default")
+    tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    enabled = models.BooleanField(default=True)
+    last_slot = models.DateTimeField(null=True, blank=True, help_text="The latest slot minted as a job.")
+    next_run = models.DateTimeField(null=True, blank=True, help_text="The next slot due (database clock); NULL until computed.")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_schedule_priority_range"),
+            models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="backwave_schedule_max_attempts_positive"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.cron})"
 
 
 class Job(models.Model):
@@ -55,6 +99,13 @@ class Job(models.Model):
     lease_id = models.UUIDField(null=True, blank=True, help_text="The lease the job runs under while running.")
     worker_id = models.CharField(max_length=255, blank=True, default="", help_text="Pump identity of the latest attempt.")
     return_value = models.JSONField(null=True, blank=True)
+
+    # Set on jobs minted from a schedule. No index of its own: the partial unique index below
+    # (schedule_id leading) serves lookups by schedule, and ordinary enqueues never touch it.
+    schedule = models.ForeignKey(
+        Schedule, null=True, blank=True, on_delete=models.DB_SET_NULL, db_index=False, related_name="jobs"
+    )
+    schedule_slot = models.DateTimeField(null=True, blank=True, help_text="The schedule slot this job was minted for.")
 
     class Meta:
         indexes = [
@@ -85,6 +136,14 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=~models.Q(state="running") | models.Q(lease_id__isnull=False),
                 name="backwave_job_running_has_lease",
+            ),
+            # Each schedule slot becomes one job however many nodes mint it at once: the mint
+            # is INSERT ... ON CONFLICT DO NOTHING against this index. Partial, so the hot
+            # enqueue path (schedule_id NULL) never writes an entry.
+            models.UniqueConstraint(
+                fields=["schedule", "schedule_slot"],
+                condition=models.Q(schedule__isnull=False),
+                name="backwave_job_schedule_slot_once",
             ),
         ]
 
@@ -141,3 +200,36 @@ class Attempt(models.Model):
 
     def __str__(self):
         return f"job {self.job_id} attempt {self.number}: {self.state}"
+
+
+class PumpStatus(models.TextChoices):
+    HEALTHY = "healthy", "Healthy"
+    DEGRADED = "degraded", "Degraded"  # a transient store fault: it retries on its own
+    HALTED = "halted", "Halted"  # fail-stop: an invariant broke; its lease lapses, others take over
+
+
+class Pump(models.Model):
+    """The health a pump last reported.
+
+    Written by the pump itself when it starts, at each heartbeat and whenever its status changes
+    (a halted pump records its reason before its thread ends, and its process keeps the row fresh
+    while it lives). A pump that drains cleanly deletes its row; maintenance forgets rows silent
+    for longer than ``BACKWAVE["RETENTION"]["pumps"]``.
+    """
+
+    worker_id = models.CharField(max_length=255, primary_key=True, help_text="Pump identity: host, pid, group, pump number and a nonce.")
+    group = models.CharField(max_length=64)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    status = models.CharField(max_length=16, choices=PumpStatus.choices)
+    reason = models.TextField(blank=True, default="", help_text="Why the pump is degraded or halted.")
+    in_flight = models.IntegerField(default=0, help_text="Jobs claimed and not yet reported.")
+    lease_duration = models.FloatField(help_text="Seconds; a heartbeat older than this is stale.")
+    started_at = models.DateTimeField(db_default=Now())
+    last_heartbeat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["group", "worker_id"]
+
+    def __str__(self):
+        return f"{self.worker_id} ({self.status})"

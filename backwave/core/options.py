@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -13,6 +14,39 @@ QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")  # \Z, not $: $ also
 
 class WorkerGroupConfigError(ValueError):
     """A worker group is configured in a way BackWave cannot run."""
+
+
+DAY = 86_400.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retention:
+    """How long maintenance keeps finished jobs (per final state) and the health rows of pumps
+    that stopped reporting, in seconds since they finished or last reported; None keeps them.
+
+    Cluster-wide: every maintenance run purges by the same rules (``BACKWAVE["RETENTION"]``).
+    A job's attempts go with it.
+    """
+
+    succeeded: float | None = DAY
+    failed: float | None = 7 * DAY
+    cancelled: float | None = 7 * DAY
+    quarantined: float | None = 7 * DAY
+    pumps: float | None = 3_600.0  # a pump silent this long (killed, host gone) is forgotten
+
+    def __post_init__(self):
+        for name in ("succeeded", "failed", "cancelled", "quarantined", "pumps"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise WorkerGroupConfigError(f"Retention {name} must be a number of seconds >= 0 or None (keep for ever), got {value!r}.")
+
+    @property
+    def job_states(self) -> tuple[tuple[str, float], ...]:
+        """(state, seconds) for every finished state that is purged at all, in a fixed order."""
+        pairs = (("succeeded", self.succeeded), ("failed", self.failed), ("cancelled", self.cancelled), ("quarantined", self.quarantined))
+        return tuple((state, float(seconds)) for state, seconds in pairs if seconds is not None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +67,7 @@ class WorkerGroupOptions:
     heartbeat_interval: float | None = None  # None: lease_duration / 3
     maintenance_interval: float = 30.0
     drain_timeout: float = 30.0
+    retention: Retention = field(default_factory=Retention)  # cluster-wide: set from BACKWAVE["RETENTION"]
 
     @property
     def outcome_batch(self) -> int:

@@ -56,6 +56,60 @@ class OutcomeRecord:
     duration: float = 0.0  # seconds the attempt ran, measured on the worker's monotonic clock
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleDefinition:
+    """A schedule as declared in settings, its job fields resolved from the task (sync_schedules)."""
+
+    name: str
+    task_path: str
+    cron: str
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 1
+    backoff_base: float = 1.0
+    backoff_max: float = 3600.0
+    backend: str = "default"
+    tags: Sequence[str] = ()
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueSchedule:
+    """A schedule whose next run has come (or was never computed), with the database's now()."""
+
+    id: int
+    name: str
+    cron: str
+    next_run: datetime | None  # None: first run after a (re)definition; nothing to mint yet
+    db_now: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleSlot:
+    """What one maintenance run decided for a due schedule (see mint_schedules_many)."""
+
+    schedule_id: int
+    cron: str  # the expression the slots were computed from: a redefined schedule is skipped
+    slot: datetime | None  # the slot to mint, None to only set next_run
+    next_run: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PumpHealth:
+    """A pump's health as it reports it (record_pumps_many)."""
+
+    worker_id: str
+    group: str
+    hostname: str
+    pid: int
+    status: str  # healthy, degraded, halted
+    reason: str = ""
+    in_flight: int = 0
+    lease_duration: float = 30.0
+
+
 class Store(Protocol):
     """What a pump needs from the database. Implementations: PostgresStore (production)."""
 
@@ -100,6 +154,36 @@ class Store(Protocol):
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""
+
+    # -- maintenance: schedules, retention, pump health --------------------------------------------
+
+    def sync_schedules(self, *, schedules: Sequence[ScheduleDefinition]) -> list[str]:
+        """Write the declared schedules (insert or update by name) and disable enabled rows that
+        are no longer declared; returns the names disabled. A schedule whose cron expression
+        changed, or that comes back from disabled, gets next_run NULL: it starts at its next slot."""
+
+    def due_schedules(self, *, limit: int) -> list[DueSchedule]:
+        """Up to ``limit`` enabled schedules whose next_run is NULL or has come, by the database
+        clock, each carrying that clock's now() so the caller evaluates cron against it."""
+
+    def mint_schedules_many(self, *, slots: Sequence[ScheduleSlot]) -> list[int]:
+        """For each slot whose schedule is still due, enabled, on the same cron expression and not
+        locked by another minter: insert the slot's job (unless that (schedule, slot) exists or is
+        not later than the last minted slot) and move next_run on. Returns the minted job ids.
+        Safe to run on any number of nodes at once: each slot becomes at most one job."""
+
+    def purge_jobs(self, *, older_than: Sequence[tuple[str, float]], limit: int) -> int:
+        """Delete up to ``limit`` finished jobs (with their attempts) whose state is listed and whose
+        finished_at is more than that many seconds before now(); returns how many."""
+
+    def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
+        """Insert or update each pump's health row, stamping last_heartbeat_at with now()."""
+
+    def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
+        """Delete these pumps' health rows (a clean stop); returns how many."""
+
+    def purge_pumps(self, *, older_than: float) -> int:
+        """Delete the health rows of pumps silent for more than ``older_than`` seconds."""
 
     def close(self) -> None:
         """Close the connection."""

@@ -30,11 +30,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import NewJob, OutcomeRecord, StoreError, TransientStoreError
+from .contract import DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
 from .enqueue import insert_jobs
 from .queries import QUERIES
 
 DEFAULT_APPLICATION_NAME = "backwave"
+DEFAULT_CONNECT_TIMEOUT = 10  # seconds (libpq's connect_timeout)
 
 # Prepared on the second use: the claim, the outcome write and the heartbeat run thousands of
 # times per connection, so parsing and planning them once pays off at once. Pass None behind a
@@ -99,6 +100,9 @@ class PostgresStore:
             # every reconnect. See BACKWAVE["WORKER_SYNCHRONOUS_COMMIT"] for why it is safe.
             params["options"] = f"{params.get('options', '')} -c synchronous_commit=off".strip()
         params.setdefault("application_name", application_name)
+        # A host that does not answer (a network partition, not a refused connection) must not
+        # hold the pump in connect() for ever: it reports a transient fault and retries.
+        params.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
         params.setdefault("prepare_threshold", prepare_threshold)
         params["autocommit"] = True
         self._connect_params = params
@@ -202,6 +206,68 @@ class PostgresStore:
             self.round_trips += 1
             with conn.cursor() as cursor:
                 return insert_jobs(cursor, jobs)
+
+    # -- maintenance: schedules, retention, pump health -----------------------------------------
+
+    def sync_schedules(self, *, schedules: Sequence[ScheduleDefinition]) -> list[str]:
+        """Write the declared schedules and disable the undeclared; returns the names disabled."""
+        rows = [
+            {
+                "name": d.name, "task_path": d.task_path, "cron": d.cron, "args": list(d.args), "kwargs": dict(d.kwargs),
+                "queue": d.queue, "priority": d.priority, "max_attempts": d.max_attempts, "backoff_base": d.backoff_base,
+                "backoff_max": d.backoff_max, "backend": d.backend, "tags": list(d.tags), "enabled": d.enabled,
+            }
+            for d in schedules
+        ]
+        return [row[0] for row in self._execute("sync_schedules", {"schedules": json.dumps(rows)})]
+
+    def due_schedules(self, *, limit: int) -> list[DueSchedule]:
+        """Enabled schedules with a slot due (or next_run unknown), with the database's now()."""
+        rows = self._execute("due_schedules", {"limit": limit})
+        return [DueSchedule(id=r[0], name=r[1], cron=r[2], next_run=r[3], db_now=r[4]) for r in rows]
+
+    def mint_schedules_many(self, *, slots: Sequence[ScheduleSlot]) -> list[int]:
+        """Mint each still-due slot as one job and move next_run on; returns the minted job ids."""
+        if not slots:
+            return []
+        rows = [
+            {
+                "schedule_id": s.schedule_id, "cron": s.cron,
+                "slot": s.slot.isoformat() if s.slot is not None else None, "next_run": s.next_run.isoformat(),
+            }
+            for s in slots
+        ]
+        return [row[0] for row in self._execute("mint_schedules_many", {"slots": json.dumps(rows)})]
+
+    def purge_jobs(self, *, older_than: Sequence[tuple[str, float]], limit: int) -> int:
+        """Delete up to ``limit`` finished jobs past their state's retention; returns how many."""
+        if limit <= 0 or not older_than:
+            return 0
+        rows = [{"state": state, "seconds": float(seconds)} for state, seconds in older_than]
+        return self._execute("purge_jobs", {"older_than": json.dumps(rows), "limit": limit})[0][0]
+
+    def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
+        """Upsert each pump's health row, last_heartbeat_at = now()."""
+        if not pumps:
+            return
+        rows = [
+            {
+                "worker_id": p.worker_id, "group": p.group, "hostname": p.hostname, "pid": p.pid, "status": p.status,
+                "reason": _text(p.reason), "in_flight": p.in_flight, "lease_duration": float(p.lease_duration),
+            }
+            for p in pumps
+        ]
+        self._execute("record_pumps_many", {"pumps": json.dumps(rows)})
+
+    def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
+        """Delete these pumps' health rows; returns how many there were."""
+        if not worker_ids:
+            return 0
+        return self._execute("forget_pumps_many", {"worker_ids": list(worker_ids)})[0][0]
+
+    def purge_pumps(self, *, older_than: float) -> int:
+        """Delete health rows silent for more than ``older_than`` seconds; returns how many."""
+        return self._execute("purge_pumps", {"older_than": float(older_than)})[0][0]
 
     # -- connection ----------------------------------------------------------------------------
 

@@ -305,3 +305,185 @@ WITH lapsed AS MATERIALIZED (
     FROM released AS r
 )
 SELECT count(*) FROM released
+
+
+-- ---- schedules ---------------------------------------------------------------------------------
+
+-- name: sync_schedules
+-- Worker start: the declared schedules become rows (keyed by name), and enabled rows no longer
+-- declared are disabled, not deleted, so their jobs keep their link. Any number of workers may
+-- start at once: ON CONFLICT settles concurrent inserts, and updates of one row serialize.
+-- next_run goes back to NULL when the expression changed or the schedule was disabled: the first
+-- maintenance run then computes the next slot from the database clock and mints nothing, so a
+-- redefined or re-enabled schedule never catches up on slots from before.
+WITH declared AS (
+    SELECT d.*
+    FROM jsonb_to_recordset(%(schedules)s::jsonb)
+         AS d(name text, task_path text, cron text, args jsonb, kwargs jsonb, queue text,
+              priority smallint, max_attempts int, backoff_base float8, backoff_max float8,
+              backend text, tags varchar[], enabled boolean)
+), written AS (
+    INSERT INTO backwave_schedule AS s (name, task_path, cron, args, kwargs, queue, priority,
+                                        max_attempts, backoff_base, backoff_max, backend, tags,
+                                        enabled, last_slot, next_run, created_at, updated_at)
+    SELECT d.name, d.task_path, d.cron, d.args, d.kwargs, d.queue, d.priority, d.max_attempts,
+           d.backoff_base, d.backoff_max, d.backend, coalesce(d.tags, '{}'::varchar[]), d.enabled,
+           NULL, NULL, now(), now()
+    FROM declared AS d
+    ON CONFLICT (name) DO UPDATE
+    SET task_path = excluded.task_path,
+        cron = excluded.cron,
+        args = excluded.args,
+        kwargs = excluded.kwargs,
+        queue = excluded.queue,
+        priority = excluded.priority,
+        max_attempts = excluded.max_attempts,
+        backoff_base = excluded.backoff_base,
+        backoff_max = excluded.backoff_max,
+        backend = excluded.backend,
+        tags = excluded.tags,
+        enabled = excluded.enabled,
+        next_run = CASE WHEN s.cron = excluded.cron AND s.enabled AND excluded.enabled
+                        THEN s.next_run END,
+        updated_at = now()
+    RETURNING s.id
+), retired AS (
+    UPDATE backwave_schedule AS s
+    SET enabled = false, next_run = NULL, updated_at = now()
+    WHERE s.enabled AND NOT EXISTS (SELECT FROM declared AS d WHERE d.name = s.name)
+    RETURNING s.name
+)
+-- (written runs although nothing reads it: data-modifying CTEs always run to completion.)
+SELECT name FROM retired ORDER BY name
+
+
+-- name: due_schedules
+-- Maintenance, step one: which schedules have a slot due, and the database clock to evaluate
+-- their cron expressions against (the worker's own clock is never used, so a skewed host changes
+-- nothing). The schedule table is small: a sequential scan is the right plan.
+SELECT s.id, s.name, s.cron, s.next_run, now() AS db_now
+FROM backwave_schedule AS s
+WHERE s.enabled AND (s.next_run IS NULL OR s.next_run <= now())
+ORDER BY s.next_run NULLS FIRST, s.id
+LIMIT %(limit)s
+
+
+-- name: mint_schedules_many
+-- Maintenance, step two: mint the slots the worker computed from due_schedules' clock. Any
+-- number of nodes may run this at once; each slot still becomes one job:
+--   * the schedule row is locked FOR UPDATE SKIP LOCKED, so one minter at a time handles it and
+--     the others skip it (the row is re-checked when it changed since the snapshot: READ
+--     COMMITTED re-evaluates the WHERE clause on the newest version, so a minter that computed
+--     its slot before another minter moved next_run on finds the schedule no longer due);
+--   * a slot not later than last_slot is never minted again (a slow minter's older slot);
+--   * and, whatever happens, the partial unique index on (schedule_id, schedule_slot) with
+--     ON CONFLICT DO NOTHING: a slot is one job, by constraint, not by luck.
+-- After downtime due_schedules' caller passes only the latest slot that has passed, so missed
+-- slots are minted once, not once per missed tick. "s.cron = d.cron" skips a schedule redefined
+-- since its slots were computed. The minted job is due at its slot (already past) and wakes the
+-- pumps of its queue with a hint, as an enqueue does.
+WITH due AS (
+    SELECT d.*
+    FROM jsonb_to_recordset(%(slots)s::jsonb)
+         AS d(schedule_id bigint, cron text, slot timestamptz, next_run timestamptz)
+), locked AS MATERIALIZED (
+    SELECT s.id, s.task_path, s.args, s.kwargs, s.queue, s.priority, s.max_attempts,
+           s.backoff_base, s.backoff_max, s.backend, s.tags, s.last_slot, d.slot, d.next_run
+    FROM backwave_schedule AS s
+    JOIN due AS d ON d.schedule_id = s.id
+    WHERE s.enabled AND s.cron = d.cron
+      AND (s.next_run IS NULL OR s.next_run <= now())
+    FOR UPDATE OF s SKIP LOCKED
+), minted AS (
+    INSERT INTO backwave_job (task_path, payload, queue, priority, run_at, max_attempts,
+                              backoff_base, backoff_max, backend, tags, state, attempts,
+                              enqueued_at, worker_id, schedule_id, schedule_slot)
+    SELECT l.task_path, jsonb_build_object('args', l.args, 'kwargs', l.kwargs), l.queue,
+           l.priority, l.slot, l.max_attempts, l.backoff_base, l.backoff_max, l.backend, l.tags,
+           'ready', 0, now(), '', l.id, l.slot
+    FROM locked AS l
+    WHERE l.slot IS NOT NULL AND (l.last_slot IS NULL OR l.slot > l.last_slot)
+    ON CONFLICT (schedule_id, schedule_slot) WHERE schedule_id IS NOT NULL DO NOTHING
+    RETURNING id, queue
+), advanced AS (
+    UPDATE backwave_schedule AS s
+    SET last_slot = greatest(s.last_slot, l.slot), next_run = l.next_run
+    FROM locked AS l
+    WHERE s.id = l.id
+), hinted AS (
+    SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
+    FROM (SELECT DISTINCT queue FROM minted) AS q
+)
+-- hinted is a plain SELECT, which runs only when read: hence the cross join.
+SELECT m.id FROM minted AS m CROSS JOIN hinted ORDER BY m.id
+
+
+-- ---- retention ---------------------------------------------------------------------------------
+
+-- name: purge_jobs
+-- One bounded batch of the retention purge; the caller repeats it while pages come back full.
+-- Each listed state gets its own ordered scan of the partial index backwave_job_finished
+-- (state, finished_at), oldest first, through LATERAL: one OR across states would make the
+-- planner collect every matching row in a bitmap before the LIMIT. The state list repeats the
+-- index's predicate because r.state is only known at run time, and the planner uses a partial
+-- index only for a query it can prove stays inside it.
+-- FOR UPDATE SKIP LOCKED: concurrent purges on other nodes take disjoint rows, and a row an
+-- operator is touching right now waits for the next run. Attempts go with their job (the
+-- foreign key is ON DELETE CASCADE).
+WITH doomed AS MATERIALIZED (
+    SELECT c.id
+    FROM jsonb_to_recordset(%(older_than)s::jsonb) AS r(state text, seconds float8)
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM backwave_job AS j
+        WHERE j.state = r.state
+          AND j.state IN ('succeeded', 'failed', 'cancelled', 'quarantined')
+          AND j.finished_at < now() - make_interval(secs => r.seconds)
+        ORDER BY j.finished_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    LIMIT %(limit)s
+), deleted AS (
+    DELETE FROM backwave_job AS j
+    USING doomed
+    WHERE j.id = doomed.id
+    RETURNING j.id
+)
+SELECT count(*) FROM deleted
+
+
+-- ---- pump health -------------------------------------------------------------------------------
+
+-- name: record_pumps_many
+-- At a pump's start, on each heartbeat and whenever its status changes: never per job.
+INSERT INTO backwave_pump AS p (worker_id, "group", hostname, pid, status, reason, in_flight,
+                                lease_duration, started_at, last_heartbeat_at)
+SELECT r.worker_id, r."group", r.hostname, r.pid, r.status, r.reason, r.in_flight,
+       r.lease_duration, now(), now()
+FROM jsonb_to_recordset(%(pumps)s::jsonb)
+     AS r(worker_id text, "group" text, hostname text, pid int, status text, reason text,
+          in_flight int, lease_duration float8)
+ON CONFLICT (worker_id) DO UPDATE
+SET status = excluded.status,
+    reason = excluded.reason,
+    in_flight = excluded.in_flight,
+    lease_duration = excluded.lease_duration,
+    last_heartbeat_at = now()
+
+
+-- name: forget_pumps_many
+WITH gone AS (
+    DELETE FROM backwave_pump WHERE worker_id = ANY(%(worker_ids)s::text[]) RETURNING 1
+)
+SELECT count(*) FROM gone
+
+
+-- name: purge_pumps
+-- Pumps that stopped reporting long ago (killed, host gone): forgotten by maintenance.
+WITH gone AS (
+    DELETE FROM backwave_pump
+    WHERE last_heartbeat_at < now() - make_interval(secs => %(older_than)s)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
