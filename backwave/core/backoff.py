@@ -18,3 +18,20 @@ def retry_delay(*, attempt: int, base: float, cap: float, jitter: float) -> floa
         raise ValueError(f"backoff base and cap must not be negative (base={base}, cap={cap})")
     ceiling = min(cap, base * (2.0 ** min(attempt - 1, 62)))
     return ceiling / 2.0 + (ceiling / 2.0) * jitter
+
+
+def fault_delay(*, streak: int, base: float, cap: float, jitter: float) -> float:
+    """Seconds before the store is tried again after ``streak`` transient faults in a row.
+
+    The nominal delay doubles from ``base`` per fault up to ``cap``; ``jitter`` in [0, 1) spreads
+    the actual delay over [0.5, 1.5) times the nominal one, so the pumps of a cluster that all
+    lost the same database do not reconnect in step. A jitter of 0.5 gives the nominal delay.
+    """
+    if streak < 1:
+        raise ValueError(f"streak must be 1 or more, got {streak}")
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+    if base < 0 or cap < 0:
+        raise ValueError(f"fault backoff base and cap must not be negative (base={base}, cap={cap})")
+    nominal = min(cap, base * (2.0 ** min(streak - 1, 62)))
+    return nominal * (0.5 + jitter)

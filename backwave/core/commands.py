@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 
 from .jobs import ClaimedJob, Outcome
+from .options import Retention
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +59,29 @@ class RenewLease(Command):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExpireLeases(Command):
     """Maintenance: release the jobs of leases that lapsed (anyone's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MintSchedules(Command):
+    """Maintenance: mint the due slot of every due schedule as a job, each slot once (cluster-wide).
+
+    The shell evaluates the cron expressions against the database clock; the driver only says when.
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgeJobs(Command):
+    """Maintenance: delete up to ``limit`` finished jobs older than ``retention`` allows (one batch)."""
+
+    retention: Retention
+    limit: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgePumps(Command):
+    """Maintenance: forget the health rows of pumps silent for ``older_than`` seconds."""
+
+    older_than: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

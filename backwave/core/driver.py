@@ -24,14 +24,22 @@ Lifecycle states and the events each accepts::
     OPENING   | DrainRequested   | nothing held yet                                    | STOPPED*
     RUNNING   | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
               |                  | heartbeat due: RenewLease; maintenance due:         |
-              |                  | ExpireLeases; lease presumed lapsed: self-fence     | OPENING
+              |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
+              |                  | a full purge page: the next PurgeJobs;              |
+              |                  | lease presumed lapsed: self-fence                   | OPENING
     RUNNING   | HintReceived     | bring the poll forward (one pending-poll slot)      | RUNNING
     RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
     RUNNING   | JobFinished      | decide outcome, buffer; flush when the batch is     | RUNNING
               |                  | full or nothing executes: WriteOutcomes + ClaimJobs |
     RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
     RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all, OpenLease         | RUNNING/OPENING
+    RUNNING   | JobsPurged       | a full page: purge again on the next tick           | RUNNING
+    any*      | LeasesExpired,   | maintenance results: nothing to do                  | same
+              | SchedulesMinted, |                                                     |
+              | PumpsPurged      |                                                     |
     RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
+              |                  | after a jittered backoff that doubles per fault in  |
+              |                  | a row (up to half a heartbeat)                      |
     RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
     DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
               | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
@@ -41,6 +49,11 @@ Lifecycle states and the events each accepts::
               |                  | lease lapses and maintenance frees the rest         |
 
     * after a LeaseOpened that was already in flight, the lease is released first.
+    any*: every state but NEW.
+
+Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
+landed was sent. Past that the driver sends no claim and no outcome write under it; the next
+Tick (due at once) abandons its jobs, drops the buffered outcomes and opens a new lease.
 
 Any other pairing raises ``InvalidEvent`` naming the event and the state, and leaves the driver
 untouched: the shell halts the pump on it (fail-stop).
@@ -55,13 +68,17 @@ from dataclasses import dataclass
 
 from . import commands as cmd
 from . import events as ev
-from .backoff import retry_delay
+from .backoff import fault_delay, retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .options import WorkerGroupOptions
 
 # A pump stops trusting its lease this far before the lease's nominal end (as seen from the last
 # renewal it sent), so it fences itself before another node could have expired the lease.
 SELF_FENCE_MARGIN = 0.1
+
+# Rows one purge statement deletes at most; a full page means more are due, purged on the next
+# tick, so a large backlog never holds the pump (and its heartbeat) for long.
+PURGE_BATCH = 1000
 
 
 class State(enum.Enum):
@@ -93,6 +110,8 @@ class DriverStats:
     abandoned: int = 0  # jobs given up on because the lease was lost
     heartbeats: int = 0
     store_faults: int = 0
+    minted: int = 0  # jobs minted from schedules by this pump's maintenance
+    purged: int = 0  # finished jobs purged by this pump's maintenance
 
 
 class NodeDriver:
@@ -121,6 +140,10 @@ class NodeDriver:
         self._hint_during_claim = False
         self._drain_deadline: float | None = None
         self._last_claim_short = False
+        self._purge_in_flight = False
+        self._next_purge: float | None = None  # set after a full purge page
+        self._fault_streak = 0  # transient store faults in a row; any store result resets it
+        self._last_fault_at = 0.0
         # Results still on their way for commands sent under a lease the driver gave up on.
         # They are swallowed when they arrive: the store's fence makes them no-ops anyway.
         self._stale_claims = 0
@@ -159,6 +182,8 @@ class NodeDriver:
         deadlines = [self._next_heartbeat, self._lease_trusted_until]
         if self.state is State.RUNNING:
             deadlines += [self._next_poll, self._next_maintenance]
+            if self._next_purge is not None:
+                deadlines.append(self._next_purge)
         elif self._drain_deadline is not None:
             deadlines.append(self._drain_deadline)
         return min(deadlines)
@@ -170,7 +195,10 @@ class NodeDriver:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise InvalidEvent(event, self.state, "unknown event type")
-        return handler(self, event)
+        commands = handler(self, event)
+        if type(event) in _STORE_RESULTS:
+            self._fault_streak = 0  # the store answered: the next fault backs off from the start
+        return commands
 
     # ---- handlers -----------------------------------------------------------------------------
 
@@ -334,6 +362,31 @@ class NodeDriver:
         self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
         return []
 
+    def _on_schedules_minted(self, event: ev.SchedulesMinted) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+        if event.minted < 0:
+            raise InvalidEvent(event, self.state, f"minted must not be negative, got {event.minted}")
+        self.stats.minted += event.minted
+        return []
+
+    def _on_pumps_purged(self, event: ev.PumpsPurged) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+        return []
+
+    def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
+        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+        if not self._purge_in_flight:
+            raise InvalidEvent(event, self.state, "no PurgeJobs is in flight")
+        if not 0 <= event.purged <= PURGE_BATCH:
+            raise InvalidEvent(event, self.state, f"a purge page holds 0 to {PURGE_BATCH} jobs, got {event.purged}")
+        self._purge_in_flight = False
+        self.stats.purged += event.purged
+        if event.purged == PURGE_BATCH and self.state is State.RUNNING:
+            # A full page: more are due. Purge again on the next tick, after whatever else is
+            # waiting (outcomes, the heartbeat), not in a loop that would hold the pump.
+            self._next_purge = event.now
+        return []
+
     def _on_jobs_released(self, event: ev.JobsReleased) -> list[cmd.Command]:
         self._require(event, State.DRAINING, State.RUNNING)
         return []
@@ -363,8 +416,22 @@ class NodeDriver:
             return []
         if not self._in_flight(failed):
             raise InvalidEvent(event, self.state, f"{type(failed).__name__} is not in flight")
+        if not 0.0 <= event.jitter < 1.0:
+            raise InvalidEvent(event, self.state, f"jitter must be in [0, 1), got {event.jitter}")
         self.stats.store_faults += 1
-        retry_at = event.now + self.options.poll_interval
+        if not (self._fault_streak and event.now == self._last_fault_at):
+            # Failures reported at one instant are one failed round-trip (a pipelined claim
+            # fails with the write it rode on): they back off as one fault.
+            self._fault_streak += 1
+        self._last_fault_at = event.now
+        retry_at = event.now + fault_delay(
+            streak=self._fault_streak,
+            base=self.options.poll_interval,
+            # Never back off past half a heartbeat: a renewal retried later than that could
+            # miss the lease's end after a short outage and self-fence for nothing.
+            cap=max(self.options.poll_interval, self.options.heartbeat_every / 2),
+            jitter=event.jitter,
+        )
         if isinstance(failed, cmd.OpenLease):
             self._open_in_flight = False
             self._next_open = retry_at
@@ -383,6 +450,10 @@ class NodeDriver:
         elif isinstance(failed, cmd.RenewLease):
             self._renew_sent_at = None
             self._next_heartbeat = min(self._next_heartbeat, retry_at)
+        elif isinstance(failed, cmd.PurgeJobs):
+            # The next maintenance run starts over; nothing was deleted.
+            self._purge_in_flight = False
+            self._next_purge = None
         elif isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
             if self.state is State.DRAINING:
                 # Give up: the lease lapses and maintenance anywhere gives the jobs back.
@@ -391,7 +462,7 @@ class NodeDriver:
                 self._forget_in_flight()
                 self.state = State.STOPPED
             return []
-        # ExpireLeases: the next maintenance run tries again; nothing to undo.
+        # ExpireLeases, MintSchedules, PurgePumps: the next maintenance run tries again.
         if self.state is State.DRAINING and self._drain_deadline is not None and event.now >= self._drain_deadline:
             self._abandon_all()
             self._forget_in_flight()
@@ -434,14 +505,36 @@ class NodeDriver:
             self._next_heartbeat = now + self.options.heartbeat_every
             self._renew_sent_at = now
             commands.append(cmd.RenewLease(lease_id=self.lease_id))
-        if self.state is State.RUNNING and now >= self._next_maintenance:
-            self._next_maintenance = now + self.options.maintenance_interval
-            commands.append(cmd.ExpireLeases())
+        if self.state is State.RUNNING:
+            if now >= self._next_maintenance:
+                self._next_maintenance = now + self.options.maintenance_interval
+                commands += self._maintenance()
+            elif self._next_purge is not None and now >= self._next_purge:
+                commands += self._purge()
         return commands
+
+    def _maintenance(self) -> list[cmd.Command]:
+        """One maintenance run: each step is harmless when other nodes run it at the same time."""
+        commands: list[cmd.Command] = [cmd.ExpireLeases(), cmd.MintSchedules()]
+        commands += self._purge()
+        if self.options.retention.pumps is not None:
+            commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))
+        return commands
+
+    def _purge(self) -> list[cmd.Command]:
+        self._next_purge = None
+        if self._purge_in_flight or not self.options.retention.job_states:
+            return []
+        self._purge_in_flight = True
+        return [cmd.PurgeJobs(retention=self.options.retention, limit=PURGE_BATCH)]
+
+    def _trusted(self, now: float) -> bool:
+        """Whether the lease may still be written under (see the self-fencing note above)."""
+        return now < self._lease_trusted_until
 
     def _claim(self, now: float) -> list[cmd.Command]:
         limit = min(self.free_slots, self.options.max_claim_batch)
-        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING:
+        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._trusted(now):
             return []
         self._claim_limit = limit
         self._next_poll = now + self.options.poll_interval
@@ -449,6 +542,10 @@ class NodeDriver:
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         if self._writing or not self._buffer:
+            return []
+        if not self._trusted(now):
+            # Self-fenced: these outcomes are not ours to write any more. The tick that is due
+            # at once (next_wakeup is past) drops them and starts over with a new lease.
             return []
         batch = tuple(self._buffer.popleft() for _ in range(min(len(self._buffer), self.options.outcome_batch)))
         self._writing = batch
@@ -504,8 +601,10 @@ class NodeDriver:
                 return self._renew_sent_at is not None
             case cmd.ReleaseLease():
                 return self._release_in_flight
-            case cmd.ReleaseJobs() | cmd.ExpireLeases():
-                return True  # not tracked: the driver waits for neither
+            case cmd.PurgeJobs():
+                return self._purge_in_flight
+            case cmd.ReleaseJobs() | cmd.ExpireLeases() | cmd.MintSchedules() | cmd.PurgePumps():
+                return True  # not tracked: the driver waits for none of them
         return False
 
     def _lose_lease(self, now: float) -> list[cmd.Command]:
@@ -576,8 +675,17 @@ _HANDLERS = {
     ev.OutcomesWritten: NodeDriver._on_outcomes_written,
     ev.LeaseRenewed: NodeDriver._on_lease_renewed,
     ev.LeasesExpired: NodeDriver._on_leases_expired,
+    ev.SchedulesMinted: NodeDriver._on_schedules_minted,
+    ev.JobsPurged: NodeDriver._on_jobs_purged,
+    ev.PumpsPurged: NodeDriver._on_pumps_purged,
     ev.JobsReleased: NodeDriver._on_jobs_released,
     ev.LeaseReleased: NodeDriver._on_lease_released,
     ev.StoreFailed: NodeDriver._on_store_failed,
     ev.DrainRequested: NodeDriver._on_drain_requested,
 }
+
+# Events that report a store call that succeeded: each ends a streak of transient faults.
+_STORE_RESULTS = frozenset({
+    ev.LeaseOpened, ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.LeasesExpired,
+    ev.SchedulesMinted, ev.JobsPurged, ev.PumpsPurged, ev.JobsReleased, ev.LeaseReleased,
+})

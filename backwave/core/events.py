@@ -79,6 +79,27 @@ class LeasesExpired(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulesMinted(Event):
+    """A maintenance run minted ``minted`` jobs from due schedule slots."""
+
+    minted: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsPurged(Event):
+    """A purge batch deleted ``purged`` finished jobs (with their attempts)."""
+
+    purged: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PumpsPurged(Event):
+    """A maintenance run forgot ``purged`` silent pumps."""
+
+    purged: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobsReleased(Event):
     """Jobs the driver gave back are ready again."""
 
@@ -95,10 +116,12 @@ class StoreFailed(Event):
     """A command failed with a transient store fault (connection lost, restart, timeout).
 
     ``command`` is the command that failed. Commands after it in the same list that the shell
-    did not run are reported as failed too, in order.
+    did not run are reported as failed too, in order. ``jitter`` in [0, 1) is the shell's random
+    draw that spreads the retry (0.5: exactly the nominal backoff).
     """
 
     command: object
+    jitter: float = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

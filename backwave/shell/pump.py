@@ -14,9 +14,14 @@ A ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one pipelined round-
 lands first, then the claim, which is how a pump at steady state spends one round-trip per batch.
 
 Faults: a transient store fault marks the pump degraded and is reported to the driver as
-``StoreFailed`` (it retries on a later tick; the outcome buffer survives a reconnect). Anything
-else (an event the driver rejects, an unexpected exception) halts this pump only: it stops
-claiming, its lease lapses, other pumps inherit its jobs, and the process keeps running.
+``StoreFailed`` (it retries on a later tick after a jittered backoff; the store reconnects on
+that call, and the outcome buffer survives the reconnect). Anything else (an event the driver
+rejects, an unexpected exception) halts this pump only: it stops claiming, its lease lapses,
+other pumps inherit its jobs, and the process keeps running.
+
+Health: the pump writes its row (``Pump`` model) when its lease opens, after each heartbeat that
+lands and whenever its status changes, never per job; a halted pump records its reason before
+its thread ends, and a pump that drains cleanly deletes its row.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ from collections.abc import Callable
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
+from backwave.core.backoff import fault_delay
 from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
-from backwave.store.contract import OutcomeRecord, Store, TransientStoreError
+from backwave.store.contract import OutcomeRecord, PumpHealth, Store, StoreError, TransientStoreError
 
 from .execution import AttemptReport, is_async, run_attempt, run_attempt_async
+from .maintenance import run_maintenance
 from .registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
@@ -169,10 +176,14 @@ class Pump:
 
     def _run(self) -> None:
         try:
-            self._store = self._store_factory()
+            self._store = self._open_store()
+            if self._store is None:
+                return  # drained or stopped before the database ever answered: nothing was held
             self._process(ev.Started(now=self._clock()))
             while self.driver.state is not State.STOPPED and not self._stop_now.is_set():
                 self._process(self._next_event())
+            if self.driver.state is State.STOPPED:
+                self._forget_health()  # a clean stop: nothing to watch any more
         except Exception as error:
             self._halt(error)
         finally:
@@ -186,6 +197,31 @@ class Pump:
                     self._store.close()
                 except Exception:
                     logger.debug("Closing the store of %s failed", self.worker_id, exc_info=True)
+
+    def _open_store(self) -> Store | None:
+        """The pump's store. While the database cannot be reached (a worker started during a
+        restart), the pump is degraded and retries with a jittered backoff; None if asked to
+        drain or stop meanwhile."""
+        streak = 0
+        while not self._stop_now.is_set():
+            try:
+                return self._store_factory()
+            except TransientStoreError as error:
+                self._degrade(error)
+                streak += 1
+                delay = fault_delay(
+                    streak=streak,
+                    base=self.options.poll_interval,
+                    cap=max(self.options.poll_interval, self.options.heartbeat_every / 2),
+                    jitter=self._random.random(),
+                )
+            try:
+                event = self._channel.get(timeout=delay)
+            except queue.Empty:
+                continue
+            if isinstance(event, ev.DrainRequested):
+                return None
+        return None
 
     def _next_event(self) -> ev.Event:
         wake = self.driver.next_wakeup()
@@ -219,7 +255,7 @@ class Pump:
             result = self._call_store(command)
         except TransientStoreError as error:
             self._degrade(error)
-            return [ev.StoreFailed(now=self._clock(), command=command)]
+            return [ev.StoreFailed(now=self._clock(), command=command, jitter=self._random.random())]
         self._recovered()
         return [result]
 
@@ -236,10 +272,12 @@ class Pump:
             self._degrade(error)
             now = self._clock()
             # The claim never ran: a failed write aborts the rest of the pipeline.
-            return [ev.StoreFailed(now=now, command=write), ev.StoreFailed(now=now, command=claim)]
+            jitter = self._random.random()
+            return [ev.StoreFailed(now=now, command=write, jitter=jitter), ev.StoreFailed(now=now, command=claim, jitter=jitter)]
         self._recovered()
         self._forget(write.outcomes)
         now = self._clock()
+        self._note_refused(write.outcomes, applied)
         return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
 
     def _call_store(self, command: cmd.Command) -> ev.Event:
@@ -251,6 +289,7 @@ class Pump:
             case cmd.WriteOutcomes():
                 applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
                 self._forget(command.outcomes)
+                self._note_refused(command.outcomes, applied)
                 return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied))
             case cmd.OpenLease():
                 lease_id = uuid.uuid4()
@@ -262,12 +301,17 @@ class Pump:
                     pid=os.getpid(),
                     duration=self.options.lease_duration,
                 )
+                self._report_health()
                 return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
             case cmd.RenewLease():
                 held = store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration)
                 if not held:
                     logger.warning("Pump %s lost its lease; its running jobs will be run again elsewhere", self.worker_id)
+                else:
+                    self._report_health()  # the health row's heartbeat rides the lease's cadence
                 return ev.LeaseRenewed(now=self._clock(), held=held)
+            case cmd.MintSchedules() | cmd.PurgeJobs() | cmd.PurgePumps():
+                return run_maintenance(store, command, clock=self._clock)
             case cmd.ExpireLeases():
                 released = store.expire_leases(limit=1000)
                 if released:
@@ -329,19 +373,65 @@ class Pump:
 
     # ---- health -----------------------------------------------------------------------------------
 
+    def health_row(self) -> PumpHealth:
+        """This pump's health as it is written to the store (and served by the health endpoint)."""
+        return PumpHealth(
+            worker_id=self.worker_id,
+            group=self.options.name,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            status=self.health,
+            reason=self.health_reason,
+            in_flight=self.driver.unreported,
+            lease_duration=self.options.lease_duration,
+        )
+
+    def _report_health(self) -> None:
+        """Write the health row; a failure is logged, never raised: the next report retries."""
+        if self._store is None:
+            return
+        try:
+            self._store.record_pumps_many(pumps=[self.health_row()])
+        except StoreError as error:
+            logger.debug("Pump %s could not record its health (%s): %s", self.worker_id, self.health, error)
+
     def _degrade(self, error: Exception) -> None:
+        self.health_reason = str(error)
         if self.health == HEALTHY:
             logger.warning("Pump %s degraded: %s", self.worker_id, error)
-        self.health = DEGRADED
-        self.health_reason = str(error)
+            self.health = DEGRADED
+            # Written only when the store still answers (a lock or statement timeout); with the
+            # connection lost this fails fast, and the row says healthy again once it is back.
+            self._report_health()
 
     def _recovered(self) -> None:
         if self.health == DEGRADED:
             logger.info("Pump %s recovered", self.worker_id)
             self.health = HEALTHY
             self.health_reason = ""
+            self._report_health()
+
+    def _note_refused(self, outcomes, applied) -> None:
+        if len(applied) < len(outcomes):
+            logger.warning(
+                "Pump %s: the lease fence refused %d of %d outcome(s); those jobs were expired or re-claimed and run elsewhere",
+                self.worker_id, len(outcomes) - len(applied), len(outcomes),
+            )
 
     def _halt(self, error: Exception) -> None:
         self.health = HALTED
         self.health_reason = f"{type(error).__name__}: {error}"
         logger.error("Pump %s halted; its lease will lapse and other pumps take its jobs", self.worker_id, exc_info=error)
+        # Recorded before the thread ends, so operators see which pump stopped and why.
+        try:
+            if self._store is None:
+                self._store = self._store_factory()
+            self._store.record_pumps_many(pumps=[self.health_row()])
+        except Exception:
+            logger.warning("Pump %s could not record that it halted", self.worker_id, exc_info=True)
+
+    def _forget_health(self) -> None:
+        try:
+            self._store.forget_pumps_many(worker_ids=[self.worker_id])
+        except StoreError as error:
+            logger.debug("Pump %s could not delete its health row: %s", self.worker_id, error)

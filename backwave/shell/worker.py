@@ -6,6 +6,7 @@ import difflib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -14,15 +15,17 @@ from typing import Any
 
 from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
-from backwave.store.contract import Store
+from backwave.store.contract import Store, StoreError
 
 from .hints import HintListener
+from .health import HealthServer, group_status, overall_status
 from .pump import HALTED, Pump
 from .registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
 
-_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions)} | {"queues": None}
+# Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
+_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
 _FLOAT_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
 
@@ -89,6 +92,8 @@ class Worker:
         max_traceback_chars: int = 16_000,
         log_every: float = 10.0,
         hints: HintListener | None = None,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
     ):
         self.groups = validate_groups(groups)
         self.pumps = [
@@ -103,19 +108,38 @@ class Worker:
                 hints.subscribe(pump.options.policy.queues, pump.hint)
         self._signals = 0
         self._done = threading.Event()
+        self._store_factory = store_factory
+        self._health_store: Store | None = None
+        # The endpoint binds now, so a port in use fails the command before any pump starts.
+        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
 
     def run(self, *, install_signal_handlers: bool = True, until_idle: bool = False) -> int:
         """Start the pumps and block until they stop. Returns the process exit code."""
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        if self.health_server is not None:
+            self.health_server.start()
         for pump in self.pumps:
             pump.start()
         if self.hints is not None:
             self.hints.start()
         names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}] pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
         logger.info("BackWave worker started: %s", names)
+        try:
+            return self._watch(until_idle)
+        finally:
+            if self.health_server is not None:
+                self.health_server.close()
+            if self._health_store is not None:
+                self._health_store.close()
+
+    def _watch(self, until_idle: bool) -> int:
+        """Log throughput, drain when idle (if asked), keep halted pumps' health rows fresh, and
+        return the exit code once every pump has stopped (1 when every pump halted)."""
         last_time, last_done = time.monotonic(), 0
+        refresh_every = min(g.heartbeat_every for g in self.groups)
+        last_refresh = last_time
         while any(p.alive for p in self.pumps):
             time.sleep(min(0.2, self._log_every))
             now = time.monotonic()
@@ -134,12 +158,48 @@ class Worker:
             if until_idle and self.idle:
                 self.drain()
             if all(p.health == HALTED for p in self.pumps):
+                for pump in self.pumps:
+                    pump.join(10)  # each records its halt before its thread ends
                 logger.error("Every pump is halted; the worker exits")
                 return 1
+            if now - last_refresh >= refresh_every:
+                last_refresh = now
+                self._refresh_halted()
         if self.hints is not None:
             self.hints.stop()
         logger.info("BackWave worker stopped after %d job(s) and %d store round-trips", self.jobs_done, sum(p.round_trips for p in self.pumps))
         return 0
+
+    def health_snapshot(self) -> dict:
+        """This process's health: each pump, each group (halted only when all its pumps are)."""
+        pumps = []
+        for pump in self.pumps:
+            row = pump.health_row()
+            pumps.append({
+                "worker_id": row.worker_id, "group": row.group, "status": row.status, "reason": row.reason,
+                "in_flight": row.in_flight, "alive": pump.alive,
+            })
+        groups = {group.name: group_status(p["status"] for p in pumps if p["group"] == group.name) for group in self.groups}
+        return {
+            "status": overall_status(groups.values()),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "groups": groups,
+            "pumps": pumps,
+        }
+
+    def _refresh_halted(self) -> None:
+        """Keep the health rows of halted pumps fresh while this process lives, so they are not
+        forgotten as silent; best effort, one statement for all of them."""
+        halted = [p.health_row() for p in self.pumps if p.health == HALTED and not p.alive]
+        if not halted:
+            return
+        try:
+            if self._health_store is None:
+                self._health_store = self._store_factory()
+            self._health_store.record_pumps_many(pumps=halted)
+        except StoreError as error:
+            logger.debug("Could not refresh the health of halted pumps: %s", error)
 
     @property
     def jobs_done(self) -> int:

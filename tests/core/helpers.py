@@ -17,7 +17,7 @@ from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.driver import NodeDriver
 from backwave.core.jobs import ClaimedJob
-from backwave.core.options import WorkerGroupOptions
+from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict
 
 LEASE = uuid.UUID(int=0xB0A7)
@@ -25,9 +25,16 @@ LEASE2 = uuid.UUID(int=0xB0A8)
 QUEUES = ("default",)
 
 
+# Traces keep nothing to purge unless a test asks: maintenance is then the two steps every
+# run has (purging is traced on its own in test_driver_maintenance.py).
+NO_RETENTION = Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None)
+MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules()]
+
+
 def make_options(**overrides) -> WorkerGroupOptions:
     """WorkerGroupOptions named 'g' on Strict('default'), with any dial overridden."""
     overrides.setdefault("name", "g")
+    overrides.setdefault("retention", NO_RETENTION)
     return WorkerGroupOptions(**overrides)
 
 
@@ -105,11 +112,11 @@ class Trace:
 
     @classmethod
     def running(cls, lease_id: uuid.UUID = LEASE, **option_overrides) -> Trace:
-        """Started at 0, LeaseOpened at 0: RUNNING, the first claim (and ExpireLeases) in flight."""
+        """Started at 0, LeaseOpened at 0: RUNNING, the first claim (and maintenance) in flight."""
         trace = cls(**option_overrides)
         assert trace.started() == [cmd.OpenLease()]
         first = trace.opened(lease_id)
-        assert first == [claim(trace.first_claim_limit, lease_id, trace.driver.queues), cmd.ExpireLeases()]
+        assert first == [claim(trace.first_claim_limit, lease_id, trace.driver.queues), *MAINTENANCE]
         return trace
 
     @classmethod
@@ -182,8 +189,14 @@ class Trace:
     def lease_released(self, now=None):
         return self.send(ev.LeaseReleased(now=self._now(now)))
 
-    def failed(self, command: cmd.Command, now=None):
-        return self.send(ev.StoreFailed(now=self._now(now), command=command))
+    def failed(self, command: cmd.Command, now=None, jitter=0.5):
+        return self.send(ev.StoreFailed(now=self._now(now), command=command, jitter=jitter))
+
+    def minted(self, minted=0, now=None):
+        return self.send(ev.SchedulesMinted(now=self._now(now), minted=minted))
+
+    def purged(self, purged=0, now=None):
+        return self.send(ev.JobsPurged(now=self._now(now), purged=purged))
 
     def drain(self, timeout=30.0, now=None):
         return self.send(ev.DrainRequested(now=self._now(now), timeout=timeout))

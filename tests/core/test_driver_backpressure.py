@@ -86,9 +86,9 @@ class Model:
     def answer_head(self) -> None:
         item = self.inflight.popleft()
         command = item.command
-        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases))
+        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgeJobs))
         if failable and self.rng.random() < self.fail_rate:
-            self.send(ev.StoreFailed(now=self.now, command=command))
+            self.send(ev.StoreFailed(now=self.now, command=command, jitter=self.rng.random()))
             if isinstance(command, cmd.WriteOutcomes) and self.inflight and self.inflight[0].rides_write:
                 self.send(ev.StoreFailed(now=self.now, command=self.inflight.popleft().command))
             return
@@ -108,6 +108,12 @@ class Model:
                 self.send(ev.LeaseRenewed(now=self.now, held=True))
             case cmd.ExpireLeases():
                 self.send(ev.LeasesExpired(now=self.now, released=self.rng.randint(0, 3)))
+            case cmd.MintSchedules():
+                self.send(ev.SchedulesMinted(now=self.now, minted=self.rng.randint(0, 2)))
+            case cmd.PurgeJobs(limit=limit):
+                self.send(ev.JobsPurged(now=self.now, purged=self.rng.choice([0, limit])))
+            case cmd.PurgePumps():
+                self.send(ev.PumpsPurged(now=self.now, purged=0))
             case cmd.ReleaseJobs(job_ids=ids):
                 self.send(ev.JobsReleased(now=self.now, released=frozenset(ids)))
             case cmd.ReleaseLease():

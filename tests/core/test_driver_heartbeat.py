@@ -7,7 +7,7 @@ import pytest
 from backwave.core import commands as cmd
 from backwave.core.driver import SELF_FENCE_MARGIN, InvalidEvent, State
 
-from .helpers import LEASE, LEASE2, Trace, claim, execute, ids_of, of_type
+from .helpers import MAINTENANCE, LEASE, LEASE2, Trace, claim, execute, ids_of, of_type
 
 RENEW = cmd.RenewLease(lease_id=LEASE)
 
@@ -64,7 +64,7 @@ def test_lost_lease_abandons_running_jobs_drops_the_buffer_and_reopens():
     assert d.stats.abandoned == 2
     assert d.next_wakeup() is None
     assert t.finished(jobs[1], "failed", now=11.0) == []  # abandoned: ignored, no outcome
-    assert t.opened(LEASE2, now=11.5) == [claim(4, LEASE2), cmd.ExpireLeases()]
+    assert t.opened(LEASE2, now=11.5) == [claim(4, LEASE2), *MAINTENANCE]
     assert t.finished(jobs[2], now=12.0) == []  # abandoned, finishing after the new lease: ignored
     fresh = t.jobs.make(2)
     t.returned(*fresh, now=12.1)
@@ -162,7 +162,7 @@ def test_maintenance_runs_every_maintenance_interval():
     assert t.expired(4, now=0.1) == []
     times = []
     for _ in range(3):
-        assert t.tick_at_wakeup() == [cmd.ExpireLeases()]
+        assert t.tick_at_wakeup() == [*MAINTENANCE]
         times.append(t.now)
         t.expired(0)
     assert times == [30.0, 60.0, 90.0]
@@ -172,12 +172,12 @@ def test_failed_maintenance_waits_for_the_next_interval():
     t = quiet(lease_duration=3000.0, maintenance_interval=30.0)
     assert t.failed(cmd.ExpireLeases(), now=0.2) == []
     assert t.driver.next_wakeup() == 30.0
-    assert t.tick(30.0) == [cmd.ExpireLeases()]
+    assert t.tick(30.0) == [*MAINTENANCE]
 
 
 def test_heartbeat_and_maintenance_due_together_come_in_order():
     t = quiet(lease_duration=30.0, maintenance_interval=10.0)
-    assert t.tick(10.0) == [RENEW, cmd.ExpireLeases()]
+    assert t.tick(10.0) == [RENEW, *MAINTENANCE]
 
 
 def test_renewal_answered_after_the_lease_was_released_is_ignored():

@@ -12,7 +12,7 @@ from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.policy import Strict
 
-from .helpers import LEASE, Trace, claim, execute, internals, make_options, observable
+from .helpers import MAINTENANCE, LEASE, Trace, claim, execute, internals, make_options, observable
 
 
 def test_new_driver_waits_for_started():
@@ -34,7 +34,7 @@ def test_started_opens_a_lease():
 def test_lease_opened_claims_and_runs_maintenance_at_once(pool, batch, limit):
     t = Trace(pool_size=pool, max_claim_batch=batch)
     t.started()
-    assert t.opened(LEASE, now=0.5) == [claim(limit), cmd.ExpireLeases()]
+    assert t.opened(LEASE, now=0.5) == [claim(limit), *MAINTENANCE]
     assert t.driver.state is State.RUNNING
     assert t.driver.lease_id == LEASE
     assert t.driver.free_slots == pool - limit  # the claim in flight holds its slots
@@ -64,7 +64,7 @@ def test_failed_open_is_retried_after_poll_interval():
     assert t.tick(4.5) == [cmd.OpenLease()]
     assert t.driver.next_wakeup() is None
     assert t.tick(9.0) == []  # in flight: a stray tick does nothing
-    assert t.opened(LEASE, now=9.1) == [claim(20), cmd.ExpireLeases()]
+    assert t.opened(LEASE, now=9.1) == [claim(20), *MAINTENANCE]
     assert t.driver.stats.store_faults == 1
 
 
@@ -102,6 +102,8 @@ SAMPLE_EVENTS = {
     ev.OutcomesWritten: lambda: ev.OutcomesWritten(now=50.0, applied=frozenset()),
     ev.LeaseRenewed: lambda: ev.LeaseRenewed(now=50.0, held=True),
     ev.LeasesExpired: lambda: ev.LeasesExpired(now=50.0, released=0),
+    ev.SchedulesMinted: lambda: ev.SchedulesMinted(now=50.0, minted=0),
+    ev.PumpsPurged: lambda: ev.PumpsPurged(now=50.0, purged=0),
     ev.JobsReleased: lambda: ev.JobsReleased(now=50.0, released=frozenset()),
     ev.LeaseReleased: lambda: ev.LeaseReleased(now=50.0),
     ev.StoreFailed: lambda: ev.StoreFailed(now=50.0, command=cmd.OpenLease()),
@@ -119,6 +121,8 @@ ACCEPTED = {
     ev.OutcomesWritten: {State.OPENING, State.RUNNING, State.DRAINING},
     ev.LeaseRenewed: {State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED},
     ev.LeasesExpired: {State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED},
+    ev.SchedulesMinted: {State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED},
+    ev.PumpsPurged: {State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED},
     ev.JobsReleased: {State.RUNNING, State.DRAINING},
     ev.LeaseReleased: {State.DRAINING},
     ev.StoreFailed: {State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED},
@@ -193,8 +197,8 @@ def _assert_refused(t: Trace, event: ev.Event, *, reason: str = ""):
 def test_every_state_has_a_builder_and_the_illegal_table_is_not_empty():
     for state, build in IN_STATE.items():
         assert build().driver.state is state
-    # NEW refuses all but DrainRequested (12); OPENING 4; RUNNING 3; DRAINING 2; STOPPED 4.
-    assert len(ILLEGAL_PAIRS) == 25
+    # NEW refuses all but DrainRequested (14); OPENING 4; RUNNING 3; DRAINING 2; STOPPED 4.
+    assert len(ILLEGAL_PAIRS) == 27
 
 
 @pytest.mark.parametrize(("state", "kind"), ILLEGAL_PAIRS, ids=lambda x: getattr(x, "__name__", getattr(x, "value", x)))

@@ -72,11 +72,18 @@ def test_a_batch_of_32_costs_two_round_trips():
     assert Lease.objects.count() == 0
     assert store.calls == [
         ("open_lease", 0),
+        ("record_pumps_many", 0),  # health: the pump is up (then at each heartbeat, never per job)
         ("claim_jobs", 32),  # the first poll: all 32 jobs in one statement
-        ("expire_leases", 1000),  # maintenance once at start-up, bounded
+        # maintenance once at start-up, each step one bounded statement:
+        ("expire_leases", 1000),
+        ("due_schedules", 100),  # no schedule is due, so nothing to mint
+        ("purge_jobs", 1000),
+        ("purge_pumps", 0),
         ("write_outcomes_then_claim", 32),  # all 32 outcomes, and the re-poll riding the write
         ("release_lease", 0),  # the drain
+        ("forget_pumps_many", 0),  # a clean stop leaves no health row behind
         ("close", 0),
     ]
-    # open, claim, expire, write+claim (one pipelined round-trip), release.
-    assert store.round_trips == 5
+    # The 32 jobs themselves cost two round-trips: the claim and the pipelined write+claim. The
+    # rest is start-up (open, health, four maintenance steps) and the drain (release, forget).
+    assert store.round_trips == 10

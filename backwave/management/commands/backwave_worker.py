@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf
-from backwave.core.options import WorkerGroupConfigError
+from backwave.core.options import Retention, WorkerGroupConfigError
 from backwave.shell.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
 from backwave.shell.worker import Worker, group_from_mapping
+
+logger = logging.getLogger("backwave.worker")
 
 
 class Command(BaseCommand):
@@ -33,6 +36,11 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=1, help="Run this many worker processes under a supervisor (CPU-bound tasks).")
         parser.add_argument("--no-hints", action="store_true", help="Do not LISTEN for wake-up hints: poll only.")
         parser.add_argument("--log-every", type=float, default=10.0, help="Seconds between throughput lines.")
+        parser.add_argument(
+            "--health-port", type=int, default=None,
+            help="Serve the health endpoint on this port (200 healthy or degraded, 503 when a group is halted; 0 picks a free port).",
+        )
+        parser.add_argument("--health-host", default="127.0.0.1", help="Address the health endpoint binds to (default 127.0.0.1).")
 
     def handle(self, *args, **options):
         if options["verbosity"] >= 2:
@@ -41,16 +49,22 @@ class Command(BaseCommand):
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
+            registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
+            _sync_schedules(registry)
             worker = Worker(
                 groups,
                 store_factory=_store_factory,
-                registry=TaskRegistry.discover(conf.get_setting("TASK_MODULES")),
+                registry=registry,
                 max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
                 log_every=options["log_every"],
                 hints=None if options["no_hints"] else _hint_listener(),
+                health_port=options["health_port"],
+                health_host=options["health_host"],
             )
         except (WorkerGroupConfigError, ValueError) as error:
             raise CommandError(str(error)) from error
+        except OSError as error:  # the health port is taken or the address is not ours
+            raise CommandError(f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}") from error
         code = worker.run(until_idle=options["until_idle"])
         if worker.stragglers:
             # Jobs given back at the drain deadline are still running on handler threads, and
@@ -94,7 +108,29 @@ class Command(BaseCommand):
                 raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
                 if not raw_groups:
                     raise CommandError(f"No worker group named {options['group']!r} in BACKWAVE['WORKER_GROUPS']")
-        return [group_from_mapping({**raw, **overrides}) for raw in raw_groups]
+        retention = Retention(**conf.retention())
+        return [replace(group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups]
+
+
+def _sync_schedules(registry) -> None:
+    """Write BACKWAVE["SCHEDULES"] to the Schedule table (ScheduleConfigError, a ValueError, when
+    one cannot run). With the database unreachable the worker starts anyway on the rows of the
+    last sync: its pumps wait for the database like after any other fault."""
+    from backwave.shell.schedules import sync_schedules
+    from backwave.store.contract import TransientStoreError
+
+    schedules = conf.get_setting("SCHEDULES")
+    try:
+        store = _store_factory()
+    except TransientStoreError as error:
+        logger.warning("Schedules not synced, the database is unreachable: %s", error)
+        return
+    try:
+        sync_schedules(store, schedules, registry)
+    except TransientStoreError as error:
+        logger.warning("Schedules not synced, the database is unreachable: %s", error)
+    finally:
+        store.close()
 
 
 def _hint_listener():

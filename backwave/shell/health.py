@@ -1,0 +1,85 @@
+"""Health: how pump statuses add up, and the worker's HTTP health endpoint.
+
+A pump is healthy, degraded (a transient store fault: it retries on its own) or halted (fail-stop:
+it stopped, its lease lapses and other pumps take its jobs). A group is halted only when every
+one of its pumps is; one halted pump among live siblings makes it degraded. The same rule serves
+the endpoint (the pumps of one process) and ``manage.py backwave_health`` (every pump's row).
+
+The endpoint (``backwave_worker --health-port N``) answers any GET with a JSON body: 200 while no
+group of the process is halted, 503 once one is, which is what a load balancer's or an
+orchestrator's probe needs. It runs the standard library's HTTP server on a daemon thread and
+reads only in-memory state, so it answers even while the database is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+logger = logging.getLogger("backwave.health")
+
+HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
+
+
+def group_status(statuses: Iterable[str]) -> str:
+    """Halted when every pump is; degraded when any is not healthy; healthy otherwise."""
+    statuses = list(statuses)
+    if statuses and all(status == HALTED for status in statuses):
+        return HALTED
+    if any(status != HEALTHY for status in statuses):
+        return DEGRADED
+    return HEALTHY
+
+
+def overall_status(group_statuses: Iterable[str]) -> str:
+    """Halted when any group is (its work is not being done here); else the worst of the rest."""
+    statuses = list(group_statuses)
+    if HALTED in statuses:
+        return HALTED
+    return DEGRADED if DEGRADED in statuses else HEALTHY
+
+
+class HealthServer:
+    """Serves ``snapshot()`` as JSON on ``host:port`` (port 0: any free port, see ``.port``)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1", port: int = 0):
+        handler = _handler_for(snapshot)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.host, self.port = self._server.server_address[:2]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="backwave-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        logger.info("Health endpoint on http://%s:%d/", self.host, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler_for(snapshot: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+    class HealthHandler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the name http.server calls
+            try:
+                body = snapshot()
+                code = 503 if body["status"] == HALTED else 200
+            except Exception as error:  # a bug here must not look like a healthy worker
+                logger.exception("The health snapshot failed")
+                body, code = {"status": "unknown", "error": str(error)}, 500
+            data = json.dumps(body, indent=2).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format, *args):  # noqa: A002 - http.server's signature
+            logger.debug("health endpoint: " + format, *args)
+
+    return HealthHandler

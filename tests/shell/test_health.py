@@ -1,0 +1,139 @@
+"""Health: group rules, the HTTP endpoint, and ``manage.py backwave_health`` on pump rows."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from backwave.models import Pump
+from backwave.shell.health import DEGRADED, HALTED, HEALTHY, HealthServer, group_status, overall_status
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ([HEALTHY, HEALTHY], HEALTHY),
+        ([HEALTHY, DEGRADED], DEGRADED),
+        ([HEALTHY, HALTED], DEGRADED),  # one halted pump among live siblings: the group works on
+        ([HALTED, HALTED], HALTED),
+        ([HALTED], HALTED),
+        ([], HEALTHY),
+    ],
+)
+def test_a_group_is_halted_only_when_every_pump_is(statuses, expected):
+    assert group_status(statuses) == expected
+
+
+def test_a_process_is_halted_when_any_of_its_groups_is():
+    assert overall_status([HEALTHY, HALTED]) == HALTED
+    assert overall_status([HEALTHY, DEGRADED]) == DEGRADED
+    assert overall_status([]) == HEALTHY
+
+
+def test_the_endpoint_answers_200_until_halted_then_503():
+    state = {"status": HEALTHY, "pumps": []}
+    server = HealthServer(lambda: dict(state), port=0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+        assert get(url) == (200, {"status": "healthy", "pumps": []})
+        state["status"] = DEGRADED
+        assert get(url)[0] == 200
+        state["status"] = HALTED
+        assert get(url + "anything") == (503, {"status": "halted", "pumps": []})
+    finally:
+        server.close()
+
+
+def test_a_broken_snapshot_is_a_500_not_a_healthy_answer():
+    server = HealthServer(lambda: 1 / 0, port=0)
+    server.start()
+    try:
+        code, body = get(f"http://127.0.0.1:{server.port}/")
+    finally:
+        server.close()
+    assert code == 500 and body["status"] == "unknown"
+
+
+# ---- manage.py backwave_health -------------------------------------------------------------------
+
+
+def pump(worker_id, group="g", status="healthy", *, seconds_ago=0.0, reason="", lease_duration=30.0):
+    Pump.objects.create(worker_id=worker_id, group=group, hostname="h", pid=1, status=status, reason=reason, lease_duration=lease_duration)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE backwave_pump SET last_heartbeat_at = now() - make_interval(secs => %s) WHERE worker_id = %s", [seconds_ago, worker_id]
+        )
+
+
+def run_health(*args) -> tuple[int, str]:
+    from io import StringIO
+
+    out = StringIO()
+    try:
+        call_command("backwave_health", *args, stdout=out)
+    except CommandError as error:
+        return error.returncode, out.getvalue() + str(error)
+    return 0, out.getvalue()
+
+
+@pytest.mark.django_db
+def test_all_healthy_exits_zero_with_a_table():
+    pump("h:1:g:0", seconds_ago=2)
+    pump("h:1:g:1", status="degraded", reason="connection refused", seconds_ago=2)
+    code, out = run_health()
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].split() == ["GROUP", "PUMP", "HOST", "PID", "STATUS", "IN", "FLIGHT", "HEARTBEAT", "REASON"]
+    assert "degraded" in lines[1] and "connection refused" in lines[1], "not healthy first"
+    assert any(line.split()[:2] == ["g", "degraded"] for line in lines)
+
+
+@pytest.mark.django_db
+def test_one_halted_pump_is_shown_first_with_its_reason_but_the_group_is_not_halted():
+    pump("h:1:g:0", seconds_ago=1)
+    pump("h:1:g:1", status="halted", reason="InvalidEvent: no WriteOutcomes is in flight", seconds_ago=500)
+    code, out = run_health()
+    assert code == 0, out
+    assert "halted" in out.splitlines()[1] and "InvalidEvent: no WriteOutcomes is in flight" in out.splitlines()[1]
+    assert "(stale)" not in out, "a halted pump stopped heartbeating on purpose"
+
+
+@pytest.mark.django_db
+def test_a_group_whose_pumps_all_halted_exits_non_zero():
+    pump("h:1:ok:0", group="ok")
+    pump("h:1:doomed:0", group="doomed", status="halted", reason="boom")
+    code, out = run_health()
+    assert code == 1
+    assert "group 'doomed' is halted (every pump is)" in out
+    assert run_health("--group", "ok")[0] == 0
+
+
+@pytest.mark.django_db
+def test_a_stale_heartbeat_exits_non_zero():
+    pump("h:1:g:0", seconds_ago=45, lease_duration=30)
+    code, out = run_health()
+    assert code == 1 and "healthy (stale)" in out and "has not sent a heartbeat for 45" in out
+    assert run_health("--stale-after", "60")[0] == 0
+
+
+@pytest.mark.django_db
+def test_no_pump_at_all_is_not_healthy():
+    code, out = run_health()
+    assert code == 1 and "No pump has reported its health" in out
+    with pytest.raises(CommandError, match="--stale-after must be a positive number"):
+        call_command("backwave_health", "--stale-after", "0")
