@@ -1,6 +1,6 @@
 """BackWave's tables.
 
-Five tables carry the engine:
+Six tables carry the engine:
 
 * ``Job``: one row per unit of work. The claim path reads only rows in state ``ready`` through a
   partial index that matches the claim's ORDER BY, so finished rows never slow a poll down.
@@ -12,12 +12,15 @@ Five tables carry the engine:
   start; maintenance mints each due slot as a job, once, enforced by a unique (schedule, slot).
 * ``Pump``: the health each pump reports (healthy, degraded, halted and why), for the admin and
   ``manage.py backwave_health``.
+* ``Queue``: a queue's cluster-wide concurrency limit and pause switch, written by operators (the
+  admin, ``manage.py backwave_queue``); a queue without a row is unlimited and running.
 
 The hot path uses hand-written SQL in ``backwave/store/``; these models are the schema, the
 admin's view and the tasks backend's read path.
 """
 
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models.functions import Now
 
@@ -32,6 +35,44 @@ class JobState(models.TextChoices):
 
 
 FINISHED_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUARANTINED})
+
+
+class Queue(models.Model):
+    """A queue's cluster-wide settings: a concurrency limit and a pause switch.
+
+    A queue needs no row to exist: jobs name their queue, and a queue without a row is unlimited
+    and running. A row is written when an operator pauses or limits the queue (the admin, or
+    ``manage.py backwave_queue``); workers read it when they claim.
+    """
+
+    name = models.CharField(
+        max_length=64,
+        primary_key=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9_.-]{1,64}\Z", "Use 1 to 64 letters, digits, '_', '.' or '-'.")],
+    )
+    concurrency_limit = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="At most this many of the queue's jobs run at once across every worker; empty: unlimited.",
+    )
+    paused = models.BooleanField(default=False, help_text="A paused queue is not claimed from; running jobs finish.")
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(name__regex=r"^[A-Za-z0-9_.-]{1,64}$"), name="backwave_queue_name_valid"),
+            models.CheckConstraint(
+                condition=models.Q(concurrency_limit__isnull=True) | models.Q(concurrency_limit__gte=1),
+                name="backwave_queue_limit_positive",
+            ),
+        ]
+        permissions = [
+            ("pause_queue", "Can pause and resume queues"),
+            ("limit_queue", "Can set a queue's concurrency limit"),
+        ]
+
+    def __str__(self):
+        return self.name
 
 
 class Schedule(models.Model):
@@ -69,6 +110,7 @@ class Schedule(models.Model):
             models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_schedule_priority_range"),
             models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="backwave_schedule_max_attempts_positive"),
         ]
+        permissions = [("toggle_schedule", "Can enable and disable schedules")]
 
     def __str__(self):
         return f"{self.name} ({self.cron})"
@@ -129,6 +171,14 @@ class Job(models.Model):
                 name="backwave_job_finished",
                 condition=models.Q(state__in=["succeeded", "failed", "cancelled", "quarantined"]),
             ),
+            # The admin's per-queue failed and quarantined counts and its list of queues with
+            # failures: bounded index-only scans instead of reading every finished row. Only
+            # failing outcomes write an entry; the claim and success paths never touch it.
+            models.Index(
+                fields=["queue", "state"],
+                name="backwave_job_failed_queue",
+                condition=models.Q(state__in=["failed", "quarantined"]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_job_priority_range"),
@@ -145,6 +195,10 @@ class Job(models.Model):
                 condition=models.Q(schedule__isnull=False),
                 name="backwave_job_schedule_slot_once",
             ),
+        ]
+        permissions = [
+            ("retry_job", "Can retry failed or quarantined jobs"),
+            ("cancel_job", "Can cancel ready or scheduled jobs"),
         ]
 
     def __str__(self):
