@@ -1,0 +1,98 @@
+"""backwave.operations and manage.py backwave_queue: one conditional statement per operation."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import IntegrityError, transaction
+
+from backwave import operations
+from backwave.models import Job, Queue
+
+from .conftest import make_job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_retry_reports_what_it_changed_and_what_it_refused():
+    failed = make_job(state="failed", attempts=2, max_attempts=2)
+    running = make_job(state="running")
+    ready = make_job()
+
+    result = operations.retry_job_ids([failed.pk, running.pk, ready.pk, 10**12])
+
+    assert result.changed == (failed.pk,)
+    assert dict(result.refused) == {"running": 1, "ready": 1}
+    failed.refresh_from_db()
+    assert (failed.state, failed.attempts, failed.max_attempts, failed.lease_id) == ("ready", 2, 3, None)
+
+
+def test_cancel_leaves_running_jobs_to_their_lease():
+    running = make_job(state="running")
+    result = operations.cancel_job_ids([running.pk])
+    assert result.changed == ()
+    assert result.refused_running == 1
+    assert Job.objects.get(pk=running.pk).state == "running"
+
+
+def test_a_job_claimed_meanwhile_is_reported_as_running():
+    # The statement's snapshot saw it ready; the UPDATE's re-check found it running.
+    assert operations._refused_state("ready", operations.CANCELLABLE_STATES) == "running"
+    assert operations._refused_state("succeeded", operations.CANCELLABLE_STATES) == "succeeded"
+
+
+def test_queue_operations_create_rows_and_touch_only_their_column():
+    operations.limit_queues(["emails"], 5)
+    operations.pause_queues(["emails", "reports"])
+    operations.resume_queues(["reports"])
+    rows = {q.name: (q.paused, q.concurrency_limit) for q in Queue.objects.all()}
+    assert rows == {"emails": (True, 5), "reports": (False, None)}
+    assert all(q.updated_at is not None for q in Queue.objects.all())
+
+
+@pytest.mark.parametrize("name", ["", "a" * 65, "has space", "semi;colon", "ünïcode", None])
+def test_invalid_queue_names_are_refused(name):
+    with pytest.raises(ValueError, match="Invalid queue name"):
+        operations.pause_queues([name])
+    assert not Queue.objects.exists()
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, "3", True])
+def test_invalid_limits_are_refused(limit):
+    with pytest.raises(ValueError, match="Invalid concurrency limit"):
+        operations.limit_queues(["emails"], limit)
+
+
+def test_the_database_refuses_a_bad_row_too():
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Queue.objects.create(name="bad name")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Queue.objects.create(name="ok", concurrency_limit=0)
+
+
+def test_command_pause_resume_limit_and_list(capsys):
+    call_command("backwave_queue", "pause", "emails")
+    call_command("backwave_queue", "limit", "emails", "3")
+    call_command("backwave_queue", "list")
+    out = capsys.readouterr().out
+    assert "Paused emails" in out
+    assert "emails: at most 3 running at once, cluster-wide." in out
+    assert "emails\tlimit 3\tpaused" in out
+
+    call_command("backwave_queue", "resume", "emails")
+    call_command("backwave_queue", "limit", "emails")
+    assert Queue.objects.filter(name="emails", paused=False, concurrency_limit=None).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pause", "no way"], "Invalid queue name 'no way'"),
+        (["limit", "emails", "0"], "Invalid concurrency limit '0'"),
+        (["limit", "emails", "lots"], "Invalid concurrency limit 'lots'"),
+    ],
+)
+def test_command_errors_name_the_mistake(args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("backwave_queue", *args)
+    assert not Queue.objects.exists()
