@@ -1,0 +1,325 @@
+"""The admin's read side: queue depths, throughput and row counts that stay cheap at any size.
+
+Every number here is read through an index whose size is bounded by work that is still to be
+done, or is bounded by a cap, or comes from the planner's statistics; none is a ``COUNT(*)`` over
+the whole job table:
+
+* **Depths** (ready, scheduled, running, failed, quarantined per queue): one statement, a bounded
+  count per (queue, state), each an index scan that stops after ``COUNT_CAP + 1`` rows. Ready and
+  scheduled rows are counted in the claim index (queue leading), failed and quarantined ones in
+  the partial ``backwave_job_failed_queue`` index, running ones through the running-jobs index
+  (as many rows as jobs in flight). A count that reaches the cap shows as "10,000+", with the
+  planner's estimate beside it.
+* **Queue names**: the Queue rows, the settings, and the queues that have ready, running, failed
+  or quarantined jobs, found by a loose index scan (one index probe per distinct queue), plus the
+  most common values the planner keeps for ``queue``.
+* **Throughput**: outcomes per minute over the last hour, read backwards from the partial
+  finished-state index, at most ``THROUGHPUT_CAP`` rows per state; an hour busier than that is
+  drawn for the minutes those rows cover.
+* **Changelist counts**: ``EstimatedCountPaginator`` counts up to ``COUNT_CAP + 1`` rows of the
+  filtered query, and past that asks the planner (``EXPLAIN``) how many rows it expects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+
+from django.conf import settings
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import QuerySet
+
+COUNT_CAP = 10_000
+THROUGHPUT_CAP = 50_000  # rows read per finished state for the last hour's sparkline
+THROUGHPUT_MINUTES = 60
+COUNTED_STATES = ("ready", "scheduled", "running", "failed", "quarantined")
+THROUGHPUT_STATES = ("succeeded", "failed", "quarantined")  # outcomes a worker wrote
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """A bounded count: exact up to the cap; past it, ``at_least`` plus the planner's estimate."""
+
+    value: int
+    capped: bool = False
+    estimate: int | None = None
+
+    def __str__(self):
+        if not self.capped:
+            return f"{self.value:,}"
+        return f"{self.value:,}+"
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatistics:
+    """What the planner knows about backwave_job: its row count and most common values."""
+
+    rows: int | None  # None: never analyzed
+    columns: dict = field(default_factory=dict)  # column -> (null_frac, n_distinct, {value: freq})
+    queue_rows: tuple[str, ...] = ()  # names of the Queue rows (read in the same statement)
+
+    def common_values(self, column: str) -> list[str]:
+        return sorted(self.columns.get(column, (0, 0, {}))[2])
+
+    def fraction(self, column: str, value: str) -> float | None:
+        """The planner's selectivity of ``column = value`` (None without statistics)."""
+        if column not in self.columns or not self.rows:
+            return None
+        null_frac, n_distinct, common = self.columns[column]
+        if value in common:
+            return common[value]
+        distinct = -n_distinct * self.rows if n_distinct < 0 else n_distinct
+        rest = max(1.0 - null_frac - sum(common.values()), 0.0)
+        return rest / max(distinct - len(common), 1)
+
+    def estimate(self, **equalities) -> int | None:
+        """Rows matching every ``column=value``, assuming independence as the planner does."""
+        if not self.rows:
+            return None
+        total = float(self.rows)
+        for column, value in equalities.items():
+            share = self.fraction(column, value)
+            if share is None:
+                return None
+            total *= share
+        return int(round(total))
+
+
+_STATISTICS_SQL = """
+SELECT c.reltuples::float8,
+       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
+       ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats AS s
+       ON s.schemaname = n.nspname AND s.tablename = c.relname
+      AND s.attname IN ('state', 'queue', 'task_path')
+WHERE c.oid = 'backwave_job'::regclass
+"""
+
+
+def table_statistics(using: str = "default") -> TableStatistics:
+    """One query: the planner's statistics of backwave_job, and the Queue rows' names."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_STATISTICS_SQL)
+        rows = cursor.fetchall()
+    reltuples = rows[0][0] if rows else -1
+    columns = {}
+    for _rows, attname, null_frac, n_distinct, values, freqs, _names in rows:
+        if attname is not None:
+            columns[attname] = (null_frac or 0.0, n_distinct or 0.0, dict(zip(values or (), freqs or (), strict=False)))
+    return TableStatistics(
+        rows=int(reltuples) if reltuples is not None and reltuples >= 0 else None,
+        columns=columns,
+        queue_rows=tuple(rows[0][6]) if rows else (),
+    )
+
+
+def configured_queues() -> set[str]:
+    """Queue names the settings mention: BackWave backends' QUEUES and the worker groups'."""
+    names: set[str] = set()
+    for options in getattr(settings, "TASKS", {}).values():
+        if str(options.get("BACKEND", "")).startswith("backwave."):
+            names.update(q for q in options.get("QUEUES", ()) if isinstance(q, str))
+    for group in getattr(settings, "BACKWAVE", {}).get("WORKER_GROUPS", ()):
+        if isinstance(group, dict):
+            names.update(q for q in group.get("queues", ()) if isinstance(q, str))
+    return names
+
+
+@dataclass
+class QueueLine:
+    """One line of the Queues page."""
+
+    name: str
+    has_row: bool
+    concurrency_limit: int | None
+    paused: bool
+    counts: dict[str, Count]
+    per_minute: list[int] = field(default_factory=list)  # oldest minute first
+
+    @property
+    def finished_last_hour(self) -> int:
+        return sum(self.per_minute)
+
+
+# The loose index scans ("recursive skip scans") find each distinct queue with one probe of an
+# index whose leading column is queue: the claim index for ready rows, the failed-queue index for
+# failed and quarantined ones. Running rows are few (at most the jobs in flight).
+_OVERVIEW_SQL = """
+WITH RECURSIVE ready_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state = 'ready' AND j.queue > r.name ORDER BY j.queue LIMIT 1)
+    FROM ready_queues AS r WHERE r.name IS NOT NULL
+), failed_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('failed', 'quarantined') ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
+            ORDER BY j.queue LIMIT 1)
+    FROM failed_queues AS f WHERE f.name IS NOT NULL
+), names(name) AS (
+    SELECT name FROM ready_queues WHERE name IS NOT NULL
+    UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
+    UNION SELECT q.name FROM backwave_queue AS q
+    UNION SELECT unnest(%(names)s::text[])
+)
+SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = n.name AND j.run_at <= statement_timestamp() LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = n.name AND j.run_at > statement_timestamp() LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'running' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c)
+FROM names AS n
+LEFT JOIN backwave_queue AS q ON q.name = n.name
+ORDER BY n.name
+"""
+
+
+# statement_timestamp(), not now(): the same clock as Django's Now() (the job filters, and the
+# db_default of run_at), and the moment of this read even inside a long transaction.
+
+
+def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | None = None) -> list[QueueLine]:
+    """One query: a line per known queue with its bounded depths, limit and pause flag."""
+    cap = COUNT_CAP if cap is None else cap
+    extra = sorted(configured_queues() | set(statistics.common_values("queue")))
+    with connections[using].cursor() as cursor:
+        cursor.execute(_OVERVIEW_SQL, {"names": extra, "limit": cap + 1})
+        rows = cursor.fetchall()
+    lines = []
+    for name, has_row, limit, paused, *numbers in rows:
+        counts = {}
+        for state, number in zip(COUNTED_STATES, numbers, strict=True):
+            if number > cap:
+                db_state = "ready" if state == "scheduled" else state
+                counts[state] = Count(cap, capped=True, estimate=statistics.estimate(state=db_state, queue=name))
+            else:
+                counts[state] = Count(number)
+        lines.append(QueueLine(name=name, has_row=has_row, concurrency_limit=limit, paused=paused, counts=counts))
+    return lines
+
+
+_THROUGHPUT_BRANCH = """
+    (SELECT %(state_{i})s::text AS state, j.queue, j.finished_at FROM backwave_job AS j
+     WHERE j.state = %(state_{i})s AND j.finished_at > statement_timestamp() - make_interval(mins => %(minutes)s)
+     ORDER BY j.finished_at DESC LIMIT %(limit)s)"""
+
+# Each branch is a backward scan of the partial finished index (state, finished_at), newest
+# first, stopping after `limit` rows. When a branch is cut short, the minutes older than its
+# oldest row are incomplete for every queue, so only the minutes since then are counted.
+_THROUGHPUT_SQL = """
+WITH recent AS MATERIALIZED ({branches}
+), cut AS (
+    SELECT max(oldest) AS covered_from FROM (
+        SELECT min(r.finished_at) AS oldest FROM recent AS r
+        GROUP BY r.state HAVING count(*) >= %(limit)s
+    ) AS full_branches
+)
+SELECT r.queue,
+       floor(extract(epoch FROM statement_timestamp() - r.finished_at) / 60)::int AS minutes_ago,
+       count(*),
+       (SELECT floor(extract(epoch FROM statement_timestamp() - covered_from) / 60)::int FROM cut)
+FROM recent AS r
+WHERE r.finished_at >= coalesce((SELECT covered_from FROM cut), '-infinity'::timestamptz)
+GROUP BY 1, 2
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    per_queue: dict[str, list[int]]  # queue -> outcomes per minute, oldest minute first
+    covered_minutes: int  # THROUGHPUT_MINUTES, or fewer when the hour was too busy to read whole
+
+
+def throughput(using: str = "default", cap: int | None = None) -> Throughput:
+    """One query: outcomes per queue and minute over the last hour."""
+    cap = THROUGHPUT_CAP if cap is None else cap
+    branches = " UNION ALL".join(_THROUGHPUT_BRANCH.format(i=i) for i in range(len(THROUGHPUT_STATES)))
+    params = {"minutes": THROUGHPUT_MINUTES, "limit": cap, **{f"state_{i}": s for i, s in enumerate(THROUGHPUT_STATES)}}
+    with connections[using].cursor() as cursor:
+        cursor.execute(_THROUGHPUT_SQL.format(branches=branches), params)
+        rows = cursor.fetchall()
+    covered = THROUGHPUT_MINUTES
+    per_queue: dict[str, list[int]] = {}
+    for queue, minutes_ago, number, covered_minutes in rows:
+        if covered_minutes is not None:
+            covered = min(covered, covered_minutes)
+        if 0 <= minutes_ago < THROUGHPUT_MINUTES:
+            per_queue.setdefault(queue, [0] * THROUGHPUT_MINUTES)[THROUGHPUT_MINUTES - 1 - minutes_ago] += number
+    return Throughput(per_queue=per_queue, covered_minutes=covered)
+
+
+def planner_rows(queryset: QuerySet) -> int | None:
+    """The planner's estimate of how many rows ``queryset`` returns (one EXPLAIN, no execution)."""
+    try:
+        plan = json.loads(queryset.order_by().explain(format="json"))
+        return int(plan[0]["Plan"]["Plan Rows"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+class EstimatedCountPaginator(Paginator):
+    """A paginator that never counts past ``cap + 1`` rows.
+
+    Up to the cap the count is exact. Past it the planner's estimate stands in (never less than
+    ``cap + 1``) and ``estimated`` is True, so the page can say "about". One bounded
+    ``SELECT count(*) FROM (... LIMIT cap + 1)``, plus one EXPLAIN when the cap is reached.
+    """
+
+    cap = COUNT_CAP
+    estimated = False
+
+    @cached_property
+    def count(self):
+        queryset = self.object_list
+        if not isinstance(queryset, QuerySet):
+            return super().count
+        bounded = queryset.order_by()[: self.cap + 1].count()
+        if bounded <= self.cap:
+            return bounded
+        self.estimated = True
+        estimate = planner_rows(queryset)
+        return max(self.cap + 1, estimate or 0)
+
+
+def sparkline_points(values: list[int], width: float, height: float, pad: float = 1.5) -> str:
+    """SVG polyline points for ``values`` scaled into a width x height box."""
+    if not values:
+        return ""
+    top = max(values) or 1
+    step = (width - 2 * pad) / max(len(values) - 1, 1)
+    points = []
+    for i, value in enumerate(values):
+        x = pad + i * step
+        y = height - pad - (height - 2 * pad) * value / top
+        points.append(f"{x:.1f},{y:.1f}")
+    return " ".join(points)
+
+
+def humanize_estimate(number: int | None) -> str:
+    """1234567 -> '1.2M', 45678 -> '46k'."""
+    if number is None:
+        return "?"
+    if number >= 1_000_000:
+        return f"{number / 1_000_000:.1f}M"
+    if number >= 10_000:
+        return f"{math.floor(number / 1000 + 0.5):,}k"
+    return f"{number:,}"
+
+
+def seconds_since(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else (now - moment).total_seconds()

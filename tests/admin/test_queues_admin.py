@@ -1,0 +1,179 @@
+"""The Queues page: one line per queue, bounded depths, throughput, pause/resume/limit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+from django.urls import reverse
+from django.utils import timezone
+
+from backwave import admin_stats
+from backwave.models import Job, Queue
+
+from .conftest import make_job
+
+pytestmark = pytest.mark.django_db
+
+QUEUES = reverse("admin:backwave_queue_changelist")
+# Session, user, planner statistics (+ Queue names), depths (+ Queue rows), throughput, banner.
+QUEUES_PAGE_QUERIES = 6
+
+
+def lines_by_name(response) -> dict:
+    return {line.name: line for line in response.context["lines"]}
+
+
+def counts(line) -> dict:
+    return {state: str(count) for state, count in line.counts.items()}
+
+
+def test_one_line_per_queue_with_its_depths(admin_client):
+    make_job(queue="emails")
+    make_job(queue="emails")
+    make_job(queue="emails", run_at=timezone.now() + timedelta(hours=1))
+    make_job(queue="emails", state="running")
+    make_job(queue="emails", state="failed")
+    make_job(queue="emails", state="quarantined")
+    make_job(queue="emails", state="succeeded")
+
+    lines = lines_by_name(admin_client.get(QUEUES))
+
+    assert counts(lines["emails"]) == {"ready": "2", "scheduled": "1", "running": "1", "failed": "1", "quarantined": "1"}
+    assert counts(lines["reports"]) == {"ready": "0", "scheduled": "0", "running": "0", "failed": "0", "quarantined": "0"}
+
+
+def test_queues_come_from_settings_rows_and_jobs(admin_client):
+    Queue.objects.create(name="only-a-row", paused=True, concurrency_limit=3)
+    make_job(queue="only-ready")
+    make_job(queue="only-running", state="running")
+    make_job(queue="only-failed", state="failed")
+
+    lines = lines_by_name(admin_client.get(QUEUES))
+
+    assert {"default", "emails", "reports", "only-a-row", "only-ready", "only-running", "only-failed"} <= set(lines)
+    row = lines["only-a-row"]
+    assert (row.paused, row.concurrency_limit, row.has_row) == (True, 3, True)
+    assert (lines["only-ready"].paused, lines["only-ready"].concurrency_limit) == (False, None)
+
+
+def test_depths_are_capped_not_counted_in_full(admin_client, monkeypatch):
+    monkeypatch.setattr(admin_stats, "COUNT_CAP", 3)
+    for _ in range(5):
+        make_job(queue="big", state="failed")
+    make_job(queue="big")
+
+    line = lines_by_name(admin_client.get(QUEUES))["big"]
+
+    assert str(line.counts["failed"]) == "3+"
+    assert line.counts["failed"].capped
+    assert str(line.counts["ready"]) == "1"
+    assert "3+" in admin_client.get(QUEUES).content.decode()
+
+
+def test_capped_counts_carry_the_planners_estimate(admin_client, monkeypatch):
+    from django.db import connection
+
+    monkeypatch.setattr(admin_stats, "COUNT_CAP", 3)
+    for _ in range(6):
+        make_job(queue="big", state="failed")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE backwave_job")
+
+    line = lines_by_name(admin_client.get(QUEUES))["big"]
+
+    assert line.counts["failed"].estimate == 6
+
+
+def test_throughput_per_minute_over_the_last_hour(admin_client):
+    for minutes_ago in (0, 0, 5, 59):
+        job = make_job(queue="emails", state="succeeded")
+        Job.objects.filter(pk=job.pk).update(finished_at=Now() - timedelta(minutes=minutes_ago, seconds=1))
+    old = make_job(queue="emails", state="succeeded")
+    Job.objects.filter(pk=old.pk).update(finished_at=Now() - timedelta(minutes=61))
+    make_job(queue="emails", state="cancelled")  # an operator's cancel is not an outcome
+
+    response = admin_client.get(QUEUES)
+    line = lines_by_name(response)["emails"]
+
+    assert len(line.per_minute) == 60
+    assert line.per_minute[-1] == 2 and line.per_minute[-6] == 1 and line.per_minute[0] == 1
+    assert line.finished_last_hour == 4
+    content = response.content.decode()
+    assert "<svg" in content and "<polyline" in content
+    assert "4 in the last 60 min" in content
+    assert "<script" not in content.split('id="content-main"')[1]
+
+
+def test_a_busy_hour_is_drawn_for_the_minutes_it_could_read():
+    for minutes_ago in (1, 2, 30, 40):
+        job = make_job(queue="emails", state="succeeded")
+        Job.objects.filter(pk=job.pk).update(finished_at=Now() - timedelta(minutes=minutes_ago, seconds=1))
+
+    rate = admin_stats.throughput(cap=2)
+
+    assert rate.covered_minutes == 2
+    assert sum(rate.per_queue["emails"]) == 2
+
+
+def test_pause_resume_and_limit_from_the_page(operator_client):
+    make_job(queue="emails")
+
+    response = operator_client.post(QUEUES, {"action": "pause", "_selected_action": ["emails", "reports"]}, follow=True)
+    assert "Paused 2 queues: emails, reports." in [str(m) for m in response.context["messages"]]
+    assert set(Queue.objects.filter(paused=True).values_list("name", flat=True)) == {"emails", "reports"}
+
+    operator_client.post(QUEUES, {"action": "set_limit", "limit": "4", "_selected_action": ["emails"]})
+    assert Queue.objects.get(name="emails").concurrency_limit == 4
+    assert Queue.objects.get(name="emails").paused  # a limit leaves the pause alone
+
+    operator_client.post(QUEUES, {"action": "resume", "_selected_action": ["emails"]})
+    operator_client.post(QUEUES, {"action": "set_limit", "limit": "", "_selected_action": ["emails"]})
+    emails = Queue.objects.get(name="emails")
+    assert (emails.paused, emails.concurrency_limit) == (False, None)
+
+    lines = lines_by_name(operator_client.get(QUEUES))
+    assert lines["reports"].paused and not lines["emails"].paused
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"action": "set_limit", "limit": "0", "_selected_action": ["emails"]}, "Invalid concurrency limit"),
+        ({"action": "set_limit", "limit": "-3", "_selected_action": ["emails"]}, "Invalid concurrency limit"),
+        ({"action": "pause", "_selected_action": ["bad name!"]}, "Invalid queue name 'bad name!'"),
+        ({"action": "pause"}, "Select one or more queues first."),
+        ({"action": "nonsense", "_selected_action": ["emails"]}, "Choose an action."),
+    ],
+)
+def test_bad_queue_actions_say_what_is_wrong_and_write_nothing(operator_client, data, message):
+    response = operator_client.post(QUEUES, data, follow=True)
+    assert any(message in str(m) for m in response.context["messages"])
+    assert not Queue.objects.exists()
+
+
+def test_read_only_user_sees_queues_but_cannot_act(readonly_client):
+    response = readonly_client.get(QUEUES)
+    assert response.status_code == 200
+    assert 'name="action"' not in response.content.decode()
+    assert readonly_client.post(QUEUES, {"action": "pause", "_selected_action": ["emails"]}).status_code == 403
+    assert not Queue.objects.exists()
+
+
+def test_pausing_and_limiting_are_separate_permissions(client):
+    from .conftest import staff_user
+
+    client.force_login(staff_user("pauser", ["view_queue", "pause_queue"]))
+    content = client.get(QUEUES).content.decode()
+    assert 'value="pause"' in content and 'value="set_limit"' not in content
+    assert client.post(QUEUES, {"action": "set_limit", "limit": "2", "_selected_action": ["emails"]}).status_code == 403
+
+
+def test_queues_page_queries_are_pinned(admin_client, django_assert_num_queries):
+    for queue in ("default", "emails", "reports", "extra"):
+        for state in ("ready", "running", "failed", "quarantined", "succeeded"):
+            make_job(queue=queue, state=state)
+    Queue.objects.create(name="emails", paused=True)
+    with django_assert_num_queries(QUEUES_PAGE_QUERIES):
+        assert admin_client.get(QUEUES).status_code == 200

@@ -1,0 +1,54 @@
+"""The Schedules page: expression, next run, last minted slot, enabled; enable and disable."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from django.urls import reverse
+
+from backwave.models import Schedule
+
+from .conftest import make_schedule, staff_user
+
+pytestmark = pytest.mark.django_db
+
+SCHEDULES = reverse("admin:backwave_schedule_changelist")
+# Session, user, the bounded count, the page of schedules, the queue filter's choices, the banner.
+SCHEDULES_PAGE_QUERIES = 6
+
+
+def test_schedules_list_their_expression_next_run_and_last_slot(admin_client):
+    make_schedule("nightly", cron="0 3 * * *", next_run=datetime(2030, 1, 2, 3, tzinfo=UTC), last_slot=datetime(2030, 1, 1, 3, tzinfo=UTC))
+    content = admin_client.get(SCHEDULES).content.decode()
+    for text in ("nightly", "0 3 * * *", "project.demo.tasks.fast_job", "Jan. 2, 2030, 3 a.m.", "Jan. 1, 2030, 3 a.m."):
+        assert text in content
+
+
+def test_disable_then_enable(operator_client):
+    nightly = make_schedule("nightly", next_run=datetime(2030, 1, 2, 3, tzinfo=UTC))
+    make_schedule("hourly", cron="0 * * * *", enabled=False)
+
+    response = operator_client.post(SCHEDULES, {"action": "disable", "_selected_action": [nightly.pk], "index": 0}, follow=True)
+    assert "Disabled 1 schedule." in [str(m) for m in response.context["messages"]]
+    nightly.refresh_from_db()
+    assert (nightly.enabled, nightly.next_run) == (False, None)
+
+    ids = list(Schedule.objects.values_list("pk", flat=True))
+    response = operator_client.post(SCHEDULES, {"action": "enable", "_selected_action": ids, "index": 0}, follow=True)
+    assert "Enabled 2 schedules." in [str(m) for m in response.context["messages"]]
+    assert set(Schedule.objects.values_list("enabled", "next_run")) == {(True, None)}
+
+
+def test_toggling_needs_its_permission(readonly_client, client):
+    schedule = make_schedule("nightly")
+    assert 'name="action"' not in readonly_client.get(SCHEDULES).content.decode()
+    assert readonly_client.post(SCHEDULES, {"action": "disable", "_selected_action": [schedule.pk], "index": 0}).status_code == 403
+    assert Schedule.objects.get().enabled
+
+
+def test_schedules_page_queries_are_pinned(admin_client, django_assert_num_queries):
+    for n in range(5):
+        make_schedule(f"s{n}")
+    with django_assert_num_queries(SCHEDULES_PAGE_QUERIES):
+        assert admin_client.get(SCHEDULES).status_code == 200
