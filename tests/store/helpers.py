@@ -1,15 +1,24 @@
-"""Helpers for the PostgreSQL store tests: database-clock reads and direct row set-ups."""
+"""Helpers for the store contract tests: one view of the tables, whichever store is under test.
+
+The contract tests run against every store implementation (see ``conftest.py``). They set rows
+up and read them back through a ``Rows`` object, so a test reads the same for PostgreSQL (the
+ORM on Django's connection, the database clock) and for the in-memory store (its tables, its
+injected clock).
+"""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from threading import Lock
 
 from django.db import connection
+from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from backwave.models import Job
+from backwave.models import Attempt, Job, Lease, Pump, Schedule
+from backwave.store.memory import AttemptRow, MemoryDatabase
 from tests.factories import JobFactory
 
 
@@ -19,32 +28,217 @@ class LeaseRef:
     worker_id: str
 
 
-def db_now() -> datetime:
-    """The database clock, read on Django's connection (autocommit: the statement's start)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
-
-
-def lapse(lease_id: uuid.UUID, *, seconds_ago: float = 1.0) -> None:
-    """Move a lease's expiry into the past by the database clock."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE backwave_lease SET expires_at = now() - make_interval(secs => %s) WHERE id = %s",
-            [seconds_ago, lease_id],
-        )
-
-
-def make_jobs(count: int, **fields) -> list[Job]:
-    """Insert ``count`` ready jobs with one statement; returns them in id order."""
-    jobs = Job.objects.bulk_create(JobFactory.build_batch(count, **fields))
-    return sorted(jobs, key=lambda job: job.pk)
-
-
 def ago(seconds: float) -> datetime:
     """A timestamp ``seconds`` in the past, for ordering fixtures only (run_at of test rows)."""
     return timezone.now() - timedelta(seconds=seconds)
 
 
-def states(ids) -> dict[int, str]:
-    return dict(Job.objects.filter(pk__in=list(ids)).values_list("pk", "state"))
+class PostgresRows:
+    """The tables through the ORM, the clock through ``statement_timestamp()``: the same as
+    ``now()`` in autocommit, and still moving inside a test's transaction (the django kind)."""
+
+    def now(self) -> datetime:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement_timestamp()")
+            return cursor.fetchone()[0]
+
+    def make_jobs(self, count: int, **fields) -> list[Job]:
+        """Insert ``count`` ready jobs with one statement; returns them in id order."""
+        jobs = Job.objects.bulk_create(JobFactory.build_batch(count, **fields))
+        return sorted(jobs, key=lambda job: job.pk)
+
+    def job(self, pk: int) -> Job:
+        return Job.objects.get(pk=pk)
+
+    def jobs(self) -> dict[int, Job]:
+        return {job.pk: job for job in Job.objects.all()}
+
+    def states(self, ids) -> dict[int, str]:
+        return dict(Job.objects.filter(pk__in=list(ids)).values_list("pk", "state"))
+
+    def count(self, state: str | None = None) -> int:
+        return (Job.objects.filter(state=state) if state else Job.objects).count()
+
+    def set_state(self, pk: int, state: str) -> None:
+        """An operator's change of state that leaves every other column (the lease token too) alone."""
+        Job.objects.filter(pk=pk).update(state=state)
+
+    def lease(self, lease_id: uuid.UUID) -> Lease | None:
+        return Lease.objects.filter(pk=lease_id).first()
+
+    def lease_ids(self) -> list[uuid.UUID]:
+        return list(Lease.objects.values_list("pk", flat=True))
+
+    def lapse(self, lease_id: uuid.UUID, *, seconds_ago: float = 1.0) -> None:
+        """Move a lease's expiry into the past by the database clock."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_lease SET expires_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
+                [seconds_ago, lease_id],
+            )
+
+    def delete_lease(self, lease_id: uuid.UUID) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM backwave_lease WHERE id = %s", [lease_id])
+
+    def attempts(self) -> list[Attempt]:
+        return list(Attempt.objects.all())
+
+    def add_attempt(self, *, job_id: int, number: int, state: str, worker_id: str) -> None:
+        Attempt.objects.create(job_id=job_id, number=number, state=state, worker_id=worker_id)
+
+    def sql_null_return_values(self) -> tuple[list, list]:
+        """(job id, value is SQL NULL, value is JSON null) per job; (job id, SQL NULL) per attempt."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id, return_value IS NULL, return_value = 'null'::jsonb FROM backwave_job ORDER BY id")
+            jobs = cursor.fetchall()
+            cursor.execute("SELECT job_id, return_value IS NULL FROM backwave_attempt ORDER BY job_id")
+            return jobs, cursor.fetchall()
+
+    # -- maintenance tables ---------------------------------------------------------------------
+
+    def schedules(self) -> dict[str, Schedule]:
+        return {row.name: row for row in Schedule.objects.all()}
+
+    def set_schedule(self, name: str, **fields) -> None:
+        Schedule.objects.filter(name=name).update(**fields)
+
+    def make_due(self, name: str, *, seconds_ago: float) -> None:
+        """The schedule's next run came that long ago (by the database clock)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_schedule SET next_run = statement_timestamp() - make_interval(secs => %s) WHERE name = %s",
+                [seconds_ago, name],
+            )
+
+    def finished_job(self, state: str, *, seconds_ago: float | None, attempts: int = 0) -> int:
+        """A job in ``state`` that finished that long ago, with that many attempt rows."""
+        job = self.make_jobs(1, state=state, attempts=attempts)[0]
+        if seconds_ago is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE backwave_job SET finished_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
+                    [seconds_ago, job.pk],
+                )
+        for number in range(1, attempts + 1):
+            self.add_attempt(job_id=job.pk, number=number, state="failed", worker_id="w")
+        return job.pk
+
+    def pumps(self) -> dict[str, Pump]:
+        return {row.worker_id: row for row in Pump.objects.all()}
+
+    def silence_pump(self, worker_id: str, *, seconds: float) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_pump SET last_heartbeat_at = statement_timestamp() - make_interval(secs => %s) WHERE worker_id = %s",
+                [seconds, worker_id],
+            )
+
+
+class TickingClock:
+    """A virtual database clock for the in-memory store: starts at the host's time and moves one
+    millisecond per reading, so consecutive operations see increasing times, as they do on a server."""
+
+    def __init__(self, start: datetime | None = None, step: timedelta = timedelta(milliseconds=1)):
+        self._now = start or datetime.now(UTC)
+        self._step = step
+        self._lock = Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            self._now += self._step
+            return self._now
+
+
+class MemoryRows:
+    """The in-memory store's tables, read directly, and its injected clock."""
+
+    def __init__(self, database: MemoryDatabase):
+        self.database = database
+
+    def now(self) -> datetime:
+        return self.database.now()
+
+    def make_jobs(self, count: int, **fields):
+        built = JobFactory.build_batch(count, **fields)
+        rows = []
+        for job in built:
+            values = {name: getattr(job, name) for name in _JOB_COLUMNS}
+            values = {name: value for name, value in values.items() if not isinstance(value, DatabaseDefault) and value is not None}
+            rows.append(self.database.insert_job(**values))
+        return rows
+
+    def job(self, pk: int):
+        return self.database.jobs[pk]
+
+    def jobs(self) -> dict:
+        return dict(self.database.jobs)
+
+    def states(self, ids) -> dict[int, str]:
+        return {pk: self.database.jobs[pk].state for pk in ids if pk in self.database.jobs}
+
+    def count(self, state: str | None = None) -> int:
+        return sum(1 for job in self.database.jobs.values() if state is None or job.state == state)
+
+    def set_state(self, pk: int, state: str) -> None:
+        self.database.jobs[pk].state = state
+
+    def lease(self, lease_id: uuid.UUID):
+        return self.database.leases.get(lease_id)
+
+    def lease_ids(self) -> list[uuid.UUID]:
+        return list(self.database.leases)
+
+    def lapse(self, lease_id: uuid.UUID, *, seconds_ago: float = 1.0) -> None:
+        self.database.leases[lease_id].expires_at = self.now() - timedelta(seconds=seconds_ago)
+
+    def delete_lease(self, lease_id: uuid.UUID) -> None:
+        del self.database.leases[lease_id]
+
+    def attempts(self) -> list:
+        return self.database.attempt_log()
+
+    def add_attempt(self, *, job_id: int, number: int, state: str, worker_id: str) -> None:
+        self.database.attempts[(job_id, number)] = AttemptRow(
+            job_id=job_id, number=number, state=state, worker_id=worker_id, started_at=None, finished_at=self.now()
+        )
+
+    def sql_null_return_values(self) -> tuple[list, list]:
+        jobs = [
+            (pk, job.return_value_json is None, None if job.return_value_json is None else job.return_value_json == "null")
+            for pk, job in sorted(self.database.jobs.items())
+        ]
+        return jobs, [(a.job_id, a.return_value_json is None) for a in self.database.attempt_log()]
+
+    # -- maintenance tables ---------------------------------------------------------------------
+
+    def schedules(self) -> dict:
+        return {row.name: row for row in self.database.schedules.values()}
+
+    def set_schedule(self, name: str, **fields) -> None:
+        row = self.schedules()[name]
+        for field, value in fields.items():
+            setattr(row, field, value)
+
+    def make_due(self, name: str, *, seconds_ago: float) -> None:
+        self.schedules()[name].next_run = self.now() - timedelta(seconds=seconds_ago)
+
+    def finished_job(self, state: str, *, seconds_ago: float | None, attempts: int = 0) -> int:
+        job = self.make_jobs(1, state=state, attempts=attempts)[0]
+        if seconds_ago is not None:
+            job.finished_at = self.now() - timedelta(seconds=seconds_ago)
+        for number in range(1, attempts + 1):
+            self.add_attempt(job_id=job.pk, number=number, state="failed", worker_id="w")
+        return job.pk
+
+    def pumps(self) -> dict:
+        return dict(self.database.pumps)
+
+    def silence_pump(self, worker_id: str, *, seconds: float) -> None:
+        self.database.pumps[worker_id].last_heartbeat_at = self.now() - timedelta(seconds=seconds)
+
+
+_JOB_COLUMNS = (
+    "task_path", "queue", "priority", "payload", "state", "backend", "tags", "run_at", "enqueued_at", "started_at",
+    "last_attempted_at", "finished_at", "attempts", "max_attempts", "backoff_base", "backoff_max", "lease_id", "worker_id",
+)

@@ -13,9 +13,8 @@ from backwave.core.jobs import OutcomeKind
 from backwave.store.contract import OutcomeRecord, StoreError, TransientStoreError
 from backwave.store.postgres import PostgresStore, django_conninfo, is_transient
 
-from .helpers import make_jobs
-
-pytestmark = pytest.mark.django_db(transaction=True)
+# All PostgreSQL-only: connection settings, a killed backend, SQLSTATE classification.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stores("postgres")]
 
 
 def terminate(pid: int) -> None:
@@ -62,8 +61,8 @@ def test_a_conninfo_string_works_too(transactional_db):
             assert cursor.fetchone() == ("backwave-test",)
 
 
-def test_a_lost_connection_is_transient_and_the_next_call_reconnects(store, lease):
-    make_jobs(3)
+def test_a_lost_connection_is_transient_and_the_next_call_reconnects(store, lease, rows):
+    rows.make_jobs(3)
     old_pid = store.backend_pid
     terminate(old_pid)
 
@@ -73,8 +72,8 @@ def test_a_lost_connection_is_transient_and_the_next_call_reconnects(store, leas
     assert store.backend_pid != old_pid
 
 
-def test_a_connection_lost_before_a_pipelined_write_is_transient_too(store, lease):
-    make_jobs(2)
+def test_a_connection_lost_before_a_pipelined_write_is_transient_too(store, lease, rows):
+    rows.make_jobs(2)
     (job,) = claim(store, lease, limit=1)
     terminate(store.backend_pid)
     outcomes = [OutcomeRecord(job_id=job.id, attempt=1, kind=OutcomeKind.SUCCEEDED)]

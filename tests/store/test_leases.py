@@ -1,4 +1,5 @@
-"""Leases: the database clock, heartbeat, release, and maintenance expiry."""
+"""Leases: the database clock, heartbeat, release, and maintenance expiry (every store kind,
+but for what only PostgreSQL has: another session's row locks, the psycopg wire)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backwave.core.jobs import OutcomeKind
-from backwave.models import Attempt, Job, Lease
 from backwave.store.contract import OutcomeRecord
-
-from .helpers import db_now, lapse, make_jobs, states
-
-pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def claim(store, lease, limit=10):
@@ -51,21 +47,23 @@ def sent_parameters(monkeypatch):
 # -- the database clock ----------------------------------------------------------------------
 
 
-def test_the_database_clock_stamps_a_lease(store, host_clock_one_hour_ahead):
+@pytest.mark.stores("postgres", "django")  # the host clock against the server's
+def test_the_database_clock_stamps_a_lease(store, host_clock_one_hour_ahead, rows):
     lease_id = uuid.uuid4()
-    before = db_now()
+    before = rows.now()
     store.open_lease(lease_id=lease_id, worker_id="w", group="default", hostname="h", pid=7, duration=30)
-    after = db_now()
+    after = rows.now()
 
-    lease = Lease.objects.get(pk=lease_id)
+    lease = rows.lease(lease_id)
     assert before <= lease.created_at == lease.renewed_at <= after
     assert before + timedelta(seconds=30) <= lease.expires_at <= after + timedelta(seconds=30)
     assert timezone.now() - lease.expires_at > timedelta(minutes=50)  # the fast host clock played no part
     assert (lease.worker_id, lease.group, lease.hostname, lease.pid) == ("w", "default", "h", 7)
 
 
-def test_no_host_time_is_ever_sent(store, lease, sent_parameters):
-    make_jobs(3)
+@pytest.mark.stores("postgres")  # what psycopg sends (the django kind sends back a time it read from the server)
+def test_no_host_time_is_ever_sent(store, lease, sent_parameters, rows):
+    rows.make_jobs(3)
     sent_parameters.clear()
     jobs = claim(store, lease)
     store.renew_lease(lease_id=lease.id, duration=60)
@@ -84,25 +82,25 @@ def test_no_host_time_is_ever_sent(store, lease, sent_parameters):
 # -- heartbeat -------------------------------------------------------------------------------
 
 
-def test_renewal_pushes_only_its_own_lease(store, lease, open_lease):
+def test_renewal_pushes_only_its_own_lease(store, lease, open_lease, rows):
     other = open_lease("host:2:default:0", duration=45)
-    other_before = Lease.objects.get(pk=other.id).expires_at
-    before = db_now()
+    other_before = rows.lease(other.id).expires_at
+    before = rows.now()
     assert store.renew_lease(lease_id=lease.id, duration=600) is True
-    after = db_now()
-    assert before + timedelta(seconds=600) <= Lease.objects.get(pk=lease.id).expires_at <= after + timedelta(seconds=600)
-    assert Lease.objects.get(pk=other.id).expires_at == other_before
+    after = rows.now()
+    assert before + timedelta(seconds=600) <= rows.lease(lease.id).expires_at <= after + timedelta(seconds=600)
+    assert rows.lease(other.id).expires_at == other_before
 
 
 def test_renewing_a_missing_lease_reports_false(store):
     assert store.renew_lease(lease_id=uuid.uuid4(), duration=60) is False
 
 
-def test_a_lapsed_lease_is_not_revived(store, lease):
-    lapse(lease.id)
-    expired_at = Lease.objects.get(pk=lease.id).expires_at
+def test_a_lapsed_lease_is_not_revived(store, lease, rows):
+    rows.lapse(lease.id)
+    expired_at = rows.lease(lease.id).expires_at
     assert store.renew_lease(lease_id=lease.id, duration=60) is False
-    assert Lease.objects.get(pk=lease.id).expires_at == expired_at
+    assert rows.lease(lease.id).expires_at == expired_at
 
 
 def test_a_lease_duration_must_be_positive(store):
@@ -113,9 +111,9 @@ def test_a_lease_duration_must_be_positive(store):
 # -- release ---------------------------------------------------------------------------------
 
 
-def test_release_lease_hands_running_jobs_back_and_deletes_the_lease(store, lease, open_lease):
+def test_release_lease_hands_running_jobs_back_and_deletes_the_lease(store, lease, open_lease, rows):
     other = open_lease("host:2:default:0")
-    make_jobs(5)
+    rows.make_jobs(5)
     finished, *running = claim(store, lease, limit=4)
     (theirs,) = claim(store, other, limit=1)
     store.write_outcomes_many(lease_id=lease.id, outcomes=[OutcomeRecord(job_id=finished.id, attempt=1, kind=OutcomeKind.SUCCEEDED)])
@@ -124,17 +122,17 @@ def test_release_lease_hands_running_jobs_back_and_deletes_the_lease(store, leas
     assert store.release_lease(lease_id=lease.id) == sorted(job.id for job in running)
 
     assert store.round_trips == before + 1
-    assert not Lease.objects.filter(pk=lease.id).exists()
-    for job in Job.objects.filter(pk__in=[job.id for job in running]):
+    assert rows.lease(lease.id) is None
+    for job in (rows.job(job.id) for job in running):
         assert (job.state, job.attempts, job.lease_id, job.started_at) == ("ready", 0, None, None)
-        assert job.run_at <= db_now()
-    assert states([finished.id, theirs.id]) == {finished.id: "succeeded", theirs.id: "running"}
+        assert job.run_at <= rows.now()
+    assert rows.states([finished.id, theirs.id]) == {finished.id: "succeeded", theirs.id: "running"}
     assert store.release_lease(lease_id=lease.id) == []
 
 
-def test_release_jobs_many_refunds_the_attempt_fenced_like_outcomes(store, lease, open_lease):
+def test_release_jobs_many_refunds_the_attempt_fenced_like_outcomes(store, lease, open_lease, rows):
     other = open_lease("host:2:default:0")
-    make_jobs(4, max_attempts=5)
+    rows.make_jobs(4, max_attempts=5)
     first, second, kept = claim(store, lease, limit=3)
     (theirs,) = claim(store, other, limit=1)
     # A job on its second attempt keeps the start of its first.
@@ -144,18 +142,18 @@ def test_release_jobs_many_refunds_the_attempt_fenced_like_outcomes(store, lease
 
     assert store.release_jobs_many(lease_id=lease.id, job_ids=[first.id, second.id, theirs.id]) == {first.id, second.id}
 
-    rows = {job.pk: job for job in Job.objects.all()}
-    assert (rows[first.id].state, rows[first.id].attempts, rows[first.id].started_at) == ("ready", 0, None)
-    assert (rows[second.id].state, rows[second.id].attempts, rows[second.id].started_at) == ("ready", 1, second.started_at)
-    assert (rows[kept.id].state, rows[theirs.id].state) == ("running", "running")
+    jobs = rows.jobs()
+    assert (jobs[first.id].state, jobs[first.id].attempts, jobs[first.id].started_at) == ("ready", 0, None)
+    assert (jobs[second.id].state, jobs[second.id].attempts, jobs[second.id].started_at) == ("ready", 1, second.started_at)
+    assert (jobs[kept.id].state, jobs[theirs.id].state) == ("running", "running")
 
 
-def test_release_jobs_many_under_a_lapsed_lease_changes_nothing(store, lease):
-    make_jobs(1)
+def test_release_jobs_many_under_a_lapsed_lease_changes_nothing(store, lease, rows):
+    rows.make_jobs(1)
     (job,) = claim(store, lease)
-    lapse(lease.id)
+    rows.lapse(lease.id)
     assert store.release_jobs_many(lease_id=lease.id, job_ids=[job.id]) == set()
-    assert states([job.id]) == {job.id: "running"}
+    assert rows.states([job.id]) == {job.id: "running"}
 
 
 def test_releasing_nothing_costs_no_round_trip(store, lease):
@@ -168,73 +166,75 @@ def test_releasing_nothing_costs_no_round_trip(store, lease):
 # -- expiry ----------------------------------------------------------------------------------
 
 
-def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease, open_lease):
+def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease, open_lease, rows):
     live = open_lease("host:2:default:0")
-    again, last = make_jobs(1, max_attempts=2) + make_jobs(1, max_attempts=1)
+    again, last = rows.make_jobs(1, max_attempts=2) + rows.make_jobs(1, max_attempts=1)
     claim(store, lease, limit=2)
-    make_jobs(1)
+    rows.make_jobs(1)
     (live_job,) = claim(store, live)
-    lapse(lease.id, seconds_ago=5)
-    expired_at = Lease.objects.get(pk=lease.id).expires_at
+    rows.lapse(lease.id, seconds_ago=5)
+    expired_at = rows.lease(lease.id).expires_at
 
     assert store.expire_leases(limit=100) == 2
 
-    assert not Lease.objects.filter(pk=lease.id).exists()
-    assert Lease.objects.filter(pk=live.id).exists()
-    rows = {job.pk: job for job in Job.objects.all()}
-    assert (rows[again.pk].state, rows[again.pk].attempts, rows[again.pk].lease_id, rows[again.pk].finished_at) == ("ready", 1, None, None)
-    assert (rows[last.pk].state, rows[last.pk].lease_id) == ("failed", None)
-    assert rows[last.pk].finished_at is not None
-    assert rows[live_job.id].state == "running"
+    assert rows.lease(lease.id) is None
+    assert rows.lease(live.id) is not None
+    jobs = rows.jobs()
+    assert (jobs[again.pk].state, jobs[again.pk].attempts, jobs[again.pk].lease_id, jobs[again.pk].finished_at) == ("ready", 1, None, None)
+    assert (jobs[last.pk].state, jobs[last.pk].lease_id) == ("failed", None)
+    assert jobs[last.pk].finished_at is not None
+    assert jobs[live_job.id].state == "running"
 
-    attempts = {a.job_id: a for a in Attempt.objects.all()}
+    attempts = {a.job_id: a for a in rows.attempts()}
     assert set(attempts) == {again.pk, last.pk}
     for job_id, attempt in attempts.items():
         assert (attempt.number, attempt.state, attempt.worker_id, attempt.error_class) == (1, "lapsed", lease.worker_id, "backwave.results.LeaseLapsed")
-        assert attempt.started_at == rows[job_id].last_attempted_at
+        assert attempt.started_at == jobs[job_id].last_attempted_at
         assert lease.worker_id in attempt.traceback
         assert "expired at" in attempt.traceback and str(expired_at.year) in attempt.traceback
     assert "ready to run again" in attempts[again.pk].traceback
     assert "no attempts left" in attempts[last.pk].traceback
 
 
-def test_expiry_takes_the_oldest_leases_first_up_to_the_limit(store, open_lease):
+def test_expiry_takes_the_oldest_leases_first_up_to_the_limit(store, open_lease, rows):
     leases = [open_lease(f"host:1:default:{n}") for n in range(3)]
     for n, lease in enumerate(leases):
-        make_jobs(1)
+        rows.make_jobs(1)
         claim(store, lease)
-        lapse(lease.id, seconds_ago=30 - n)
+        rows.lapse(lease.id, seconds_ago=30 - n)
     assert store.expire_leases(limit=2) == 2
-    assert list(Lease.objects.values_list("pk", flat=True)) == [leases[2].id]
+    assert rows.lease_ids() == [leases[2].id]
     assert store.expire_leases(limit=2) == 1
     assert store.expire_leases(limit=2) == 0
 
 
-def test_a_lapsed_lease_without_jobs_is_just_deleted(store, lease):
-    lapse(lease.id)
+def test_a_lapsed_lease_without_jobs_is_just_deleted(store, lease, rows):
+    rows.lapse(lease.id)
     assert store.expire_leases(limit=10) == 0
-    assert not Lease.objects.exists()
+    assert rows.lease_ids() == []
 
 
-def test_expiry_skips_a_lease_another_transaction_holds(store, open_lease):
+@pytest.mark.stores("postgres")  # a lock another session holds
+def test_expiry_skips_a_lease_another_transaction_holds(store, open_lease, rows):
     held, free = open_lease("host:1:default:0"), open_lease("host:1:default:1")
     for lease in (held, free):
-        make_jobs(1)
+        rows.make_jobs(1)
         claim(store, lease)
-        lapse(lease.id)
+        rows.lapse(lease.id)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT id FROM backwave_lease WHERE id = %s FOR UPDATE", [held.id])
         assert store.expire_leases(limit=10) == 1  # did not wait for the held lease
-    assert list(Lease.objects.values_list("pk", flat=True)) == [held.id]
+    assert rows.lease_ids() == [held.id]
     assert store.expire_leases(limit=10) == 1
 
 
-def test_two_expiry_runs_at_once_release_each_lease_once(make_store, store, open_lease):
+@pytest.mark.stores("postgres", "memory")  # threads: Django's connection is per thread
+def test_two_expiry_runs_at_once_release_each_lease_once(make_store, store, open_lease, rows):
     leases = [open_lease(f"host:1:default:{n}") for n in range(30)]
     for lease in leases:
-        make_jobs(2, max_attempts=3)
+        rows.make_jobs(2, max_attempts=3)
         claim(store, lease)
-        lapse(lease.id)
+        rows.lapse(lease.id)
     runners = [make_store(), make_store()]
     start = threading.Barrier(2)
     released = [0, 0]
@@ -251,28 +251,29 @@ def test_two_expiry_runs_at_once_release_each_lease_once(make_store, store, open
         thread.join()
 
     assert sum(released) == 60
-    assert not Lease.objects.exists()
-    assert Attempt.objects.filter(state="lapsed").count() == 60
-    assert set(Job.objects.values_list("state", "attempts")) == {("ready", 1)}
+    assert rows.lease_ids() == []
+    assert sum(a.state == "lapsed" for a in rows.attempts()) == 60
+    assert {(job.state, job.attempts) for job in rows.jobs().values()} == {("ready", 1)}
 
 
-def test_expiry_never_resurrects_a_finished_job(store, lease):
-    make_jobs(3)
+def test_expiry_never_resurrects_a_finished_job(store, lease, rows):
+    rows.make_jobs(3)
     done, cancelled, running = claim(store, lease)
     store.write_outcomes_many(lease_id=lease.id, outcomes=[OutcomeRecord(job_id=done.id, attempt=1, kind=OutcomeKind.SUCCEEDED)])
     # An operator's cancel that left the lease token on the row: only the state says "finished".
-    Job.objects.filter(pk=cancelled.id).update(state="cancelled")
-    lapse(lease.id)
+    rows.set_state(cancelled.id, "cancelled")
+    rows.lapse(lease.id)
 
     assert store.expire_leases(limit=10) == 1
-    assert states([done.id, cancelled.id, running.id]) == {done.id: "succeeded", cancelled.id: "cancelled", running.id: "ready"}
-    assert list(Attempt.objects.values_list("job_id", "state")) == [(done.id, "succeeded"), (running.id, "lapsed")]
+    assert rows.states([done.id, cancelled.id, running.id]) == {done.id: "succeeded", cancelled.id: "cancelled", running.id: "ready"}
+    assert [(a.job_id, a.state) for a in rows.attempts()] == [(done.id, "succeeded"), (running.id, "lapsed")]
 
 
-def test_a_job_finished_while_expiry_runs_is_not_resurrected(store, lease):
-    make_jobs(1)
+@pytest.mark.stores("postgres")  # a lock another session holds
+def test_a_job_finished_while_expiry_runs_is_not_resurrected(store, lease, rows):
+    rows.make_jobs(1)
     (job,) = claim(store, lease)
-    lapse(lease.id)
+    rows.lapse(lease.id)
     pid = store.backend_pid
     result: list[int] = []
 
@@ -285,9 +286,9 @@ def test_a_job_finished_while_expiry_runs_is_not_resurrected(store, lease):
     expiry.join()
 
     assert result == [0]
-    assert states([job.id]) == {job.id: "succeeded"}
-    assert not Attempt.objects.exists()
-    assert not Lease.objects.exists()
+    assert rows.states([job.id]) == {job.id: "succeeded"}
+    assert rows.attempts() == []
+    assert rows.lease_ids() == []
 
 
 def wait_until_blocked(pid: int, attempts: int = 1000) -> None:

@@ -1,0 +1,614 @@
+"""InMemoryStore: the Storage Contract in plain Python, for the simulator and fast tests.
+
+Theory of operation. A ``MemoryDatabase`` holds the three tables (jobs, leases, attempts) as
+dicts of rows, behind one lock, and reads its clock from an injected callable that returns the
+current time as an aware datetime: it stands in for PostgreSQL's ``now()``, and is read once
+per operation, as a statement sees one ``now()``. Each ``InMemoryStore`` is one "connection" to
+such a database (several stores may share one, as several pumps share one PostgreSQL).
+
+Every operation mirrors its statement in ``queries.sql``, clause for clause; the comments name
+the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_params``,
+``insert_jobs_params``, ``_claim_statement``), so a value PostgreSQL would refuse is refused here
+with the same error, before anything changes. The contract tests in ``tests/store`` run against
+both stores, so the two cannot drift.
+
+Operations are atomic (the lock is held for the whole operation), which is what PostgreSQL's
+row locks, SKIP LOCKED and one-statement transactions give the real store.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from backwave.core.jobs import ClaimedJob
+
+from .contract import DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
+from .enqueue import insert_jobs_params
+from .postgres import _claim_statement, _outcome_params, _seconds, _text
+
+_TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
+_ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed"}
+_MAX_PRIORITY = 100
+_FINISHED = ("succeeded", "failed", "cancelled", "quarantined")
+
+
+def wall_clock() -> datetime:
+    """The default clock: the host's, in UTC. Tests and the simulator inject a virtual one."""
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobRow:
+    """A row of backwave_job. ``return_value_json`` is the jsonb text, or None for SQL NULL."""
+
+    id: int
+    task_path: str
+    queue: str
+    priority: int
+    payload_json: str
+    state: str
+    backend: str
+    tags: list[str]
+    run_at: datetime
+    enqueued_at: datetime
+    started_at: datetime | None = None
+    last_attempted_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: int = 0
+    max_attempts: int = 1
+    backoff_base: float = 1.0
+    backoff_max: float = 3600.0
+    lease_id: uuid.UUID | None = None
+    worker_id: str = ""
+    return_value_json: str | None = None
+    schedule_id: int | None = None
+    schedule_slot: datetime | None = None
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
+
+    @property
+    def return_value(self) -> Any:
+        return None if self.return_value_json is None else json.loads(self.return_value_json)
+
+
+@dataclass(slots=True, kw_only=True)
+class LeaseRow:
+    """A row of backwave_lease."""
+
+    id: uuid.UUID
+    worker_id: str
+    group: str
+    hostname: str
+    pid: int
+    created_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return self.id
+
+
+@dataclass(slots=True, kw_only=True)
+class AttemptRow:
+    """A row of backwave_attempt."""
+
+    job_id: int
+    number: int
+    state: str
+    worker_id: str
+    started_at: datetime | None
+    finished_at: datetime
+    error_class: str = ""
+    traceback: str = ""
+    return_value_json: str | None = None
+
+    @property
+    def return_value(self) -> Any:
+        return None if self.return_value_json is None else json.loads(self.return_value_json)
+
+
+@dataclass(slots=True, kw_only=True)
+class ScheduleRow:
+    """A row of backwave_schedule."""
+
+    id: int
+    name: str
+    task_path: str
+    cron: str
+    args: Any
+    kwargs: Any
+    queue: str
+    priority: int
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+    backend: str
+    tags: list[str]
+    enabled: bool
+    created_at: datetime
+    updated_at: datetime
+    last_slot: datetime | None = None
+    next_run: datetime | None = None
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+
+@dataclass(slots=True, kw_only=True)
+class PumpRow:
+    """A row of backwave_pump."""
+
+    worker_id: str
+    group: str
+    hostname: str
+    pid: int
+    status: str
+    reason: str
+    in_flight: int
+    lease_duration: float
+    started_at: datetime
+    last_heartbeat_at: datetime
+
+    @property
+    def pk(self) -> str:
+        return self.worker_id
+
+
+@dataclass(slots=True)
+class MemoryDatabase:
+    """The shared tables, their lock and their clock."""
+
+    now: Callable[[], datetime] = wall_clock
+    jobs: dict[int, JobRow] = field(default_factory=dict)
+    leases: dict[uuid.UUID, LeaseRow] = field(default_factory=dict)
+    attempts: dict[tuple[int, int], AttemptRow] = field(default_factory=dict)
+    schedules: dict[int, ScheduleRow] = field(default_factory=dict)
+    pumps: dict[str, PumpRow] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last_id: int = 0
+    last_schedule_id: int = 0
+
+    def attempt_log(self) -> list[AttemptRow]:
+        """Attempt rows in (job_id, number) order, as the Attempt model's ordering gives them."""
+        return [self.attempts[key] for key in sorted(self.attempts)]
+
+    def insert_job(self, **fields: Any) -> JobRow:
+        """Insert one job row directly (tests' set-ups); unset timestamps default to now."""
+        with self.lock:
+            now = self.now()
+            self.last_id += 1
+            fields.setdefault("run_at", now)
+            fields.setdefault("enqueued_at", now)
+            fields.setdefault("backend", "default")
+            fields.setdefault("tags", [])
+            fields.setdefault("state", "ready")
+            payload = fields.pop("payload", {"args": [], "kwargs": {}})
+            row = JobRow(id=self.last_id, payload_json=json.dumps(payload), **fields)
+            self.jobs[row.id] = row
+            return row
+
+
+class InMemoryStore:
+    """The Storage Contract over a MemoryDatabase (a fresh one unless ``database`` is given)."""
+
+    def __init__(self, database: MemoryDatabase | None = None, *, now: Callable[[], datetime] | None = None):
+        if database is None:
+            database = MemoryDatabase(now=now or wall_clock)
+        elif now is not None:
+            raise ValueError("pass the clock to the MemoryDatabase, not to a store that shares it")
+        self.database = database
+        self.round_trips = 0  # operations that would have reached the server, as PostgresStore counts them
+        self._closed = False
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def open_lease(self, *, lease_id: uuid.UUID, worker_id: str, group: str, hostname: str, pid: int, duration: float) -> None:
+        """Create the pump's lease, expiring ``duration`` seconds from now by the database clock."""
+        duration = _seconds(duration)
+        with self._operation() as (db, now):
+            if lease_id in db.leases:
+                raise StoreError('open_lease failed [23505]: duplicate key value violates unique constraint "backwave_lease_pkey"')
+            db.leases[lease_id] = LeaseRow(
+                id=lease_id, worker_id=worker_id, group=group, hostname=hostname, pid=pid,
+                created_at=now, renewed_at=now, expires_at=now + timedelta(seconds=duration),
+            )
+
+    def renew_lease(self, *, lease_id: uuid.UUID, duration: float) -> bool:
+        """Push the lease's expiry to now + duration. False when it is gone or already lapsed."""
+        duration = _seconds(duration)
+        with self._operation() as (db, now):
+            lease = db.leases.get(lease_id)
+            if lease is None or not lease.expires_at > now:  # "expires_at > now()": never revived
+                return False
+            lease.renewed_at = now
+            lease.expires_at = now + timedelta(seconds=duration)
+            return True
+
+    def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
+        """Hand the lease's running jobs back (ready, attempt refunded) and delete it."""
+        with self._operation() as (db, now):
+            db.leases.pop(lease_id, None)  # jobs are released even when the lease row is gone
+            released = [job for job in db.jobs.values() if job.lease_id == lease_id and job.state == "running"]
+            for job in released:
+                _refund(job, now)
+            return sorted(job.id for job in released)
+
+    def expire_leases(self, *, limit: int) -> int:
+        """Delete up to ``limit`` lapsed leases and release their jobs; returns how many jobs."""
+        if limit <= 0:
+            return 0
+        with self._operation() as (db, now):
+            lapsed = sorted((lease for lease in db.leases.values() if lease.expires_at < now), key=lambda lease: lease.expires_at)[:limit]
+            gone = {lease.id: lease for lease in lapsed}
+            # "j.state = 'running'": never resurrects a finished job.
+            released = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
+            if any((job.id, job.attempts) in db.attempts for job in released):
+                raise StoreError('expire_leases failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"')
+            for lease_id in gone:
+                del db.leases[lease_id]
+            for job in released:
+                lease = gone[job.lease_id]
+                again = job.attempts < job.max_attempts
+                job.state = "ready" if again else "failed"
+                if again:
+                    job.run_at = now
+                job.finished_at = None if again else now
+                job.lease_id = None
+                db.attempts[(job.id, job.attempts)] = AttemptRow(
+                    job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
+                    started_at=job.last_attempted_at, finished_at=now,
+                    error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, again),
+                )
+            return len(released)
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
+        """Take up to ``limit`` due ready jobs of ``queues`` under a live lease, in claim order."""
+        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        if claim is None:
+            return []
+        with self._operation() as (db, now):
+            return self._claim(db, now, claim[1])
+
+    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> set[int]:
+        """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids."""
+        if not outcomes:
+            return set()
+        rows = _outcome_rows(lease_id, outcomes)
+        with self._operation() as (db, now):
+            return self._write(db, now, lease_id, rows)
+
+    def write_outcomes_then_claim(
+        self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """Write outcomes, then claim, as one operation; the claim sees the write's effects."""
+        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        if not outcomes:
+            return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        if claim is None:
+            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
+        rows = _outcome_rows(lease_id, outcomes)
+        with self._operation() as (db, now):  # one transaction: both statements see one now()
+            applied = self._write(db, now, lease_id, rows)
+            return applied, self._claim(db, now, claim[1])
+
+    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
+        """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
+        if not job_ids:
+            return set()
+        with self._operation() as (db, now):
+            if not _live(db, lease_id, now):
+                return set()
+            released = set()
+            for job_id in dict.fromkeys(job_ids):
+                job = db.jobs.get(job_id)
+                if job is not None and job.lease_id == lease_id and job.state == "running":
+                    _refund(job, now)
+                    released.add(job_id)
+            return released
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert jobs in one operation; returns their ids in input order."""
+        if not jobs:
+            return []
+        (document,) = insert_jobs_params(jobs)
+        rows = json.loads(document)
+        for row in rows:
+            if not -_MAX_PRIORITY <= row["priority"] <= _MAX_PRIORITY:
+                raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_priority_range"')
+            if row["max_attempts"] < 1:
+                raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_max_attempts_positive"')
+        with self._operation() as (db, now):
+            ids = []
+            for row in rows:
+                db.last_id += 1
+                run_at = datetime.fromisoformat(row["run_at"]) if row["run_at"] is not None else now
+                db.jobs[db.last_id] = JobRow(
+                    id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
+                    payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
+                    run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"],
+                )
+                ids.append(db.last_id)
+            return ids
+
+    # -- maintenance: schedules, retention, pump health -----------------------------------------
+
+    def sync_schedules(self, *, schedules: Sequence[ScheduleDefinition]) -> list[str]:
+        """Write the declared schedules and disable the undeclared; returns the names disabled."""
+        names = [d.name for d in schedules]
+        if len(set(names)) != len(names):
+            raise StoreError("sync_schedules failed [21000]: ON CONFLICT DO UPDATE command cannot affect row a second time")
+        for d in schedules:
+            if not -_MAX_PRIORITY <= d.priority <= _MAX_PRIORITY or d.max_attempts < 1:
+                raise StoreError("sync_schedules failed [23514]: new row violates a check constraint of backwave_schedule")
+        with self._operation() as (db, now):
+            by_name = {row.name: row for row in db.schedules.values()}
+            for d in schedules:
+                fields = dict(
+                    task_path=d.task_path, cron=d.cron, args=json.loads(json.dumps(list(d.args))), kwargs=json.loads(json.dumps(dict(d.kwargs))),
+                    queue=d.queue, priority=d.priority, max_attempts=d.max_attempts, backoff_base=d.backoff_base,
+                    backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled,
+                )
+                row = by_name.get(d.name)
+                if row is None:
+                    db.last_schedule_id += 1
+                    db.schedules[db.last_schedule_id] = ScheduleRow(id=db.last_schedule_id, name=d.name, created_at=now, updated_at=now, **fields)
+                    continue
+                # A changed expression, or a schedule disabled before or now: start afresh.
+                keep = row.cron == d.cron and row.enabled and d.enabled
+                for name, value in fields.items():
+                    setattr(row, name, value)
+                row.next_run = row.next_run if keep else None
+                row.updated_at = now
+            retired = sorted(row.name for row in by_name.values() if row.enabled and row.name not in names)
+            for name in retired:
+                row = by_name[name]
+                row.enabled, row.next_run, row.updated_at = False, None, now
+            return retired
+
+    def due_schedules(self, *, limit: int) -> list[DueSchedule]:
+        """Enabled schedules with a slot due (or next_run unknown), with the database's now()."""
+        with self._operation() as (db, now):
+            due = [row for row in db.schedules.values() if row.enabled and (row.next_run is None or row.next_run <= now)]
+            due.sort(key=lambda row: (row.next_run is not None, row.next_run or now, row.id))  # NULLS FIRST
+            return [DueSchedule(id=row.id, name=row.name, cron=row.cron, next_run=row.next_run, db_now=now) for row in due[:max(limit, 0)]]
+
+    def mint_schedules_many(self, *, slots: Sequence[ScheduleSlot]) -> list[int]:
+        """Mint each still-due slot as one job and move next_run on; returns the minted job ids."""
+        if not slots:
+            return []
+        with self._operation() as (db, now):
+            taken = {(job.schedule_id, job.schedule_slot) for job in db.jobs.values() if job.schedule_id is not None}
+            locked = [
+                (db.schedules[s.schedule_id], s) for s in slots
+                if s.schedule_id in db.schedules
+                and (row := db.schedules[s.schedule_id]).enabled and row.cron == s.cron
+                and (row.next_run is None or row.next_run <= now)
+            ]
+            minted = []
+            for row, s in locked:
+                if s.slot is None or (row.last_slot is not None and s.slot <= row.last_slot) or (row.id, s.slot) in taken:
+                    continue  # nothing to mint, an older slot, or ON CONFLICT DO NOTHING
+                db.last_id += 1
+                db.jobs[db.last_id] = JobRow(
+                    id=db.last_id, task_path=row.task_path, queue=row.queue, priority=row.priority,
+                    payload_json=json.dumps({"args": row.args, "kwargs": row.kwargs}), state="ready", backend=row.backend,
+                    tags=list(row.tags), run_at=s.slot, enqueued_at=now, max_attempts=row.max_attempts,
+                    backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot,
+                )
+                taken.add((row.id, s.slot))
+                minted.append(db.last_id)
+            for row, s in locked:
+                if s.slot is not None:  # greatest() ignores NULLs
+                    row.last_slot = s.slot if row.last_slot is None else max(row.last_slot, s.slot)
+                row.next_run = s.next_run
+            return sorted(minted)
+
+    def purge_jobs(self, *, older_than: Sequence[tuple[str, float]], limit: int) -> int:
+        """Delete up to ``limit`` finished jobs past their state's retention; returns how many."""
+        if limit <= 0 or not older_than:
+            return 0
+        with self._operation() as (db, now):
+            doomed: list[int] = []
+            for state, seconds in older_than:  # one ordered scan per state, oldest first
+                cutoff = now - timedelta(seconds=float(seconds))
+                old = [j for j in db.jobs.values() if j.state == state and state in _FINISHED and j.finished_at is not None and j.finished_at < cutoff]
+                doomed += [j.id for j in sorted(old, key=lambda j: j.finished_at)[:limit]]
+            doomed = doomed[:limit]
+            for job_id in doomed:
+                del db.jobs[job_id]
+            gone = set(doomed)
+            for key in [key for key in db.attempts if key[0] in gone]:  # ON DELETE CASCADE
+                del db.attempts[key]
+            return len(doomed)
+
+    def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
+        """Upsert each pump's health row, last_heartbeat_at = now()."""
+        if not pumps:
+            return
+        with self._operation() as (db, now):
+            for p in pumps:
+                row = db.pumps.get(p.worker_id)
+                if row is None:
+                    db.pumps[p.worker_id] = PumpRow(
+                        worker_id=p.worker_id, group=p.group, hostname=p.hostname, pid=p.pid, status=p.status, reason=_text(p.reason),
+                        in_flight=p.in_flight, lease_duration=float(p.lease_duration), started_at=now, last_heartbeat_at=now,
+                    )
+                else:
+                    row.status, row.reason, row.in_flight = p.status, _text(p.reason), p.in_flight
+                    row.lease_duration, row.last_heartbeat_at = float(p.lease_duration), now
+
+    def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
+        """Delete these pumps' health rows; returns how many there were."""
+        if not worker_ids:
+            return 0
+        with self._operation() as (db, _now):
+            gone = [worker_id for worker_id in dict.fromkeys(worker_ids) if worker_id in db.pumps]
+            for worker_id in gone:
+                del db.pumps[worker_id]
+            return len(gone)
+
+    def purge_pumps(self, *, older_than: float) -> int:
+        """Delete health rows silent for more than ``older_than`` seconds; returns how many."""
+        with self._operation() as (db, now):
+            cutoff = now - timedelta(seconds=float(older_than))
+            gone = [row.worker_id for row in db.pumps.values() if row.last_heartbeat_at < cutoff]
+            for worker_id in gone:
+                del db.pumps[worker_id]
+            return len(gone)
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close this store; later calls raise StoreError. The database lives on."""
+        self._closed = True
+
+    def __enter__(self) -> InMemoryStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the statements ------------------------------------------------------------------------
+
+    def _operation(self):
+        if self._closed:
+            raise StoreError("this InMemoryStore is closed; build a new one")
+        self.round_trips += 1
+        return _Operation(self.database)
+
+    @staticmethod
+    def _claim(db: MemoryDatabase, now: datetime, params: dict[str, Any]) -> list[ClaimedJob]:
+        lease_id = params["lease_id"]
+        if not _live(db, lease_id, now):  # the lease CTE: no claim under a lapsed or missing lease
+            return []
+        queues = {params["queue"]} if "queue" in params else set(params["queues"])
+        due = (job for job in db.jobs.values() if job.state == "ready" and job.queue in queues and job.run_at <= now)
+        picked = heapq.nsmallest(params["limit"], due, key=lambda job: (-job.priority, job.run_at, job.id))
+        claimed = []
+        for job in picked:
+            job.state = "running"
+            job.lease_id = lease_id
+            job.worker_id = params["worker_id"]
+            job.attempts += 1
+            job.last_attempted_at = now
+            if job.started_at is None:
+                job.started_at = now
+            earlier = ()
+            if job.attempts > 1:  # a first attempt has no history
+                earlier = tuple(row.worker_id for key, row in sorted(db.attempts.items()) if key[0] == job.id)
+            claimed.append(ClaimedJob(
+                id=job.id, task_path=job.task_path, queue=job.queue, priority=job.priority, payload=job.payload,
+                attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
+                backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
+                started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
+            ))
+        return claimed
+
+    @staticmethod
+    def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]]) -> set[int]:
+        if not _live(db, lease_id, now):
+            return set()
+        # The fence: this lease's token, still running, at this attempt. Checked for the whole
+        # batch before anything changes, as one statement either applies or fails as a whole.
+        applied = []
+        for row in rows:
+            job = db.jobs.get(row["job_id"])
+            if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == row["attempt"]:
+                if (job.id, row["attempt"]) in db.attempts:
+                    raise StoreError(
+                        'write_outcomes_many failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"'
+                    )
+                applied.append((job, row))
+        for job, row in applied:
+            kind = row["kind"]
+            value = None if row["boxed"] is None else json.dumps(row["boxed"].get("v"))
+            job.state = _TERMINAL_STATE[kind]
+            if kind == "retry":
+                job.run_at = now + timedelta(seconds=max(row["retry_delay"] or 0.0, 0.0))
+            job.finished_at = None if kind == "retry" else now
+            job.return_value_json = value
+            job.lease_id = None
+            started = job.last_attempted_at
+            db.attempts[(job.id, row["attempt"])] = AttemptRow(
+                job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
+                started_at=started, finished_at=(started or now) + timedelta(seconds=max(row["duration"], 0.0)),
+                error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
+            )
+        return {job.id for job, _ in applied}
+
+
+class _Operation:
+    """Holds the database lock for one operation and reads the clock once."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: MemoryDatabase):
+        self._db = db
+
+    def __enter__(self) -> tuple[MemoryDatabase, datetime]:
+        self._db.lock.acquire()
+        try:
+            return self._db, self._db.now()
+        except BaseException:
+            self._db.lock.release()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._db.lock.release()
+
+
+def _live(db: MemoryDatabase, lease_id: uuid.UUID, now: datetime) -> bool:
+    lease = db.leases.get(lease_id)
+    return lease is not None and lease.expires_at > now
+
+
+def _refund(job: JobRow, now: datetime) -> None:
+    """release_lease / release_jobs_many: ready at once, the attempt given back."""
+    first = job.attempts <= 1
+    job.state = "ready"
+    job.lease_id = None
+    job.run_at = now
+    job.attempts = max(job.attempts - 1, 0)
+    if first:
+        job.started_at = None
+
+
+def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> list[dict[str, Any]]:
+    """The batch exactly as write_outcomes_many's SQL receives it (validated the same way)."""
+    return json.loads(_outcome_params(lease_id, outcomes)["outcomes"])
+
+
+def _pg_text(moment: datetime) -> str:
+    """A timestamptz as PostgreSQL prints it in a UTC session (``::text``)."""
+    moment = moment.astimezone(UTC)
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    return text + "+00"
+
+
+def _lapsed_text(job: JobRow, lease: LeaseRow, again: bool) -> str:
+    return (
+        f"backwave.results.LeaseLapsed: the lease of worker {lease.worker_id} expired at {_pg_text(lease.expires_at)}"
+        " (database clock) without being renewed, so this attempt's outcome was never written; the worker died,"
+        f" hung or lost its database connection. Attempt {job.attempts} of {job.max_attempts}: "
+        + ("the job is ready to run again." if again else "no attempts left, the job failed.")
+    )

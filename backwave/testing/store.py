@@ -1,0 +1,150 @@
+"""DjangoConnectionStore: the PostgreSQL store on Django's own connection, on a virtual clock.
+
+Why a store of its own for tests. pytest-django's ``db`` fixture runs each test inside one
+transaction on Django's connection; a PostgresStore has a connection of its own and would not
+see a single row the test wrote. This store runs the very same statements (``queries.sql``,
+through PostgresStore's own methods) on ``django.db.connections[alias]``, so it works inside a
+test's transaction and in transactional tests alike.
+
+Each operation runs inside ``transaction.atomic()``: in a test's transaction that is a
+savepoint, so a failing statement is rolled back alone and the test's transaction stays usable,
+which is what autocommit gives the production store. ``write_outcomes_then_claim`` runs its two
+statements in one such block (one transaction, as the pipeline's), one after the other.
+
+Time. Every ``now()`` in the statements becomes ``statement_timestamp() + offset``, the offset
+read from a VirtualClock. ``statement_timestamp()``, not ``now()``: inside a test's transaction
+``now()`` stays at the moment the test began, while the rows a test makes and the times it
+computes (``timezone.now() + timedelta(...)``) are later; in autocommit the two are the same.
+With no clock the offset is zero, and the SQL behaves as in production. The two statements of
+``write_outcomes_then_claim`` share one reading, as they share one ``now()`` in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import cache
+from typing import Any
+
+import psycopg
+from django.db import DatabaseError, connections, transaction
+from psycopg.types.json import JsonbLoader
+
+from backwave.core.jobs import ClaimedJob
+from backwave.store.contract import NewJob, OutcomeRecord, StoreError, TransientStoreError
+from backwave.store.enqueue import INSERT_JOBS_SQL, insert_jobs_params
+from backwave.store.postgres import PostgresStore, _claim_statement, _claimed_job, _outcome_params, is_transient
+from backwave.store.queries import QUERIES
+
+from .clock import VirtualClock
+
+_NOW = re.compile(r"\bnow\(\)", re.IGNORECASE)
+_OFFSET = "backwave_clock_offset"
+_FIXED_NOW = "backwave_now"
+
+
+def clocked(sql: str, *, fixed: bool = False) -> str:
+    """``sql`` with every ``now()`` read from the virtual clock: the statement's time moved by
+    ``%(backwave_clock_offset)s``, or (``fixed``) the one time ``%(backwave_now)s``."""
+    replacement = f"%({_FIXED_NOW})s::timestamptz" if fixed else f"(statement_timestamp() + %({_OFFSET})s::interval)"
+    return _NOW.sub(replacement, sql)
+
+
+@cache
+def _statement(name: str, fixed: bool = False) -> str:
+    return clocked(QUERIES[name], fixed=fixed)
+
+
+_INSERT_JOBS = clocked(INSERT_JOBS_SQL.replace("%s", "%(jobs)s"))
+_HAS_DUE_JOBS = clocked(
+    "SELECT EXISTS (SELECT FROM backwave_job WHERE state = 'ready' AND queue = ANY(%(queues)s::text[]) AND run_at <= now())"
+)
+
+
+class DjangoConnectionStore(PostgresStore):
+    """The Storage Contract on ``connections[alias]``, the database clock moved by ``clock``."""
+
+    def __init__(self, alias: str = "default", *, clock: VirtualClock | None = None) -> None:  # noqa: D107 - no super(): no connection of its own
+        self.alias = alias
+        self.clock = clock
+        # Operations, counted as PostgresStore counts its round-trips (one per operation that
+        # reaches the server; write_outcomes_then_claim is one although Django cannot pipeline it).
+        self.round_trips = 0
+        self._closed = False
+
+    @property
+    def backend_pid(self) -> int:
+        """Process id of the server backend behind Django's connection."""
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        return connection.connection.info.backend_pid
+
+    def write_outcomes_then_claim(
+        self, *, lease_id, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """Write outcomes, then claim, in one transaction; the claim sees the write's effects."""
+        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        if not outcomes:
+            return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        if claim is None:
+            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
+        write_params = _outcome_params(lease_id, outcomes)
+        with self._cursor("write_outcomes_then_claim") as cursor:
+            cursor.execute(f"SELECT statement_timestamp() + %({_OFFSET})s::interval", self._with_clock({}))
+            now = {_FIXED_NOW: cursor.fetchone()[0]}
+            cursor.execute(_statement("write_outcomes_many", fixed=True), {**write_params, **now})
+            applied = {row[0] for row in cursor.fetchall()}
+            cursor.execute(_statement(claim[0], fixed=True), {**claim[1], **now})
+            return applied, [_claimed_job(row) for row in cursor.fetchall()]
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert jobs in one statement (no Wake-Up Hint); returns their ids in input order."""
+        if not jobs:
+            return []
+        (document,) = insert_jobs_params(jobs)
+        with self._cursor("enqueue_many") as cursor:
+            cursor.execute(_INSERT_JOBS, self._with_clock({"jobs": document}))
+            return [row[0] for row in cursor.fetchall()]
+
+    def has_due_jobs(self, queues: Sequence[str]) -> bool:
+        """Whether a ready job of ``queues`` is due by the virtual clock (the test pump's check
+        that a drain is finished; not part of the Storage Contract, not counted)."""
+        with self._cursor("has_due_jobs", count=False) as cursor:
+            cursor.execute(_HAS_DUE_JOBS, self._with_clock({"queues": list(queues)}))
+            return cursor.fetchone()[0]
+
+    def close(self) -> None:
+        """Later calls raise StoreError; Django's connection is Django's to close."""
+        self._closed = True
+
+    # -- what PostgresStore's methods call ------------------------------------------------------
+
+    def _execute(self, name: str, params: Mapping[str, Any]) -> list[tuple]:
+        with self._cursor(name) as cursor:
+            cursor.execute(_statement(name), self._with_clock(params))
+            return cursor.fetchall() if cursor.description is not None else []
+
+    def _with_clock(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {**params, _OFFSET: self.clock.offset if self.clock is not None else timedelta(0)}
+
+    @contextmanager
+    def _cursor(self, operation: str, *, count: bool = True):
+        """One operation: a cursor inside atomic(), psycopg errors translated as PostgresStore does."""
+        if self._closed:
+            raise StoreError("this DjangoConnectionStore is closed; build a new one")
+        connection = connections[self.alias]
+        self.round_trips += count
+        try:
+            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                # Django loads jsonb as text (for JSONField); the store's rows carry decoded JSON.
+                cursor.cursor.adapters.register_loader("jsonb", JsonbLoader)
+                yield cursor
+        except DatabaseError as error:
+            cause = error.__cause__ if isinstance(error.__cause__, psycopg.Error) else None
+            broken = connection.connection is None or connection.connection.closed
+            transient = broken or (cause is not None and is_transient(cause))
+            sqlstate = getattr(cause, "sqlstate", None)
+            detail = f" [{sqlstate}]" if sqlstate else ""
+            raise (TransientStoreError if transient else StoreError)(f"{operation} failed{detail}: {error}".strip()) from error

@@ -1,0 +1,186 @@
+"""The maintenance operations of the Storage Contract (every store kind): schedules synced and
+minted once per slot, the retention purge, pump health rows. The shell around them (settings,
+cron evaluation) is tested in tests/maintenance."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from backwave.core.options import Retention
+from backwave.shell.schedules import mint_due, plan_slots
+from backwave.store.contract import PumpHealth, ScheduleDefinition, ScheduleSlot
+
+NOOP = "tests.shell.worker_tasks.noop"
+RETENTION = Retention(succeeded=3600.0, failed=86_400.0, cancelled=86_400.0, quarantined=None)
+
+
+def definition(name: str, cron: str = "* * * * *", **fields) -> ScheduleDefinition:
+    return ScheduleDefinition(name=name, task_path=NOOP, cron=cron, **fields)
+
+
+def health(worker_id="h:1:g:0:ab", status="healthy", **fields) -> PumpHealth:
+    return PumpHealth(worker_id=worker_id, group="g", hostname="h", pid=1, status=status, lease_duration=30.0, **fields)
+
+
+# ---- schedules -----------------------------------------------------------------------------------
+
+
+def test_sync_writes_rows_and_disables_the_undeclared(store, rows):
+    assert store.sync_schedules(schedules=[definition("a", args=[7], queue="e2e", priority=5, tags=("t",)), definition("b", "0 * * * *")]) == []
+    a = rows.schedules()["a"]
+    assert (a.task_path, a.cron, a.args, a.kwargs, a.queue, a.priority, a.tags, a.enabled) == (NOOP, "* * * * *", [7], {}, "e2e", 5, ["t"], True)
+    assert (a.last_slot, a.next_run) == (None, None)
+    mint_due(store)  # computes next_run for both
+    first = {name: row.next_run for name, row in rows.schedules().items()}
+    assert all(first.values())
+
+    assert store.sync_schedules(schedules=[definition("a", args=[1]), definition("c", "0 0 * * *")]) == ["b"]
+    after = rows.schedules()
+    assert after["a"].next_run == first["a"] and after["a"].args == [1]
+    assert (after["b"].enabled, after["b"].next_run) == (False, None)
+    assert after["c"].enabled and after["c"].next_run is None
+
+    store.sync_schedules(schedules=[definition("a", "*/10 * * * *"), definition("b", "0 * * * *")])
+    after = rows.schedules()
+    assert after["a"].next_run is None, "a new expression starts afresh"
+    assert after["b"].enabled and after["b"].next_run is None, "re-enabled: no catching up"
+
+
+def test_due_schedules_come_unknown_first_then_oldest_with_the_database_clock(store, rows):
+    store.sync_schedules(schedules=[definition("late"), definition("new"), definition("later"), definition("off", enabled=False), definition("future")])
+    rows.make_due("late", seconds_ago=120)
+    rows.make_due("later", seconds_ago=60)
+    rows.make_due("future", seconds_ago=-3600)
+    before = rows.now()
+    due = store.due_schedules(limit=10)
+    after = rows.now()
+    assert [d.name for d in due] == ["new", "late", "later"]
+    assert all(before <= d.db_now <= after for d in due)
+    assert [d.name for d in store.due_schedules(limit=1)] == ["new"]
+
+
+def test_a_due_slot_becomes_one_job_like_an_enqueued_one(store, rows):
+    store.sync_schedules(schedules=[definition("five", "*/5 * * * *", args=[42], queue="e2e", max_attempts=3, backoff_base=2.0)])
+    mint_due(store)
+    rows.make_due("five", seconds_ago=600)
+    (job_id,) = mint_due(store)
+    job, schedule = rows.job(job_id), rows.schedules()["five"]
+    now = rows.now()
+    assert job.schedule_id == schedule.id and job.schedule_slot == schedule.last_slot == job.run_at
+    assert job.schedule_slot <= now and job.schedule_slot.minute % 5 == 0 and job.schedule_slot.second == 0
+    assert now - job.schedule_slot < timedelta(minutes=5), "the latest slot that has passed"
+    assert (job.task_path, job.payload, job.queue, job.state, job.attempts, job.max_attempts, job.backoff_base) == (
+        NOOP, {"args": [42], "kwargs": {}}, "e2e", "ready", 0, 3, 2.0)
+    assert schedule.next_run > now
+    assert mint_due(store) == []
+
+
+def test_after_downtime_only_the_latest_missed_slot_is_minted_once(store, rows):
+    store.sync_schedules(schedules=[definition("minutely")])
+    mint_due(store)
+    rows.make_due("minutely", seconds_ago=90 * 60)
+    assert len(mint_due(store)) == 1
+    assert mint_due(store) == []
+    assert rows.count() == 1
+
+
+def test_an_older_slot_a_taken_slot_and_a_changed_expression_mint_nothing(store, rows):
+    store.sync_schedules(schedules=[definition("s")])
+    mint_due(store)
+    rows.make_due("s", seconds_ago=120)
+    (job_id,) = mint_due(store)
+    schedule = rows.schedules()["s"]
+    rows.make_due("s", seconds_ago=1)
+    older = ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot - timedelta(minutes=5), next_run=schedule.next_run)
+    assert store.mint_schedules_many(slots=[older]) == []
+    rows.set_schedule("s", last_slot=None)
+    taken = ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot, next_run=schedule.next_run)
+    assert store.mint_schedules_many(slots=[taken]) == [], "one job per (schedule, slot), by constraint"
+    rows.make_due("s", seconds_ago=1)
+    due = store.due_schedules(limit=10)
+    rows.set_schedule("s", cron="*/2 * * * *")
+    assert store.mint_schedules_many(slots=plan_slots(due)) == []
+    assert list(rows.jobs()) == [job_id]
+
+
+def test_a_slot_of_none_only_moves_next_run_and_a_schedule_not_due_is_skipped(store, rows):
+    store.sync_schedules(schedules=[definition("s")])
+    (schedule,) = rows.schedules().values()
+    later = rows.now() + timedelta(hours=1)
+    assert store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=None, next_run=later)]) == []
+    assert (rows.schedules()["s"].next_run, rows.schedules()["s"].last_slot) == (later, None)
+    slot = rows.now() - timedelta(minutes=1)
+    assert store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=slot, next_run=later)]) == []
+    assert rows.count() == 0
+
+
+def test_nothing_to_mint_costs_no_round_trip(store):
+    before = store.round_trips
+    assert store.mint_schedules_many(slots=[]) == []
+    assert store.round_trips == before
+
+
+# ---- retention -----------------------------------------------------------------------------------
+
+
+def test_only_finished_jobs_past_their_states_retention_are_purged_with_their_attempts(store, rows):
+    old = [rows.finished_job("succeeded", seconds_ago=7200, attempts=2), rows.finished_job("failed", seconds_ago=90_000, attempts=3)]
+    kept = [
+        rows.finished_job("succeeded", seconds_ago=1800),
+        rows.finished_job("failed", seconds_ago=80_000),
+        rows.finished_job("quarantined", seconds_ago=10**7),
+        rows.finished_job("ready", seconds_ago=None),
+    ]
+    assert store.purge_jobs(older_than=RETENTION.job_states, limit=1000) == 2
+    assert sorted(rows.jobs()) == kept
+    assert not [a for a in rows.attempts() if a.job_id in old], "attempts go with their job"
+    assert store.purge_jobs(older_than=RETENTION.job_states, limit=1000) == 0
+
+
+def test_a_purge_is_paged_oldest_first(store, rows):
+    ids = [rows.finished_job("succeeded", seconds_ago=3600 * (10 - n), attempts=1) for n in range(7)]
+    assert store.purge_jobs(older_than=RETENTION.job_states, limit=3) == 3
+    assert sorted(rows.jobs()) == ids[3:]
+    assert [store.purge_jobs(older_than=RETENTION.job_states, limit=3) for _ in range(2)] == [3, 1]
+    assert rows.jobs() == {} and rows.attempts() == []
+
+
+def test_nothing_listed_nothing_purged_and_no_round_trip(store, rows):
+    rows.finished_job("succeeded", seconds_ago=10**6)
+    before = store.round_trips
+    assert store.purge_jobs(older_than=(), limit=100) == 0
+    assert store.purge_jobs(older_than=RETENTION.job_states, limit=0) == 0
+    assert store.round_trips == before and rows.count() == 1
+
+
+# ---- pump health ---------------------------------------------------------------------------------
+
+
+def test_record_inserts_then_updates_and_stamps_the_clock(store, rows):
+    store.record_pumps_many(pumps=[health()])
+    first = rows.pumps()["h:1:g:0:ab"]
+    assert (first.status, first.reason, first.in_flight, first.group, first.lease_duration) == ("healthy", "", 0, "g", 30.0)
+    started, beat = first.started_at, first.last_heartbeat_at
+    store.record_pumps_many(pumps=[health(status="halted", reason="InvalidEvent: nope\x00", in_flight=3)])
+    second = rows.pumps()["h:1:g:0:ab"]
+    assert (second.status, second.reason, second.in_flight) == ("halted", "InvalidEvent: nope\\x00", 3)
+    assert second.started_at == started and second.last_heartbeat_at > beat
+
+
+def test_many_pumps_in_one_operation_and_forgetting_them(store, rows):
+    before = store.round_trips
+    store.record_pumps_many(pumps=[health(f"p{i}") for i in range(3)])
+    store.record_pumps_many(pumps=[])
+    assert store.round_trips == before + 1
+    assert store.forget_pumps_many(worker_ids=["p0", "p1", "nobody"]) == 2
+    assert list(rows.pumps()) == ["p2"]
+    assert store.forget_pumps_many(worker_ids=[]) == 0
+
+
+def test_silent_pumps_are_purged(store, rows):
+    store.record_pumps_many(pumps=[health("old"), health("fresh")])
+    rows.silence_pump("old", seconds=7200)
+    assert store.purge_pumps(older_than=3600) == 1
+    assert list(rows.pumps()) == ["fresh"]
