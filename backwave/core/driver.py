@@ -127,7 +127,11 @@ class NodeDriver:
         self._buffer: deque[Outcome] = deque()
         self._writing: tuple[Outcome, ...] = ()
         self._abandoned: set[int] = set()
-        self._claim_limit = 0  # size of the claim in flight, 0 when none
+        # Claims in flight, in the order they were sent (their answers come back in that order).
+        self._claims: deque[tuple[tuple[str, ...], int]] = deque()
+        self._policy_state: dict[str, int] = {}  # the dispatch policy's round-robin memory
+        self._pass_skip: set[str] = set()  # queues whose claim came back short this pass
+        self._pass_full = False  # some claim of this pass came back full
         self._renew_sent_at: float | None = None
         self._lease_trusted_until = 0.0
         self._open_in_flight = False
@@ -161,6 +165,11 @@ class NodeDriver:
     def unreported(self) -> int:
         """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
         return len(self._executing) + len(self._buffer) + len(self._writing)
+
+    @property
+    def _claim_limit(self) -> int:
+        """Jobs asked for by the claims in flight (their slots are reserved until they return)."""
+        return sum(limit for _, limit in self._claims)
 
     @property
     def free_slots(self) -> int:
@@ -253,10 +262,11 @@ class NodeDriver:
             self._stale_claims -= 1
             return []
         self._require(event, State.RUNNING, State.DRAINING)
-        if not self._claim_limit:
+        if not self._claims:
             raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
-        if len(event.jobs) > self._claim_limit:
-            raise InvalidEvent(event, self.state, f"the claim asked for {self._claim_limit} jobs and got {len(event.jobs)}")
+        queues, asked = self._claims[0]
+        if len(event.jobs) > asked:
+            raise InvalidEvent(event, self.state, f"the claim asked for {asked} jobs and got {len(event.jobs)}")
         ids = [job.id for job in event.jobs]
         if len(set(ids)) != len(ids) or any(i in self._executing for i in ids):
             raise InvalidEvent(event, self.state, f"the claim returned a job this pump already holds: {ids}")
@@ -266,9 +276,12 @@ class NodeDriver:
                 self.state,
                 f"backpressure violated: {self.unreported} unreported + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
             )
-        asked = self._claim_limit
+        self._claims.popleft()
+        if len(event.jobs) < asked:
+            self._pass_skip.update(queues)
+        else:
+            self._pass_full = True
         self._last_claim_short = len(event.jobs) < asked
-        self._claim_limit = 0
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
         if self.state is State.DRAINING:
@@ -281,13 +294,21 @@ class NodeDriver:
             self._executing[job.id] = job
             commands.append(cmd.ExecuteJob(job=job))
         self._next_poll = event.now + self.options.poll_interval
-        if self._hint_during_claim or len(event.jobs) == asked:
+        if self._claims:
+            return commands  # the rest of this pass is still on its way
+        more_waiting, self._pass_full = self._pass_full, False
+        if self._hint_during_claim or more_waiting:
             # A full batch says more is waiting; a hint said the same while we were busy. With
-            # room left, claim again now; with none, the claim that rides the next outcome
-            # write picks the rest up (a tick now would only flush a half-full buffer).
+            # room left, claim again now, leaving out the queues this pass found empty (their
+            # share goes to the others); with none, the claim that rides the next outcome write
+            # picks the rest up (a tick now would only flush a half-full buffer).
+            skip = frozenset() if self._hint_during_claim else frozenset(self._pass_skip)
             self._hint_during_claim = False
+            self._pass_skip.clear()
             if self.free_slots:
-                commands += self._claim(event.now)
+                commands += self._claim(event.now, skip=skip)
+        else:
+            self._pass_skip.clear()
         return commands
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
@@ -438,7 +459,10 @@ class NodeDriver:
             if self.state is State.STOPPED:
                 return []
         elif isinstance(failed, cmd.ClaimJobs):
-            self._claim_limit = 0
+            self._claims.popleft()
+            if not self._claims:
+                self._pass_skip.clear()
+                self._pass_full = False
             self._hint_during_claim = False
             self._next_poll = max(self._next_poll, retry_at)
         elif isinstance(failed, cmd.WriteOutcomes):
@@ -532,13 +556,19 @@ class NodeDriver:
         """Whether the lease may still be written under (see the self-fencing note above)."""
         return now < self._lease_trusted_until
 
-    def _claim(self, now: float) -> list[cmd.Command]:
+    def _claim(self, now: float, *, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
         limit = min(self.free_slots, self.options.max_claim_batch)
-        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._trusted(now):
+        if limit <= 0 or self._claims or self.state is not State.RUNNING or not self._trusted(now):
             return []
-        self._claim_limit = limit
-        self._next_poll = now + self.options.poll_interval
-        return [cmd.ClaimJobs(lease_id=self.lease_id, queues=self.queues, limit=limit)]
+        return self._plan(now, limit, skip)
+
+    def _plan(self, now: float, limit: int, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
+        """One pass of the dispatch policy: the claims for ``limit`` slots, remembered in flight."""
+        claims = self.options.policy.plan(limit, self._policy_state, skip)
+        self._claims.extend(claims)
+        if claims:
+            self._next_poll = now + self.options.poll_interval
+        return [cmd.ClaimJobs(lease_id=self.lease_id, queues=queues, limit=n) for queues, n in claims]
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         if self._writing or not self._buffer:
@@ -558,9 +588,7 @@ class NodeDriver:
                 self.options.max_claim_batch,
             )
             if limit > 0:
-                self._claim_limit = limit
-                self._next_poll = now + self.options.poll_interval
-                commands.append(cmd.ClaimJobs(lease_id=self.lease_id, queues=self.queues, limit=limit))
+                commands += self._plan(now, limit)
         return commands
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
@@ -625,9 +653,11 @@ class NodeDriver:
 
     def _forget_in_flight(self) -> None:
         """The lease is gone: whatever is in flight under it will come back as a stale result."""
-        if self._claim_limit:
-            self._stale_claims += 1
-            self._claim_limit = 0
+        if self._claims:
+            self._stale_claims += len(self._claims)
+            self._claims.clear()
+            self._pass_skip.clear()
+            self._pass_full = False
             self._hint_during_claim = False
         if self._writing:
             self._stale_writes += 1

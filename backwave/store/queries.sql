@@ -113,7 +113,8 @@ ORDER BY c.priority DESC, c.run_at, c.id
 
 
 -- name: claim_jobs_many_queues
--- Several queues. "queue = ANY(...)" cannot use the index for ordering: the index is sorted by
+-- Several queues, in the order given (a Strict policy's): queue order first, then priority,
+-- run_at and id, so a later queue gets only what the earlier ones leave of the limit. "queue = ANY(...)" cannot use the index for ordering: the index is sorted by
 -- queue first, so the planner would fetch every due ready row of those queues and sort them all
 -- (a Sort under the LockRows), paying for the whole backlog on every claim. Instead each queue
 -- gets its own ordered index scan through LATERAL (the single-queue plan, limited to `limit`),
@@ -133,7 +134,7 @@ WITH lease AS MATERIALIZED (
     FOR KEY SHARE
 ), picked AS MATERIALIZED (
     SELECT c.id
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM backwave_job AS j
@@ -143,7 +144,7 @@ WITH lease AS MATERIALIZED (
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
     WHERE EXISTS (SELECT FROM lease)
-    ORDER BY c.priority DESC, c.run_at, c.id
+    ORDER BY q.position, c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE backwave_job AS j
