@@ -499,9 +499,12 @@ class InMemoryStore:
         lease_id = params["lease_id"]
         if not _live(db, lease_id, now):  # the lease CTE: no claim under a lapsed or missing lease
             return []
-        queues = {params["queue"]} if "queue" in params else set(params["queues"])
-        due = (job for job in db.jobs.values() if job.state == "ready" and job.queue in queues and job.run_at <= now)
-        picked = heapq.nsmallest(params["limit"], due, key=lambda job: (-job.priority, job.run_at, job.id))
+        order = [params["queue"]] if "queue" in params else list(params["queues"])
+        position = {queue: index for index, queue in enumerate(order)}
+        due = (job for job in db.jobs.values() if job.state == "ready" and job.queue in position and job.run_at <= now)
+        # Queue order first (a Strict policy's), then priority, run_at, id; handed back best first.
+        picked = heapq.nsmallest(params["limit"], due, key=lambda job: (position[job.queue], -job.priority, job.run_at, job.id))
+        picked.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         claimed = []
         for job in picked:
             job.state = "running"
