@@ -23,6 +23,7 @@ def test_schedules_list_their_expression_next_run_and_last_slot(admin_client):
     content = admin_client.get(SCHEDULES).content.decode()
     for text in ("nightly", "0 3 * * *", "project.demo.tasks.fast_job", "Jan. 2, 2030, 3 a.m.", "Jan. 1, 2030, 3 a.m."):
         assert text in content
+    assert "lasts until a worker next starts" in content  # the sync at worker start rewrites enabled
 
 
 def test_disable_then_enable(operator_client):
