@@ -8,6 +8,7 @@ from inspect import iscoroutinefunction
 import logging
 import time
 import traceback as traceback_module
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,39 +109,57 @@ def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
     return task is not None and iscoroutinefunction(task.func)
 
 
-def run_attempt(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, backend_class: type | None = None) -> AttemptReport:
+def run_attempt(
+    job: ClaimedJob,
+    *,
+    registry: TaskRegistry,
+    worker_id: str,
+    max_traceback_chars: int,
+    backend_class: type | None = None,
+    enter: Callable[[], None] = enter_attempt,
+    leave: Callable[[], None] = leave_attempt,
+) -> AttemptReport:
     """Run ``job`` once and describe the outcome. Never raises: a handler's exception (SystemExit
-    included) is the attempt's outcome, not the pump's problem."""
+    included) is the attempt's outcome, not the pump's problem. ``enter`` and ``leave`` wrap the
+    handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection."""
     attempt = _begin(job, registry, worker_id, max_traceback_chars, backend_class)
     if isinstance(attempt, AttemptReport):
         return attempt
     try:
-        enter_attempt()
+        enter()
         try:
             attempt.announce()
             args, kwargs = attempt.arguments()
             encoded = _json_value(attempt.task.call(*args, **kwargs))
         finally:
-            leave_attempt()
+            leave()
     except BaseException as error:
         return attempt.failed(error)
     return attempt.succeeded(encoded)
 
 
-async def run_attempt_async(job: ClaimedJob, *, registry: TaskRegistry, worker_id: str, max_traceback_chars: int) -> AttemptReport:
+async def run_attempt_async(
+    job: ClaimedJob,
+    *,
+    registry: TaskRegistry,
+    worker_id: str,
+    max_traceback_chars: int,
+    enter: Callable[[], None] = enter_attempt,
+    leave: Callable[[], None] = leave_attempt,
+) -> AttemptReport:
     """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
     runs through sync_to_async, as Django's ASGI handler does around a request."""
     attempt = _begin(job, registry, worker_id, max_traceback_chars, None)
     if isinstance(attempt, AttemptReport):
         return attempt
     try:
-        await sync_to_async(enter_attempt)()
+        await sync_to_async(enter)()
         try:
             attempt.announce()
             args, kwargs = attempt.arguments()
             encoded = _json_value(await attempt.task.acall(*args, **kwargs))
         finally:
-            await sync_to_async(leave_attempt)()
+            await sync_to_async(leave)()
     except BaseException as error:
         return attempt.failed(error)
     return attempt.succeeded(encoded)

@@ -1,0 +1,379 @@
+"""The deterministic test pump: the real Node Driver, handlers run inline, a virtual clock.
+
+Theory of operation
+-------------------
+Like the production pump (``backwave/shell/pump.py``), it feeds events to a ``NodeDriver`` and runs
+the commands that come back in order, each result becoming the next event; a ``WriteOutcomes``
+followed by a ``ClaimJobs`` goes to the store as one ``write_outcomes_then_claim``. So with the
+same options it makes the same scheduling decisions. What differs is the shell around it:
+
+* One thread, the test's. An ``ExecuteJob`` runs the handler at once, inline, through the same
+  ``run_attempt`` as a worker; its ``JobFinished`` joins the event queue behind the commands still
+  pending, where a worker thread's would arrive.
+* The store is a ``DjangoConnectionStore`` on the test's own connection, so the pump sees the
+  rows the test wrote inside its transaction. Each attempt runs in a savepoint when the test runs
+  inside a transaction: a handler that breaks the transaction (an IntegrityError it caught) is
+  rolled back alone, and the test's transaction stays usable.
+* Time is a ``VirtualClock``. Nothing happens between calls: ``drain()`` delivers what is due
+  now (and wakes the driver with a Wake-Up Hint, as an enqueue's NOTIFY would); ``advance()``
+  only moves the clock. After a long advance the driver may find its lease presumed lapsed and
+  open a new one, exactly as a pump that slept that long would; nothing is held between calls,
+  so nothing is lost by it.
+* Store errors are raised in the test (a worker would retry a transient one on a later tick).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from types import ModuleType
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.tasks import Task
+
+from backwave import conf
+from backwave.core import commands as cmd
+from backwave.core import events as ev
+from backwave.core.driver import NodeDriver, State
+from backwave.core.jobs import OutcomeKind
+from backwave.core.options import WorkerGroupOptions
+from backwave.core.policy import Strict
+from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async
+from backwave.shell.registry import TaskRegistry
+from backwave.store.contract import OutcomeRecord
+
+from .clock import VirtualClock
+from .store import DjangoConnectionStore
+
+# A test's pump keeps its lease for an hour of virtual time: real time also moves the database
+# clock a little while a test runs (or sits in a debugger), and should never make it lapse.
+TEST_LEASE_DURATION = 3600.0
+DEFAULT_LIMIT = 10_000
+
+
+class PumpStuck(RuntimeError):
+    """drain() could not finish: the driver cannot make progress without time passing, or the
+    attempts run past ``limit`` (a task that enqueues itself for ever?)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainResult:
+    """What one ``drain()`` ran: outcome counts (as applied by the store) and every attempt."""
+
+    succeeded: int = 0
+    retried: int = 0  # failed attempts whose job will run again after its backoff
+    failed: int = 0  # failed attempts with no attempts left: the job is dead
+    quarantined: int = 0  # unroutable: unknown task or a payload that does not decode
+    attempts: tuple[AttemptReport, ...] = ()
+
+    @property
+    def errors(self) -> list[tuple[int, str, str]]:
+        """(job id, exception class, traceback) of every attempt that did not succeed."""
+        return [(a.job_id, a.error_class, a.traceback) for a in self.attempts if a.result != "succeeded"]
+
+
+_KIND_FIELD = {
+    OutcomeKind.SUCCEEDED: "succeeded",
+    OutcomeKind.RETRY: "retried",
+    OutcomeKind.FAILED: "failed",
+    OutcomeKind.QUARANTINED: "quarantined",
+}
+
+
+class DeterministicPump:
+    """Runs your tasks in the test's thread, on the test's database connection, on virtual time.
+
+    ``tasks``: the tasks it may run, as Task objects, modules or module paths; by default every
+    task the worker would find (each app's ``tasks`` module and ``BACKWAVE["TASK_MODULES"]``).
+    ``queues``: by default every queue of the BackWave backends (in the order of their QUEUES)
+    and of those tasks, claimed as Strict claims them: queue order first, then priority. ``group``:
+    take the options of that ``BACKWAVE["WORKER_GROUPS"]`` entry; ``options``: a whole
+    WorkerGroupOptions; other keywords override single options (``pool_size=4``).
+    """
+
+    def __init__(
+        self,
+        *,
+        tasks: Iterable[Task | ModuleType | str] | None = None,
+        queues: Iterable[str] | None = None,
+        group: str | None = None,
+        options: WorkerGroupOptions | None = None,
+        database: str = "default",
+        worker_id: str = "backwave-test:0",
+        seed: int = 0,
+        **overrides,
+    ):
+        self.registry = _registry(tasks)
+        self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides)
+        self.clock = VirtualClock()
+        self.store = DjangoConnectionStore(database, clock=self.clock)
+        self.driver = NodeDriver(self.options)
+        self.worker_id = worker_id
+        self.attempts: list[AttemptReport] = []  # every attempt this pump ran, in order
+        self._database = database
+        self._random = random.Random(seed)  # backoff jitter and lease ids: the same run every time
+        self._channel: deque[ev.Event] = deque()
+        self._reports: dict[tuple[int, int], AttemptReport] = {}
+        self._scope = _InlineScope(database)
+        self._counts: dict[str, int] = {}
+        self._busy = False
+        self._first = self._stop_after = 0
+
+    # ---- the public API ---------------------------------------------------------------------
+
+    def drain(self, *, limit: int = DEFAULT_LIMIT) -> DrainResult:
+        """Run every job that is due now, and the jobs those enqueue, until none is left."""
+        with self._turn():
+            first, self._counts = len(self.attempts), dict.fromkeys(_KIND_FIELD.values(), 0)
+            self._first, self._stop_after = first, first + limit
+            if self.driver.state is State.NEW:
+                self._process(ev.Started(now=self.clock.monotonic()))
+            quiet_hints = 0
+            while True:
+                self._run_channel()
+                now = self.clock.monotonic()
+                wake = self.driver.next_wakeup()
+                if wake is not None and wake <= now:
+                    self._process(ev.Tick(now=now))
+                    continue
+                if self.driver.state is State.STOPPED:
+                    raise PumpStuck("the pump was closed; make a new one")
+                if self.driver.state is not State.RUNNING:
+                    raise PumpStuck(f"the pump is {self.driver.state.value} and cannot run jobs until time passes; call advance()")
+                if self.driver.idle and (quiet_hints >= 2 or not self.store.has_due_jobs(self.options.policy.queues)):
+                    break
+                ran = len(self.attempts)
+                self._process(ev.HintReceived(now=now))
+                quiet_hints = quiet_hints + 1 if len(self.attempts) == ran and not self._channel else 0
+            return DrainResult(**self._counts, attempts=tuple(self.attempts[first:]))
+
+    def advance(self, seconds: float) -> None:
+        """Move the virtual clock forward; ``drain()`` then runs what came due."""
+        self.clock.advance(seconds)
+
+    def close(self) -> None:
+        """Give the lease back (a clean drain of the driver). Safe to call twice."""
+        with self._turn():
+            if self.driver.state not in (State.NEW, State.STOPPED):
+                self._stop_after = len(self.attempts)  # closing runs nothing more
+                self._process(ev.DrainRequested(now=self.clock.monotonic(), timeout=0.0))
+                self._run_channel()
+
+    def __enter__(self) -> DeterministicPump:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def _run_channel(self) -> None:
+        while self._channel:
+            self._process(self._channel.popleft())
+            if len(self.attempts) > self._stop_after:
+                raise PumpStuck(
+                    f"drain() ran more than {self._stop_after - self._first} attempts; does a task enqueue itself for ever? "
+                    "Pass limit= to allow more."
+                )
+
+    def _process(self, event: ev.Event) -> None:
+        pending = deque(self.driver.handle(event))
+        while pending:
+            command = pending.popleft()
+            if isinstance(command, cmd.WriteOutcomes) and pending and isinstance(pending[0], cmd.ClaimJobs):
+                results = self._write_then_claim(command, pending.popleft())
+            elif isinstance(command, cmd.ExecuteJob):
+                self._run_job(command.job)
+                results = []
+            else:
+                results = [self._call_store(command)]
+            for result in results:
+                pending.extend(self.driver.handle(result))
+
+    def _write_then_claim(self, write: cmd.WriteOutcomes, claim: cmd.ClaimJobs) -> list[ev.Event]:
+        applied, jobs = self.store.write_outcomes_then_claim(
+            lease_id=write.lease_id, worker_id=self.worker_id, outcomes=self._records(write.outcomes), queues=claim.queues, limit=claim.limit
+        )
+        self._count(write.outcomes, applied)
+        now = self.clock.monotonic()
+        return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
+
+    def _call_store(self, command: cmd.Command) -> ev.Event:
+        store, now = self.store, self.clock.monotonic()
+        match command:
+            case cmd.ClaimJobs():
+                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=self.worker_id, queues=command.queues, limit=command.limit)
+                return ev.ClaimReturned(now=now, jobs=tuple(jobs))
+            case cmd.WriteOutcomes():
+                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
+                self._count(command.outcomes, applied)
+                return ev.OutcomesWritten(now=now, applied=frozenset(applied))
+            case cmd.OpenLease():
+                lease_id = uuid.UUID(int=self._random.getrandbits(128), version=4)
+                store.open_lease(lease_id=lease_id, worker_id=self.worker_id, group=self.options.name, hostname="test", pid=0, duration=self.options.lease_duration)
+                return ev.LeaseOpened(now=now, lease_id=lease_id)
+            case cmd.RenewLease():
+                return ev.LeaseRenewed(now=now, held=store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration))
+            case cmd.ExpireLeases():
+                return ev.LeasesExpired(now=now, released=store.expire_leases(limit=1000))
+            case cmd.ReleaseJobs():
+                return ev.JobsReleased(now=now, released=frozenset(store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)))
+            case cmd.ReleaseLease():
+                store.release_lease(lease_id=command.lease_id)
+                return ev.LeaseReleased(now=now)
+        # Maintenance beyond lease expiry (schedules, retention) runs as the worker runs it.
+        from backwave.shell.maintenance import run_maintenance
+
+        return run_maintenance(store, command, clock=self.clock.monotonic)
+
+    def _run_job(self, job) -> None:
+        arguments = dict(registry=self.registry, worker_id=self.worker_id, max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"))
+        if is_async(job, self.registry):
+            from asgiref.sync import async_to_sync
+
+            report = async_to_sync(run_attempt_async)(job, **arguments, enter=self._scope.enter, leave=self._scope.leave)
+        else:
+            report = run_attempt(job, **arguments, enter=self._scope.enter, leave=self._scope.leave)
+        self.attempts.append(report)
+        self._reports[(job.id, job.attempt)] = report
+        self._channel.append(
+            ev.JobFinished(now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random())
+        )
+
+    def _records(self, outcomes) -> list[OutcomeRecord]:
+        records = []
+        for outcome in outcomes:
+            report = self._reports.pop((outcome.job_id, outcome.attempt), None)
+            records.append(OutcomeRecord(
+                job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
+                return_value=report.return_value if report else None, error_class=report.error_class if report else "",
+                traceback=report.traceback if report else "", duration=report.duration if report else 0.0,
+            ))
+        return records
+
+    def _count(self, outcomes, applied) -> None:
+        for outcome in outcomes:
+            if outcome.job_id in applied:
+                field = _KIND_FIELD[outcome.kind]
+                self._counts[field] = self._counts.get(field, 0) + 1
+
+    def _turn(self):
+        if self._busy:
+            raise RuntimeError("the test pump was called from inside a task it is running; call it from the test instead")
+        return _Turn(self)
+
+
+class _Turn:
+    """Marks the pump busy for one call, so a task that calls back into it fails clearly."""
+
+    __slots__ = ("_pump",)
+
+    def __init__(self, pump: DeterministicPump):
+        self._pump = pump
+
+    def __enter__(self) -> None:
+        self._pump._busy = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pump._busy = False
+
+
+class _HandlerLeftTransactionOpen(Exception):
+    """Raised into an atomic block a handler entered and never left, to roll it back."""
+
+
+class _InlineScope:
+    """The attempt scope of the test pump: a savepoint instead of the worker's connection care.
+
+    The worker's scope may close the connection after a handler; in a test that would end the
+    test's transaction. Here the handler runs in a savepoint (when the test runs inside a
+    transaction): kept when the handler leaves the transaction healthy, rolled back when it
+    leaves it aborted. An atomic block the handler entered and never left is rolled back, as the
+    worker's scope rolls it back by dropping the connection.
+    """
+
+    def __init__(self, alias: str):
+        self._alias = alias
+        self._stack: list[tuple[str | None, int]] = []
+
+    def enter(self) -> None:
+        connection = connections[self._alias]
+        savepoint = transaction.savepoint_create(using=self._alias) if connection.in_atomic_block else None
+        self._stack.append((savepoint, len(connection.atomic_blocks)))
+
+    def leave(self) -> None:
+        savepoint, depth = self._stack.pop()
+        connection = connections[self._alias]
+        while len(connection.atomic_blocks) > depth:
+            error = _HandlerLeftTransactionOpen("a task entered transaction.atomic() and never left it; its work is rolled back")
+            connection.atomic_blocks[-1].__exit__(type(error), error, None)
+        if savepoint is None:
+            return
+        if _aborted(connection):
+            connection.needs_rollback = False  # Django refuses any statement, the rollback too, until this is cleared
+            transaction.savepoint_rollback(savepoint, using=self._alias)
+        else:
+            transaction.savepoint_commit(savepoint, using=self._alias)
+
+
+def _aborted(connection) -> bool:
+    from psycopg.pq import TransactionStatus
+
+    raw = connection.connection
+    return connection.needs_rollback or (raw is not None and raw.info.transaction_status == TransactionStatus.INERROR)
+
+
+def _registry(tasks) -> TaskRegistry:
+    if tasks is None:
+        return TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
+    found: list[Task] = []
+    for item in tasks:
+        if isinstance(item, Task):
+            found.append(item)
+            continue
+        module = importlib.import_module(item) if isinstance(item, str) else item
+        if not isinstance(module, ModuleType):
+            raise TypeError(f"tasks= takes Task objects, modules or module paths, got {item!r}")
+        found.extend(value for value in vars(module).values() if isinstance(value, Task))
+    return TaskRegistry(found)
+
+
+def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> WorkerGroupOptions:
+    if options is not None and group is not None:
+        raise ValueError("pass options= or group=, not both")
+    if group is not None:
+        from backwave.shell.worker import group_from_mapping
+
+        configured = {raw.get("name"): raw for raw in conf.get_setting("WORKER_GROUPS")}
+        if group not in configured:
+            raise ValueError(f"no worker group {group!r} in BACKWAVE['WORKER_GROUPS'] (configured: {sorted(map(str, configured))})")
+        options = group_from_mapping(configured[group])
+    if options is None:
+        names = queues if queues is not None else _known_queues(registry)
+        options = WorkerGroupOptions(
+            name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, lease_duration=TEST_LEASE_DURATION
+        )
+    elif queues is not None:
+        options = replace(options, policy=Strict(*dict.fromkeys(queues)))
+    return replace(options, **overrides) if overrides else options
+
+
+def _known_queues(registry: TaskRegistry) -> list[str]:
+    """Every queue of the BackWave backends in TASKS (in the order of their QUEUES), then those of
+    the registered tasks: the order a Strict policy claims them in."""
+    from django.tasks import task_backends
+
+    from backwave.backend import BackWaveBackend
+
+    names: dict[str, None] = {}
+    for alias in settings.TASKS:
+        backend = task_backends[alias]
+        if isinstance(backend, BackWaveBackend):
+            names.update(dict.fromkeys(map(str, settings.TASKS[alias].get("QUEUES", ()))))
+    names.update(dict.fromkeys(sorted(task.queue_name for task in registry.values())))
+    return list(names) or ["default"]

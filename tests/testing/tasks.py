@@ -1,0 +1,79 @@
+"""Tasks the deterministic pump tests run (handed to the pump with tasks=[this module])."""
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.tasks import task
+
+from backwave.tasks_api import enqueue_many
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="emails")
+def send_email(to, subject=""):
+    return f"sent to {to}"
+
+
+@task(takes_context=True, max_attempts=3, backoff_base=2.0, backoff_max=2.0)
+def flaky(context, succeed_on):
+    """Fails until the given attempt, then returns the attempt and who ran the earlier ones."""
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails on purpose")
+    return {"attempt": context.attempt, "worker_ids": context.task_result.worker_ids}
+
+
+@task(max_attempts=2, backoff_base=1.0, backoff_max=1.0)
+def always_fails():
+    raise ValueError("this task always fails")
+
+
+@task
+def fan_out(n):
+    """Enqueues n add jobs: run in the same drain, as a worker would pick them up."""
+    enqueue_many([(add, (i, i), {}) for i in range(n)])
+    return n
+
+
+@task
+def make_user(username):
+    User.objects.create(username=username)
+    return username
+
+
+@task
+def make_user_twice(username):
+    """Creates a user, then breaks the transaction with a duplicate it catches (no atomic)."""
+    User.objects.create(username=username)
+    try:
+        User.objects.create(username=username)
+    except IntegrityError:
+        return "caught"
+    return "no error?"
+
+
+@task
+def leaves_atomic_open(username):
+    transaction.atomic().__enter__()
+    User.objects.create(username=username)
+    return "left open"
+
+
+@task
+def enqueues_itself():
+    enqueues_itself.enqueue()
+
+
+CALLBACK = None  # set by a test
+
+
+@task
+def calls_back():
+    CALLBACK()
+
+
+@task
+async def async_add(a, b):
+    return a + b
