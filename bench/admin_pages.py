@@ -6,7 +6,7 @@
 
 Works in its own database (``<name>_admin_bench`` on the project's server, kept between runs:
 ``--drop`` removes it), fills ``backwave_job`` with ONE ``INSERT ... SELECT generate_series``
-(regenerated only when the row count differs), runs ``VACUUM ANALYZE`` as autovacuum would, then
+(regenerated when the row count differs, or with ``--fresh``), runs ``VACUUM ANALYZE`` as autovacuum would, then
 fetches each admin page with Django's test client as a superuser and prints the median time and
 the number of queries. A measurement for people, not a test: run it on an idle machine.
 
@@ -68,10 +68,10 @@ CROSS JOIN LATERAL (SELECT now() - (g.i %% 86400) * interval '1 second' AS at) A
 """
 
 
-def prepare(rows: int) -> None:
+def prepare(rows: int, fresh: bool) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM backwave_job")
-        if cursor.fetchone()[0] == rows:
+        if cursor.fetchone()[0] == rows and not fresh:
             print(f"reusing the {rows:,} job rows already there")
         else:
             cursor.execute("TRUNCATE backwave_job, backwave_attempt, backwave_pump RESTART IDENTITY CASCADE")
@@ -127,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5, help="timed fetches per page (after one warm-up)")
+    parser.add_argument("--fresh", action="store_true", help="regenerate the rows even when the count matches (finish times are relative to now)")
     parser.add_argument("--drop", action="store_true", help="drop the bench database afterwards")
     args = parser.parse_args()
 
@@ -139,7 +140,7 @@ def main() -> None:
     old_name = settings.DATABASES["default"]["NAME"]
     connection.creation.create_test_db(verbosity=0, keepdb=True)
     try:
-        failed_id = prepare(args.rows)
+        failed_id = prepare(args.rows, args.fresh)
         user, _ = User.objects.get_or_create(username="bench", defaults={"is_staff": True, "is_superuser": True})
         client = Client()
         client.force_login(user)
