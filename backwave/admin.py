@@ -87,10 +87,15 @@ def seconds_shown(seconds):
 
 
 class RefuseUnpermittedActions:
-    """ModelAdmin mixin: a POST for an action the user may not run gets a 403."""
+    """ModelAdmin mixin: a POST for an action the user may not run gets a 403; the list page
+    is titled ``changelist_title`` instead of Django's "Select ... to view"."""
+
+    changelist_title = None
 
     def changelist_view(self, request, extra_context=None):
         refuse_unpermitted_action(self, request, admin.ActionLocation.CHANGE_LIST)
+        if self.changelist_title:
+            extra_context = {"title": self.changelist_title, **(extra_context or {})}
         return super().changelist_view(request, extra_context)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -175,6 +180,7 @@ class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
 
 @admin.register(Job)
 class JobAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
+    changelist_title = "Jobs"
     list_display = ("id", "task_name", "queue", "state_badge", "attempts_shown", "enqueued", "run_at_shown", "finished")
     list_display_links = ("id", "task_name")
     list_filter = (JobStateFilter, QueueFilter, TaskFilter)
@@ -423,8 +429,10 @@ _PUMP_STATUS_ORDER = Case(
 
 
 @admin.register(Pump)
-class PumpAdmin(admin.ModelAdmin):
+class PumpAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
     """Pumps as they last reported: halted first (with the reason), then degraded, then healthy."""
+
+    changelist_title = "Pumps: halted first, then degraded, then healthy"
 
     list_display = ("status_badge", "reason_shown", "group", "host_pid", "worker_id", "in_flight", "heartbeat_age")
     list_display_links = ("status_badge", "worker_id")
@@ -481,6 +489,7 @@ class PumpAdmin(admin.ModelAdmin):
 
 @admin.register(Schedule)
 class ScheduleAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
+    changelist_title = "Schedules"
     list_display = ("name", "task_path", "cron", "queue", "next_run", "last_slot", "enabled")
     list_filter = ("enabled", "queue")
     search_fields = ("name", "task_path")
