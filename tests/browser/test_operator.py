@@ -78,6 +78,18 @@ def test_enqueue_follow_fail_and_retry_as_an_operator(page, live_server, start_w
     expect()(line.locator("td.ready")).to_have_text("0")
     expect()(line.locator("td.throughput")).to_have_text("26")  # jobs finished in the last hour: 25 + 1
     expect()(line.locator("svg.bw-spark polyline")).to_have_count(1)
+    # Pause one queue and limit another from the page.
+    page.check("#queue-emails input[type=checkbox]")
+    page.select_option("#queue-action", "pause")
+    page.click("#queue-run")
+    expect()(page.locator("ul.messagelist")).to_contain_text("Paused 1 queue: emails.")
+    page.check("#queue-reports input[type=checkbox]")
+    page.select_option("#queue-action", "set_limit")
+    page.fill("#queue-limit", "4")
+    page.click("#queue-run")
+    expect()(page.locator("ul.messagelist")).to_contain_text("1 queue now at most 4 running at once: reports.")
+    expect()(page.locator("#queue-emails td.paused-flag")).to_have_text("Paused")
+    expect()(page.locator("#queue-reports td.limit")).to_have_text("4")
     screenshot(page, "queues")
 
     # Jobs list filtered by state.
