@@ -72,11 +72,11 @@ def refuse_unpermitted_action(model_admin, request, location) -> None:
 
 
 def timestamp(moment):
-    """A compact, second-precise time in the current time zone (full precision on hover)."""
+    """A compact, second-precise time in the current time zone (the full one on hover)."""
     if moment is None:
         return "-"
     local = timezone.localtime(moment)
-    return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(), local.isoformat(), local.strftime("%Y-%m-%d %H:%M:%S"))
+    return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(), local.isoformat(), local.strftime("%m-%d %H:%M:%S"))
 
 
 def seconds_shown(seconds):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -82,6 +83,9 @@ def test_the_count_is_bounded_and_then_estimated(admin_client, monkeypatch):
     assert paginator.estimated
     assert paginator.count >= 6  # at least cap + 1, else the planner's figure
     assert "about" in response.content.decode()
+    assert "results (" not in response.content.decode()  # no count beside the search box unfiltered
+    searched = admin_client.get(CHANGELIST, {"q": "noop"}).content.decode()
+    assert re.search(r"about [\d,]+ results", searched)
 
     small = admin_client.get(CHANGELIST, {"state": "failed"})
     assert not small.context["cl"].paginator.estimated
