@@ -164,6 +164,8 @@ class Job(models.Model):
             ),
             # Lease expiry and release find a lease's running jobs without touching the rest.
             models.Index(fields=["lease_id"], name="backwave_job_running_lease", condition=models.Q(state="running")),
+            # A limited queue's claim counts its running jobs (see lock_limited_queues).
+            models.Index(fields=["queue"], name="backwave_job_running_queue", condition=models.Q(state="running")),
             # Retention and the admin's finished-job views. Partial, so that it never holds a
             # ready or running row: the planner cannot mistake it for a way to the claim's rows.
             models.Index(

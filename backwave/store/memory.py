@@ -169,6 +169,17 @@ class PumpRow:
         return self.worker_id
 
 
+def _room(db, queue: str, limit: int) -> int:
+    """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it."""
+    concurrency_limit, paused = db.queues.get(queue, (None, False))
+    if paused:
+        return 0
+    if concurrency_limit is None:
+        return limit
+    running = sum(1 for job in db.jobs.values() if job.state == "running" and job.queue == queue)
+    return max(0, min(limit, concurrency_limit - running))
+
+
 @dataclass(slots=True)
 class MemoryDatabase:
     """The shared tables, their lock and their clock."""
@@ -179,6 +190,8 @@ class MemoryDatabase:
     attempts: dict[tuple[int, int], AttemptRow] = field(default_factory=dict)
     schedules: dict[int, ScheduleRow] = field(default_factory=dict)
     pumps: dict[str, PumpRow] = field(default_factory=dict)
+    # The Queue table: name -> (concurrency_limit or None, paused).
+    queues: dict[str, tuple[int | None, bool]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_id: int = 0
     last_schedule_id: int = 0
@@ -502,8 +515,17 @@ class InMemoryStore:
         order = [params["queue"]] if "queue" in params else list(params["queues"])
         position = {queue: index for index, queue in enumerate(order)}
         due = (job for job in db.jobs.values() if job.state == "ready" and job.queue in position and job.run_at <= now)
-        # Queue order first (a Strict policy's), then priority, run_at, id; handed back best first.
-        picked = heapq.nsmallest(params["limit"], due, key=lambda job: (position[job.queue], -job.priority, job.run_at, job.id))
+        # Queue order first (a Strict policy's), then priority, run_at, id; each queue up to its
+        # room (paused: none; limited: the limit less what runs); handed back best first.
+        room = {queue: _room(db, queue, params["limit"]) for queue in order}
+        candidates = sorted(due, key=lambda job: (position[job.queue], -job.priority, job.run_at, job.id))
+        picked = []
+        for job in candidates:
+            if len(picked) == params["limit"]:
+                break
+            if room[job.queue] > 0:
+                room[job.queue] -= 1
+                picked.append(job)
         picked.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         claimed = []
         for job in picked:

@@ -148,11 +148,16 @@ class PostgresStore:
     # -- jobs ----------------------------------------------------------------------------------
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
-        """Lock up to ``limit`` due ready jobs of ``queues`` under a live lease, in claim order."""
+        """Lock up to ``limit`` due ready jobs of ``queues`` under a live lease, in claim order.
+
+        One round-trip: the claim goes down one pipeline behind lock_limited_queues, in one
+        transaction, so a queue's concurrency limit holds however many pumps claim at once.
+        """
         claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return []
-        return [_claimed_job(row) for row in self._execute(*claim)]
+        _, claimed = self._pipeline("claim_jobs", [_lock_statement(claim), claim])
+        return [_claimed_job(row) for row in claimed]
 
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> set[int]:
         """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids."""
@@ -163,26 +168,31 @@ class PostgresStore:
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
     ) -> tuple[set[int], list[ClaimedJob]]:
-        """Write outcomes, then claim, in one round-trip; the claim sees the write's effects.
-
-        Both statements go down one pipeline and share one implicit transaction, closed by the
-        single Sync psycopg sends when the pipeline block exits. If the write fails, the server
-        skips every later message up to that Sync, so the claim never runs; if the claim fails,
-        the write is rolled back with it. Either way the first error is raised here and nothing
-        is half-done.
-        """
+        """Write outcomes, then claim, in one round-trip; the claim sees the write's effects."""
         claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if not outcomes:
             return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        write_params = _outcome_params(lease_id, outcomes)
-        with self._guard("write_outcomes_then_claim") as conn:
+        written, _, claimed = self._pipeline(
+            "write_outcomes_then_claim",
+            [("write_outcomes_many", _outcome_params(lease_id, outcomes)), _lock_statement(claim), claim],
+        )
+        return {row[0] for row in written}, [_claimed_job(row) for row in claimed]
+
+    def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
+        """Run the named statements in order in one round-trip and one transaction.
+
+        They go down one pipeline and share one implicit transaction, closed by the single Sync
+        psycopg sends when the pipeline block exits. If one fails, the server skips every later
+        message up to that Sync and the earlier ones roll back with it: the first error is raised
+        here and nothing is half-done.
+        """
+        with self._guard(operation) as conn:
             self.round_trips += 1
             try:
                 with conn.pipeline():
-                    written = conn.execute(QUERIES["write_outcomes_many"], write_params)
-                    claimed = conn.execute(QUERIES[claim[0]], claim[1])
+                    cursors = [conn.execute(QUERIES[name], params) for name, params in statements]
             except psycopg.Error:
                 # psycopg records a statement as prepared when it queues its Parse; in an aborted
                 # pipeline the server skips that Parse, and the cache would name a statement that
@@ -190,7 +200,7 @@ class PostgresStore:
                 # Only a fresh connection is certain to be clean; this is the error path only.
                 self._drop_connection()
                 raise
-            return {row[0] for row in written.fetchall()}, [_claimed_job(row) for row in claimed.fetchall()]
+            return [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
@@ -343,6 +353,12 @@ def _claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[st
     if len(unique) == 1:
         return "claim_jobs_one_queue", {**params, "queue": unique[0]}
     return "claim_jobs_many_queues", {**params, "queues": unique}
+
+
+def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """lock_limited_queues for the queues of a claim statement."""
+    params = claim[1]
+    return "lock_limited_queues", {"queues": [params["queue"]] if "queue" in params else params["queues"]}
 
 
 def _claimed_job(row: tuple) -> ClaimedJob:

@@ -81,13 +81,27 @@ WITH lease AS MATERIALIZED (
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
 ), picked AS MATERIALIZED (
-    SELECT j.id
-    FROM backwave_job AS j
-    WHERE j.state = 'ready' AND j.queue = %(queue)s AND j.run_at <= now()
-      AND EXISTS (SELECT FROM lease)
-    ORDER BY j.priority DESC, j.run_at, j.id
+    SELECT s.id FROM (
+        SELECT j.id
+        FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = %(queue)s AND j.run_at <= now()
+          AND EXISTS (SELECT FROM lease)
+        ORDER BY j.priority DESC, j.run_at, j.id
+        -- The queue's room: nothing when paused, and under a concurrency limit no more than the
+        -- limit less what runs now (lock_limited_queues, sent first in the same transaction, has
+        -- serialized claimers on the queue row, so this count sees every earlier claim).
+        LIMIT coalesce((SELECT CASE WHEN q.paused THEN 0
+                                    WHEN q.concurrency_limit IS NULL THEN %(limit)s
+                                    ELSE greatest(0, least(%(limit)s, q.concurrency_limit - (
+                                        SELECT count(*) FROM backwave_job AS r
+                                        WHERE r.state = 'running' AND r.queue = q.name)))
+                               END
+                        FROM backwave_queue AS q WHERE q.name = %(queue)s), %(limit)s)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS s
+    -- A constant LIMIT on top: the planner cannot read the room's value and would otherwise
+    -- expect a large pick and look the ids up with a scan of the table instead of the primary key.
     LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE backwave_job AS j
     SET state = 'running',
@@ -140,7 +154,14 @@ WITH lease AS MATERIALIZED (
         FROM backwave_job AS j
         WHERE j.state = 'ready' AND j.queue = q.name AND j.run_at <= now()
         ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT %(limit)s
+        -- Each queue's room, as in claim_jobs_one_queue (paused: none; limited: what is left).
+        LIMIT coalesce((SELECT CASE WHEN qs.paused THEN 0
+                                    WHEN qs.concurrency_limit IS NULL THEN %(limit)s
+                                    ELSE greatest(0, least(%(limit)s, qs.concurrency_limit - (
+                                        SELECT count(*) FROM backwave_job AS r
+                                        WHERE r.state = 'running' AND r.queue = qs.name)))
+                               END
+                        FROM backwave_queue AS qs WHERE qs.name = q.name), %(limit)s)
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
     WHERE EXISTS (SELECT FROM lease)
@@ -488,3 +509,16 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone
+
+
+-- name: lock_limited_queues
+-- Sent just before a claim, in the same transaction (one pipelined round-trip). It locks the
+-- rows of the claim's queues that carry a concurrency limit, so claimers of a limited queue take
+-- turns: READ COMMITTED gives the claim that follows a fresh snapshot, taken after this lock was
+-- granted, and its count of the queue's running jobs includes every claim committed before it.
+-- A queue without a limit has nothing to lock and costs one index probe. The ORDER BY makes
+-- every claimer lock in the same order (no deadlock between pumps serving several queues).
+SELECT name FROM backwave_queue
+WHERE name = ANY(%(queues)s) AND concurrency_limit IS NOT NULL AND NOT paused
+ORDER BY name
+FOR NO KEY UPDATE

@@ -81,24 +81,6 @@ class DjangoConnectionStore(PostgresStore):
         connection.ensure_connection()
         return connection.connection.info.backend_pid
 
-    def write_outcomes_then_claim(
-        self, *, lease_id, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
-    ) -> tuple[set[int], list[ClaimedJob]]:
-        """Write outcomes, then claim, in one transaction; the claim sees the write's effects."""
-        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if not outcomes:
-            return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if claim is None:
-            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        write_params = _outcome_params(lease_id, outcomes)
-        with self._cursor("write_outcomes_then_claim") as cursor:
-            cursor.execute(f"SELECT statement_timestamp() + %({_OFFSET})s::interval", self._with_clock({}))
-            now = {_FIXED_NOW: cursor.fetchone()[0]}
-            cursor.execute(_statement("write_outcomes_many", fixed=True), {**write_params, **now})
-            applied = {row[0] for row in cursor.fetchall()}
-            cursor.execute(_statement(claim[0], fixed=True), {**claim[1], **now})
-            return applied, [_claimed_job(row) for row in cursor.fetchall()]
-
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement (no Wake-Up Hint); returns their ids in input order."""
         if not jobs:
@@ -125,6 +107,18 @@ class DjangoConnectionStore(PostgresStore):
         with self._cursor(name) as cursor:
             cursor.execute(_statement(name), self._with_clock(params))
             return cursor.fetchall() if cursor.description is not None else []
+
+    def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
+        """PostgresStore sends these down one pipeline; Django cannot pipeline, so they run one
+        after another in one transaction, all at one now() (counted as one operation)."""
+        with self._cursor(operation) as cursor:
+            cursor.execute(f"SELECT statement_timestamp() + %({_OFFSET})s::interval", self._with_clock({}))
+            now = {_FIXED_NOW: cursor.fetchone()[0]}
+            results = []
+            for name, params in statements:
+                cursor.execute(_statement(name, fixed=True), {**params, **now})
+                results.append(cursor.fetchall() if cursor.description is not None else [])
+            return results
 
     def _with_clock(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return {**params, _OFFSET: self.clock.offset if self.clock is not None else timedelta(0)}

@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from backwave.models import Attempt, Job, Lease, Pump, Schedule
+from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule
 from backwave.store.memory import AttemptRow, MemoryDatabase
 from tests.factories import JobFactory
 
@@ -41,6 +41,9 @@ class PostgresRows:
         with connection.cursor() as cursor:
             cursor.execute("SELECT statement_timestamp()")
             return cursor.fetchone()[0]
+
+    def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
+        Queue.objects.update_or_create(name=name, defaults={"concurrency_limit": concurrency_limit, "paused": paused})
 
     def make_jobs(self, count: int, **fields) -> list[Job]:
         """Insert ``count`` ready jobs with one statement; returns them in id order."""
@@ -158,6 +161,10 @@ class MemoryRows:
 
     def now(self) -> datetime:
         return self.database.now()
+
+    def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
+        with self.database.lock:
+            self.database.queues[name] = (concurrency_limit, paused)
 
     def make_jobs(self, count: int, **fields):
         built = JobFactory.build_batch(count, **fields)

@@ -54,10 +54,13 @@ def explain(name: str, params: dict) -> list[dict]:
 def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params):
     nodes = explain(name, {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, **queue_params})
 
-    # Every read of backwave_job besides the UPDATE's primary-key lookups of the picked ids.
+    # Every read of backwave_job besides the UPDATE's primary-key lookups of the picked ids and
+    # the count of a limited queue's running jobs (its own partial index, checked below).
     job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]
-                 and n.get("Index Name") != "backwave_job_pkey"]
+                 and n.get("Index Name") not in ("backwave_job_pkey", "backwave_job_running_queue")]
     assert [(n["Node Type"], n.get("Index Name")) for n in job_scans] == [("Index Scan", "backwave_job_claim")]
+    running_counts = [n for n in nodes if n.get("Index Name") == "backwave_job_running_queue"]
+    assert running_counts and all("Only Scan" in n["Node Type"] or "Index Scan" in n["Node Type"] for n in running_counts)
     # The rows come out of the index already in claim order: no Sort sits under a LockRows.
     for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
         assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
