@@ -18,7 +18,6 @@ row locks, SKIP LOCKED and one-statement transactions give the real store.
 
 from __future__ import annotations
 
-import heapq
 import json
 import threading
 import uuid
