@@ -5,8 +5,16 @@ import os
 from project.settings import *  # noqa: F401,F403
 from project.settings import BACKWAVE, DATABASES, TASKS
 
-BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks"]}
-TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow"]}}
+BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"]}
+TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]}}
+
+# Worker subprocesses of the fault tests (tests/faults) get test-only fault injection.
+if os.environ.get("BACKWAVE_TEST_FAULTS"):
+    from project.settings import INSTALLED_APPS
+    from tests.faults.hooks import settings_for
+
+    BACKWAVE = settings_for(BACKWAVE)
+    INSTALLED_APPS = [*INSTALLED_APPS, "tests.faults.apps.FaultsConfig"]
 
 # A worker subprocess started by a test must use the test database pytest-django created.
 if os.environ.get("BACKWAVE_TEST_DATABASE_NAME"):

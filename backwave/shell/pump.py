@@ -134,6 +134,7 @@ class Pump:
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
+        self._abandoned_before = 0
 
     # ---- control from other threads -------------------------------------------------------------
 
@@ -232,7 +233,7 @@ class Pump:
             return ev.Tick(now=self._clock())
 
     def _process(self, event: ev.Event) -> None:
-        pending = deque(self.driver.handle(event))
+        pending = deque(self._handle(event))
         while pending:
             if self._stop_now.is_set():
                 return
@@ -242,7 +243,21 @@ class Pump:
             else:
                 results = self._execute(command)
             for result in results:
-                pending.extend(self.driver.handle(result))
+                pending.extend(self._handle(result))
+
+    def _handle(self, event: ev.Event) -> list[cmd.Command]:
+        """Feed the driver one event; say so when that made it give its lease up."""
+        had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
+        commands = self.driver.handle(event)
+        if had_lease and self.driver.state is State.OPENING:
+            logger.warning(
+                "Pump %s gave up its lease (%s); %d job(s) it was running will run again elsewhere, and it opens a new lease",
+                self.worker_id,
+                "it was expired elsewhere" if isinstance(event, ev.LeaseRenewed) else "no heartbeat landed within the lease",
+                self.driver.stats.abandoned - self._abandoned_before,
+            )
+        self._abandoned_before = self.driver.stats.abandoned
+        return commands
 
     def _execute(self, command: cmd.Command) -> list[ev.Event]:
         if isinstance(command, cmd.ExecuteJob):
@@ -305,9 +320,7 @@ class Pump:
                 return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
             case cmd.RenewLease():
                 held = store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration)
-                if not held:
-                    logger.warning("Pump %s lost its lease; its running jobs will be run again elsewhere", self.worker_id)
-                else:
+                if held:
                     self._report_health()  # the health row's heartbeat rides the lease's cadence
                 return ev.LeaseRenewed(now=self._clock(), held=held)
             case cmd.MintSchedules() | cmd.PurgeJobs() | cmd.PurgePumps():

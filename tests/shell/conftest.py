@@ -19,13 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 class WorkerProcess:
     """A worker subprocess with its output captured to a file."""
 
-    def __init__(self, args, log_path: Path):
+    def __init__(self, args, log_path: Path, env: dict | None = None):
+        """``env`` adds variables to the worker's environment; a None value removes one."""
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "BACKWAVE_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
+        env = {key: value for key, value in env.items() if value is not None}
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
@@ -72,11 +75,11 @@ class WorkerProcess:
 
 @pytest.fixture
 def start_worker(tmp_path):
-    """start_worker(*args) -> WorkerProcess; every worker is killed at the test's end."""
+    """start_worker(*args, env=None) -> WorkerProcess; every worker is killed at the test's end."""
     started: list[WorkerProcess] = []
 
-    def start(*args) -> WorkerProcess:
-        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log")
+    def start(*args, env=None) -> WorkerProcess:
+        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log", env=env)
         started.append(worker)
         return worker
 
