@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import cached_property
 
 from django.conf import settings
@@ -320,6 +319,3 @@ def humanize_estimate(number: int | None) -> str:
         return f"{math.floor(number / 1000 + 0.5):,}k"
     return f"{number:,}"
 
-
-def seconds_since(moment: datetime | None, now: datetime) -> float | None:
-    return None if moment is None else (now - moment).total_seconds()

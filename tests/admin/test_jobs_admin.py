@@ -204,7 +204,7 @@ def test_read_only_user_is_refused_when_posting_an_action(readonly_client):
     assert Job.objects.get(pk=job.pk).state == "failed"
 
 
-def test_each_action_needs_its_own_permission(client, django_user_model):
+def test_each_action_needs_its_own_permission(client):
     from .conftest import staff_user
 
     user = staff_user("retrier", ["view_job", "retry_job"])

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from backwave.models import Schedule
 
-from .conftest import make_schedule, staff_user
+from .conftest import make_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +41,7 @@ def test_disable_then_enable(operator_client):
     assert set(Schedule.objects.values_list("enabled", "next_run")) == {(True, None)}
 
 
-def test_toggling_needs_its_permission(readonly_client, client):
+def test_toggling_needs_its_permission(readonly_client):
     schedule = make_schedule("nightly")
     assert 'name="action"' not in readonly_client.get(SCHEDULES).content.decode()
     assert readonly_client.post(SCHEDULES, {"action": "disable", "_selected_action": [schedule.pk], "index": 0}).status_code == 403
