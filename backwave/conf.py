@@ -52,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     # evaluated in settings.TIME_ZONE against the database clock), optionally args, kwargs,
     # queue, priority, max_attempts, enabled. Workers sync them to the Schedule table at start.
     "SCHEDULES": {},
+    # Queue settings a worker writes to the queues' rows at start-up (the admin and
+    # `manage.py backwave_queue` change them at run time): {"reports": {"concurrency_limit": 2}}.
+    "QUEUES": {},
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (RETENTION_DEFAULTS).
     "RETENTION": {},
@@ -178,6 +181,28 @@ def _schedules(value) -> str | None:
     return None
 
 
+def _queues(value) -> str | None:
+    if not isinstance(value, Mapping):
+        return "a dict of queue settings by queue name, e.g. {'reports': {'concurrency_limit': 2, 'paused': False}}"
+    for name, spec in value.items():
+        where = f"['QUEUES'][{name!r}]"  # value_problem puts the setting's name in front
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", name):
+            return Sentence(f"['QUEUES'] has the queue name {name!r}; use 1 to 64 letters, digits, '_', '.' or '-'.")
+        if not isinstance(spec, Mapping):
+            return Sentence(f"{where} must be a dict with 'concurrency_limit' and/or 'paused', got {spec!r}.")
+        unknown = set(spec) - {"concurrency_limit", "paused"}
+        if unknown:
+            key = sorted(unknown)[0]
+            hint = "Did you mean 'concurrency_limit'? " if "limit" in str(key) else ""
+            return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: concurrency_limit, paused.")
+        limit = spec.get("concurrency_limit")
+        if limit is not None and (not _is_int(limit) or limit < 1):
+            return Sentence(f"{where}['concurrency_limit'] must be a whole number >= 1 or None (unlimited), got {limit!r}.")
+        if "paused" in spec and not isinstance(spec["paused"], bool):
+            return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
+    return None
+
+
 # Each validator returns None for a good value, else what is allowed ("an integer >= 1"), or a
 # Sentence about the value when that says more (a nested key of SCHEDULES or RETENTION).
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
@@ -190,6 +215,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
     "WORKER_SYNCHRONOUS_COMMIT": lambda value: None if isinstance(value, bool) else "True or False",
     "SCHEDULES": _schedules,
+    "QUEUES": _queues,
     "RETENTION": _retention,
     "DATABASE": _alias,
 }

@@ -148,6 +148,17 @@ def limit_queues(names, limit: int | None) -> int:
     return _upsert_queues(names, concurrency_limit=validate_concurrency_limit(limit))
 
 
+def apply_queue_settings(settings_queues) -> int:
+    """Write BACKWAVE["QUEUES"] (validated by conf) into the queues' rows: a worker's start-up.
+    Only the keys a queue's entry names are written; the rest keep what the admin set."""
+    written = 0
+    for name, spec in settings_queues.items():
+        values = {key: spec[key] for key in ("concurrency_limit", "paused") if key in spec}
+        if values:
+            written += _upsert_queues([name], **values)
+    return written
+
+
 # --- schedules ----------------------------------------------------------------------------------
 
 

@@ -206,3 +206,56 @@ def test_async_tasks_run_on_the_event_loop_alongside_sync_ones(start_worker):
     final = worker_tasks.async_fails.get_result(failing.id)
     assert final.status == "FAILED"
     assert final.errors[0].exception_class_path == "builtins.KeyError"
+
+
+def test_a_queue_concurrency_limit_holds_across_worker_processes(start_worker, settings):
+    """Three worker processes, pool 4 each, on a queue limited to 2: never more than 2 running."""
+    import threading
+
+    from django.db import connections
+
+    from backwave import operations
+
+    operations.limit_queues(["slow"], 2)
+    enqueue_many([(worker_tasks.sleeper, (0.15,), {}) for _ in range(24)])
+    peak = {"running": 0}
+    stop = threading.Event()
+
+    def sample():
+        # A connection of its own, counting committed 'running' rows as fast as it can.
+        with connections.create_connection("default").cursor() as cursor:
+            while not stop.is_set():
+                cursor.execute("SELECT count(*) FROM backwave_job WHERE queue = 'slow' AND state = 'running'")
+                peak["running"] = max(peak["running"], cursor.fetchone()[0])
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    workers = [start_worker("--queues", "slow", "--pool-size", "4", *FAST) for _ in range(3)]
+    # All three claim (every 50 ms) while the jobs run: the limit is contended, not just unused.
+    workers[0].wait_for(lambda: Lease.objects.count() == 3, what="three workers claiming")
+    try:
+        workers[0].wait_for(lambda: Job.objects.filter(state="succeeded").count() == 24, timeout=60, what="all 24 jobs done")
+    finally:
+        stop.set()
+        sampler.join()
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0
+    assert peak["running"] == 2, peak
+
+
+def test_a_paused_queue_waits_and_resumes(start_worker):
+    from backwave import operations
+
+    operations.pause_queues(["e2e"])
+    results = enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(5)])
+    worker = start_worker("--queues", "e2e", *FAST)
+    worker.wait_for(lambda: Lease.objects.count() == 1, what="the worker polling")
+    time.sleep(0.5)  # several polls go by
+    assert Job.objects.filter(state="ready").count() == 5
+    operations.resume_queues(["e2e"])
+    worker.wait_for(lambda: Job.objects.filter(state="succeeded").count() == 5, what="the resumed queue draining")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert len(results) == 5

@@ -10,7 +10,7 @@ from dataclasses import replace
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from backwave import conf
+from backwave import conf, operations
 from backwave.core.options import Retention, WorkerGroupConfigError
 from backwave.shell.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
@@ -51,6 +51,7 @@ class Command(BaseCommand):
             groups = self._groups(options)
             registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
             _sync_schedules(registry)
+            operations.apply_queue_settings(conf.get_setting("QUEUES"))
             worker = Worker(
                 groups,
                 store_factory=_store_factory,
