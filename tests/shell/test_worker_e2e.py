@@ -259,3 +259,27 @@ def test_a_paused_queue_waits_and_resumes(start_worker):
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
     assert len(results) == 5
+
+
+def test_a_killed_child_is_restarted_and_its_jobs_come_back_through_its_lease(start_worker):
+    import os
+
+    enqueue_many([(worker_tasks.sleeper, (0.3,), {}) for _ in range(16)])
+    worker = start_worker(
+        "--queues", "slow", "--processes", "2", "--pool-size", "4", "--lease-duration", "1", "--maintenance-interval", "0.3",
+        "--poll-interval", "0.05", "--log-every", "60",
+    )
+
+    def child_pids():
+        return {int(w.split(":")[1]) for w in Lease.objects.values_list("worker_id", flat=True)}
+
+    worker.wait_for(lambda: len(child_pids()) == 2 and Job.objects.filter(state="running").count() >= 4, what="two children running jobs")
+    victim = next(iter(child_pids()))
+    os.kill(victim, signal.SIGKILL)
+    # The supervisor starts a replacement (a third pid shows up among the leases) ...
+    worker.wait_for(lambda: len(child_pids() - {victim}) == 2, timeout=30, what="a replacement child")
+    # ... and every job finishes, the killed child's through its lapsed lease.
+    worker.wait_for(lambda: Job.objects.filter(state="succeeded").count() == 16, timeout=60, what="every job done")
+    assert "restarting in" in worker.output
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output
