@@ -96,6 +96,8 @@ class Worker:
         health_host: str = "127.0.0.1",
     ):
         self.groups = validate_groups(groups)
+        # The endpoint binds first, so a port in use fails the command before any thread starts.
+        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
         self.pumps = [
             Pump(group, index, store_factory=store_factory, registry=registry, max_traceback_chars=max_traceback_chars)
             for group in self.groups
@@ -110,8 +112,6 @@ class Worker:
         self._done = threading.Event()
         self._store_factory = store_factory
         self._health_store: Store | None = None
-        # The endpoint binds now, so a port in use fails the command before any pump starts.
-        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
 
     def run(self, *, install_signal_handlers: bool = True, until_idle: bool = False) -> int:
         """Start the pumps and block until they stop. Returns the process exit code."""

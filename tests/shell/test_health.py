@@ -137,3 +137,23 @@ def test_no_pump_at_all_is_not_healthy():
     assert code == 1 and "No pump has reported its health" in out
     with pytest.raises(CommandError, match="--stale-after must be a positive number"):
         call_command("backwave_health", "--stale-after", "0")
+
+
+# ---- the worker command's flags ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_health_port_in_use_stops_the_worker_before_it_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve the health endpoint on 127.0.0.1:{port}"):
+            call_command("backwave_worker", "--queues", "e2e", "--health-port", str(port), "--no-hints")
+
+
+def test_one_health_port_cannot_serve_several_processes():
+    with pytest.raises(CommandError, match="--health-port 8081 serves one worker process"):
+        call_command("backwave_worker", "--processes", "2", "--health-port", "8081")

@@ -46,6 +46,11 @@ class Command(BaseCommand):
         if options["verbosity"] >= 2:
             logging.getLogger("backwave").setLevel(logging.DEBUG)
         if options["processes"] != 1:
+            if options["health_port"]:
+                raise CommandError(
+                    f"--health-port {options['health_port']} serves one worker process, and --processes {options['processes']} "
+                    "would start several on that one port. Run one worker per process manager entry to give each its own port."
+                )
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
