@@ -32,10 +32,10 @@ def test_8_a_skewed_worker_clock_changes_nothing(start_worker):
     kept = Job.objects.create(task_path=tasks.work.module_path, queue="faults-done", payload={"args": [], "kwargs": {}}, state="succeeded")
     sql("UPDATE backwave_job SET finished_at = now() - interval '2 hours' WHERE id = %s", [kept.id])
     retried = tasks.fails_once.enqueue()
-    # A lease of another node, live for 6 more seconds by the database clock, with a running job.
+    # A lease of another node, live for 10 more seconds by the database clock, with a running job.
     foreign = uuid.uuid4()
     with PostgresStore.from_django() as store:
-        store.open_lease(lease_id=foreign, worker_id="other:1:g:0:x", group="g", hostname="other", pid=1, duration=6)
+        store.open_lease(lease_id=foreign, worker_id="other:1:g:0:x", group="g", hostname="other", pid=1, duration=10)
         parked = Job.objects.create(task_path=tasks.work.module_path, queue="faults-parked", payload={"args": [], "kwargs": {}}, max_attempts=3)
         store.claim_jobs(lease_id=foreign, worker_id="other:1:g:0:x", queues=["faults-parked"], limit=1)
     foreign_expires = Lease.objects.get(id=foreign).expires_at
@@ -53,11 +53,12 @@ def test_8_a_skewed_worker_clock_changes_nothing(start_worker):
     assert len(slots) == len(set(slots))
     assert all(now - timedelta(seconds=30) < slot <= now for slot in slots), (now, slots)
 
-    # Leases: each worker's lease ends lease_duration after the database's now, not the host's.
+    # Leases: stamped by the database's now (not three days off), lease_duration apart.
     for worker in workers:
         wait_until(lambda: Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).exists(), what="the worker's lease", workers=workers)
-        (expires_at,) = Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).values_list("expires_at", flat=True)
-        assert timedelta(0) < expires_at - db_now() <= timedelta(seconds=3.5)
+        (renewed_at, expires_at) = Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).values_list("renewed_at", "expires_at")[0]
+        assert expires_at - renewed_at == timedelta(seconds=3)
+        assert abs(db_now() - renewed_at) < timedelta(minutes=1)
 
     # Retries: due after their backoff by the database clock (the fast worker would otherwise
     # have put the retry three days out).

@@ -6,7 +6,6 @@ exactly once by its outcome rows."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -31,14 +30,19 @@ def terminate_every_backend() -> int:
     )[0][0]
 
 
+def backwave_sessions() -> int:
+    return sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'backwave'")[0][0]
+
+
 def test_4a_terminated_backends_degrade_the_pumps_which_recover_and_lose_nothing(start_worker):
-    results = enqueue_many([(tasks.work, (0.02,), {}) for _ in range(400)])
+    results = enqueue_many([(tasks.work, (0.04,), {}) for _ in range(400)])
     worker = start_worker(*WORK)
     wait_until(lambda: Job.objects.filter(state="succeeded").count() >= 20, what="the run under way", workers=[worker])
-    for _ in range(3):
+    assert Job.objects.filter(state="succeeded").count() < 400, "the first blow must land mid-run"
+    for blow in range(1, 4):
+        wait_until(lambda: backwave_sessions() >= 2, what="both pumps connected", workers=[worker])
         assert terminate_every_backend() >= 2
-        wait_until(lambda: "recovered" in worker.output, what="a pump recovering", workers=[worker])
-        time.sleep(0.3)  # let the run go on between the blows; nothing is asserted on timing
+        wait_until(lambda: worker.output.count("recovered") >= blow, what="a pump recovering", workers=[worker])
     wait_until(lambda: states() == {"succeeded": 400}, what="every job succeeding", workers=[worker])
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
@@ -53,7 +57,7 @@ def test_4a_terminated_backends_degrade_the_pumps_which_recover_and_lose_nothing
 def test_4b_a_postgresql_restart_mid_run_degrades_then_recovers(start_worker, private_postgres):
     server = private_postgres
     with PostgresStore(server.conninfo) as store:
-        store.enqueue_many([NewJob(task_path=tasks.work.module_path, payload={"args": [0.02], "kwargs": {}}, queue="faults") for _ in range(400)])
+        store.enqueue_many([NewJob(task_path=tasks.work.module_path, payload={"args": [0.04], "kwargs": {}}, queue="faults") for _ in range(400)])
 
     def count(state: str) -> int:
         try:
@@ -64,6 +68,7 @@ def test_4b_a_postgresql_restart_mid_run_degrades_then_recovers(start_worker, pr
 
     worker = start_worker(*WORK, env={"DATABASE_URL": server.database_url, "BACKWAVE_TEST_DATABASE_NAME": None})
     wait_until(lambda: count("succeeded") >= 20, what="the run under way", workers=[worker])
+    assert count("succeeded") < 400, "the restart must land mid-run"
     server.restart()
     wait_until(lambda: count("succeeded") == 400, what="every job succeeding after the restart", timeout=120, workers=[worker])
     worker.signal(signal.SIGTERM)
