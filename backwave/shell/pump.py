@@ -37,6 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
@@ -240,6 +241,11 @@ class Pump:
             command = pending.popleft()
             if isinstance(command, cmd.WriteOutcomes) and pending and isinstance(pending[0], cmd.ClaimJobs):
                 results = self._write_then_claim(command, pending.popleft())
+                if isinstance(results[0], ev.StoreFailed):
+                    # Every claim that follows the write (a Weighted pass has one per queue) was
+                    # sized for the slots the write frees: none may run once it failed.
+                    while pending and isinstance(pending[0], cmd.ClaimJobs):
+                        results.append(replace(results[-1], command=pending.popleft()))
             else:
                 results = self._execute(command)
             for result in results:

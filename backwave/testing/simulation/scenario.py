@@ -1,0 +1,134 @@
+"""What one seed simulates: the cluster, its options, the jobs, and how hard the faults hit.
+
+Everything here is drawn from the seed's own random source before the run starts, so a seed
+names one scenario and one run. ``Config`` holds the knobs that are not drawn (the CLI's flags);
+a failing seed's replay command repeats the ones that differ from the defaults.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+
+from backwave.core.options import Retention, WorkerGroupOptions
+from backwave.core.policy import Strict, Weighted
+
+QUEUES = ("q0", "q1", "q2")
+UNKNOWN_TASK = "sim.tasks.unknown"  # no handler: every attempt is unroutable
+TASK = "sim.tasks.work"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """Knobs of the simulation that a seed does not draw."""
+
+    faults: bool = True  # inject faults during the fault phase
+    ambiguous_faults: bool = False  # a statement may commit and still report a fault (lost reply)
+    max_jobs: int = 30
+    max_nodes: int = 3
+    fault_phase: float = 20.0  # virtual seconds of faults (and enqueues) before the quiesce
+    quiesce_limit: float = 240.0  # virtual seconds the quiesce may take before it counts as stuck
+
+    def flags(self) -> str:
+        """The CLI flags that reproduce this config (only those that differ from the defaults)."""
+        default = Config()
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(default, f.name):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                parts.append(f"{flag} {value}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """A job the producer enqueues at ``at`` (virtual seconds)."""
+
+    at: float
+    queue: str
+    priority: int
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+    task_path: str
+    delay: float  # run_at this many seconds after the enqueue (0: due at once)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """One seed's cluster, jobs and fault rates."""
+
+    seed: int
+    nodes: int
+    pumps_per_node: int
+    options: WorkerGroupOptions
+    jobs: tuple[JobSpec, ...]
+    fail_rate: float  # chance an attempt of the work task raises
+    long_job_rate: float  # chance an attempt runs longer than the lease
+    fault_phase: float
+    fault_every: float  # mean virtual seconds between injected faults
+    transient_rate: float  # chance a statement fails transiently (fault phase)
+    hint_loss: float
+    hint_dup: float
+    concurrency_limits: dict[str, int]  # queues with a cluster-wide concurrency limit
+
+    @classmethod
+    def draw(cls, seed: int, config: Config, rng: random.Random) -> Scenario:
+        queues = tuple(rng.sample(QUEUES, rng.randint(1, len(QUEUES))))
+        if len(queues) > 1 and rng.random() < 0.5:
+            policy = Weighted({q: rng.randint(1, 4) for q in queues})
+        else:
+            policy = Strict(*queues)
+        pool_size = rng.randint(1, 4)
+        lease = rng.choice((3.0, 5.0, 8.0))
+        retention = rng.choice((
+            Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None),
+            Retention(succeeded=rng.uniform(5, 30), failed=rng.uniform(5, 60), cancelled=None, quarantined=rng.uniform(5, 60), pumps=60.0),
+        ))
+        options = WorkerGroupOptions(
+            name="sim",
+            policy=policy,
+            pool_size=pool_size,
+            max_claim_batch=rng.randint(1, pool_size + 1),
+            max_outcome_batch=rng.choice((None, 1, 2, 3)),
+            poll_interval=rng.choice((0.2, 0.5, 1.0)),
+            lease_duration=lease,
+            maintenance_interval=rng.choice((0.5, 1.0, 2.0, 4.0)),
+            drain_timeout=rng.choice((0.0, 0.5, 2.0)),
+            retention=retention,
+        )
+        phase = config.fault_phase * rng.uniform(0.5, 1.0)
+        count = rng.randint(max(1, config.max_jobs // 4), config.max_jobs)
+        jobs = tuple(
+            JobSpec(
+                at=rng.uniform(0, phase * 0.8),
+                queue=rng.choice(queues),
+                priority=rng.choice((0, 0, 0, 5, -5)),
+                max_attempts=rng.randint(1, 4),
+                backoff_base=rng.choice((0.05, 0.2, 1.0)),
+                backoff_max=rng.choice((0.5, 2.0)),
+                task_path=UNKNOWN_TASK if rng.random() < 0.05 else TASK,
+                delay=rng.uniform(0, 3) if rng.random() < 0.2 else 0.0,
+            )
+            for _ in range(count)
+        )
+        return cls(
+            seed=seed,
+            nodes=rng.randint(1, config.max_nodes),
+            pumps_per_node=rng.randint(1, 2),
+            options=options,
+            jobs=tuple(sorted(jobs, key=lambda j: j.at)),
+            fail_rate=rng.choice((0.0, 0.1, 0.3, 0.6)),
+            long_job_rate=rng.choice((0.0, 0.02, 0.1)),
+            fault_phase=phase,
+            fault_every=rng.uniform(0.5, 4.0),
+            transient_rate=rng.choice((0.0, 0.02, 0.1)) if config.faults else 0.0,
+            hint_loss=rng.choice((0.0, 0.3, 1.0)) if config.faults else 0.0,
+            hint_dup=rng.choice((0.0, 0.3)) if config.faults else 0.0,
+            concurrency_limits={q: rng.randint(1, 3) for q in queues if rng.random() < 0.3},
+        )

@@ -1,0 +1,142 @@
+"""The simulator itself: a fixed budget of seeds passes, a seed replays exactly, a failing seed
+names the command that replays it, and planted bugs in the store are caught.
+
+A long hunt is run by hand: python -m backwave.testing.simulation --seeds 20000 --workers 2
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from backwave.store import memory
+from backwave.testing.simulation import Config, SimulationFailure, replay_command, run_seed
+from backwave.testing.simulation.__main__ import main
+
+CI_SEEDS = range(0, 300)  # about ten seconds; a hunt runs thousands by hand
+
+
+def test_a_fixed_budget_of_seeds_keeps_every_invariant():
+    started = time.perf_counter()
+    failures = []
+    for seed in CI_SEEDS:
+        try:
+            run_seed(seed)
+        except SimulationFailure as failure:
+            failures.append(str(failure))
+    assert not failures, f"{len(failures)} of {len(CI_SEEDS)} seeds failed:\n\n" + "\n\n".join(failures[:3])
+    assert time.perf_counter() - started < 60, "the budget should stay small: trim CI_SEEDS"
+
+
+def test_a_seed_replays_the_same_full_event_log():
+    first = run_seed(1234, keep_log=True)
+    second = run_seed(1234, keep_log=True)
+    assert first.lines == second.lines
+    assert first.digest == second.digest and len(first.lines) > 500
+    assert run_seed(1235).digest != first.digest
+    # The log is the whole conversation: events in, commands out, statements, faults.
+    text = "\n".join(first.lines)
+    for needle in ("Started()", "-> OpenLease", "db ClaimJobs", "ClaimReturned(", "JobFinished(", "OutcomesWritten(", "quiesce"):
+        assert needle in text
+
+
+def test_a_seed_replays_the_same_in_another_process_whatever_its_hash_seed():
+    """The replay command runs in a fresh interpreter: nothing may depend on string hashing."""
+    outputs = set()
+    for hash_seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-m", "backwave.testing.simulation", "--seed", "77"],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True, timeout=120, check=True,
+        )
+        outputs.add(done.stdout.strip().rsplit("log ", 1)[-1])
+    assert outputs == {run_seed(77).digest}
+
+
+def test_a_config_replays_through_its_flags():
+    assert replay_command(7) == "python -m backwave.testing.simulation --seed 7 --log"
+    config = Config(ambiguous_faults=True, max_jobs=12, faults=False)
+    assert replay_command(7, config) == "python -m backwave.testing.simulation --seed 7 --no-faults --ambiguous-faults --max-jobs 12 --log"
+
+
+def test_without_faults_every_job_finishes_too():
+    for seed in range(20):
+        result = run_seed(seed, Config(faults=False))
+        assert result.jobs > 0
+
+
+# ---- planted bugs: the invariants must catch them, and the failure must say how to replay --------
+
+
+def first_failure(config: Config = Config(), seeds=range(200)) -> SimulationFailure:
+    for seed in seeds:
+        try:
+            run_seed(seed, config)
+        except SimulationFailure as failure:
+            return failure
+    raise AssertionError(f"no seed of {seeds} caught the planted bug")
+
+
+def test_a_fence_that_ignores_the_lease_is_caught(monkeypatch):
+    real_write = memory.InMemoryStore._write
+
+    def unfenced(db, now, lease_id, rows):
+        # Applies any outcome of a running job, whoever holds it: a late write lands.
+        for row in rows:
+            job = db.jobs.get(row["job_id"])
+            if job is not None and job.state == "running":
+                job.lease_id, job.attempts = lease_id, row["attempt"]
+                db.leases.setdefault(lease_id, next(iter(db.leases.values())))
+        return real_write(db, now, lease_id, rows)
+
+    monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(unfenced))
+    failure = first_failure()
+    caught_by = ("still runs on", "applied twice", "attempt row", "backwave_attempt_once")
+    assert any(words in failure.problem for words in caught_by), failure.problem
+    assert f"replay: python -m backwave.testing.simulation --seed {failure.seed} --log" in str(failure)
+
+
+def test_an_expiry_that_forgets_the_jobs_is_caught(monkeypatch):
+    def expire_only_the_leases(self, *, limit):
+        with self._operation() as (db, now):
+            for lease_id in [lid for lid, lease in db.leases.items() if lease.expires_at < now][:limit]:
+                del db.leases[lease_id]
+            return 0
+
+    monkeypatch.setattr(memory.InMemoryStore, "expire_leases", expire_only_the_leases)
+    failure = first_failure()
+    assert "which no longer exists" in failure.problem, failure.problem
+
+
+def test_a_claim_that_ignores_the_pool_is_caught(monkeypatch):
+    real_claim = memory.InMemoryStore._claim
+    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(lambda db, now, params: real_claim(db, now, {**params, "limit": params["limit"] + 1})))
+    failure = first_failure()
+    assert "claimed-and-unreported" in failure.problem or "pool_size" in failure.problem or "refused an event" in failure.problem, failure.problem
+
+
+def test_a_claim_that_ignores_concurrency_limits_is_caught(monkeypatch):
+    monkeypatch.setattr(memory, "_room", lambda db, queue, limit: limit)
+    failure = first_failure()
+    assert "concurrency limit" in failure.problem, failure.problem
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+
+def test_the_command_line_runs_seeds_and_one_seed_with_its_log(capsys):
+    assert main(["--seeds", "3", "--start", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "3 seeds (40..42)" in out and "0 failed" in out
+    assert main(["--seed", "41", "--log"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("seed 41: ok,") and "db ClaimJobs" in out
+
+
+def test_the_command_line_prints_each_failure_with_its_replay(monkeypatch, capsys):
+    monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(lambda db, now, lease_id, rows: set()))  # no outcome ever lands
+    assert main(["--seeds", "2", "--quiesce-limit", "20.0"]) == 1
+    out = capsys.readouterr().out
+    assert "replay: python -m backwave.testing.simulation --seed 0 --quiesce-limit 20.0 --log" in out
+    assert "2 failed" in out
