@@ -41,7 +41,7 @@ from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
-from backwave.core.options import WorkerGroupOptions
+from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async
 from backwave.shell.registry import TaskRegistry
@@ -132,9 +132,9 @@ class DeterministicPump:
             first, self._counts = len(self.attempts), dict.fromkeys(_KIND_FIELD.values(), 0)
             self._first, self._stop_after = first, first + limit
             if self.driver.state is State.NEW:
-                self._process(ev.Started(now=self.clock.monotonic()))
+                self._start()
             quiet_hints = 0
-            while True:
+            for _ in range(100 * limit + 1000):  # a guard: every round runs an attempt or settles
                 self._run_channel()
                 now = self.clock.monotonic()
                 wake = self.driver.next_wakeup()
@@ -150,7 +150,19 @@ class DeterministicPump:
                 ran = len(self.attempts)
                 self._process(ev.HintReceived(now=now))
                 quiet_hints = quiet_hints + 1 if len(self.attempts) == ran and not self._channel else 0
+            else:
+                raise PumpStuck(f"drain() did not settle; the driver is {self.driver.state.value} (a bug: please report it)")
             return DrainResult(**self._counts, attempts=tuple(self.attempts[first:]))
+
+    def _start(self) -> None:
+        """What a worker does at start: write BACKWAVE["SCHEDULES"] and ["QUEUES"] to their
+        tables, then start the driver."""
+        from backwave import operations
+        from backwave.shell.schedules import sync_schedules
+
+        sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry)
+        operations.apply_queue_settings(conf.get_setting("QUEUES"))
+        self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:
         """Move the virtual clock forward; ``drain()`` then runs what came due."""
@@ -353,12 +365,15 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> Wo
         if group not in configured:
             raise ValueError(f"no worker group {group!r} in BACKWAVE['WORKER_GROUPS'] (configured: {sorted(map(str, configured))})")
         options = group_from_mapping(configured[group])
+    retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
         names = queues if queues is not None else _known_queues(registry)
         options = WorkerGroupOptions(
-            name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, lease_duration=TEST_LEASE_DURATION
+            name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, lease_duration=TEST_LEASE_DURATION, retention=retention
         )
-    elif queues is not None:
+    elif group is not None:
+        options = replace(options, retention=retention)
+    if queues is not None:
         options = replace(options, policy=Strict(*dict.fromkeys(queues)))
     return replace(options, **overrides) if overrides else options
 

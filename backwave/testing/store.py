@@ -59,7 +59,8 @@ def _statement(name: str, fixed: bool = False) -> str:
 
 _INSERT_JOBS = clocked(INSERT_JOBS_SQL.replace("%s", "%(jobs)s"))
 _HAS_DUE_JOBS = clocked(
-    "SELECT EXISTS (SELECT FROM backwave_job WHERE state = 'ready' AND queue = ANY(%(queues)s::text[]) AND run_at <= now())"
+    "SELECT EXISTS (SELECT FROM backwave_job AS j WHERE j.state = 'ready' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()"
+    " AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = j.queue AND q.paused))"
 )
 
 
@@ -91,8 +92,8 @@ class DjangoConnectionStore(PostgresStore):
             return [row[0] for row in cursor.fetchall()]
 
     def has_due_jobs(self, queues: Sequence[str]) -> bool:
-        """Whether a ready job of ``queues`` is due by the virtual clock (the test pump's check
-        that a drain is finished; not part of the Storage Contract, not counted)."""
+        """Whether a ready job of ``queues`` (not paused) is due by the virtual clock: the test
+        pump's check that a drain is finished; not part of the Storage Contract, not counted."""
         with self._cursor("has_due_jobs", count=False) as cursor:
             cursor.execute(_HAS_DUE_JOBS, self._with_clock({"queues": list(queues)}))
             return cursor.fetchone()[0]

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from backwave.core.driver import State
-from backwave.models import Attempt, Job
+from backwave.models import Attempt, Job, Queue
 from backwave.testing import DeterministicPump, PumpStuck
 
 from . import tasks
@@ -208,3 +208,39 @@ def test_the_plugins_fixture_runs_the_tasks_the_worker_would_find(backwave_pump)
     assert backwave_pump.drain().succeeded == 1
     result.refresh()
     assert result.return_value == 42
+
+
+def test_schedule_slots_come_due_as_the_clock_advances(pump, settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "SCHEDULES": {"sum": {"task": tasks.add.module_path, "cron": "* * * * *", "args": [1, 2]}}}
+    assert pump.drain().attempts == ()  # synced; the first maintenance run finds the next slot
+    pump.advance(60)
+    assert pump.drain().succeeded == 1
+    pump.advance(3600)  # an hour of slots: after a gap only the latest one is minted
+    assert pump.drain().succeeded == 1
+    minted = Job.objects.filter(schedule__name="sum").order_by("pk")
+    assert [job.return_value for job in minted] == [3, 3]
+    assert minted[1].schedule_slot - minted[0].schedule_slot >= timedelta(minutes=60)
+
+
+def test_a_paused_queue_waits_and_drain_still_returns(pump, settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "QUEUES": {"emails": {"paused": True}}}
+    result = tasks.send_email.enqueue("a@example.com")
+    tasks.add.enqueue(1, 1)
+    assert pump.drain().succeeded == 1  # add ran; the paused queue's job waits, and drain() returns
+    assert state_of(result) == "ready"
+    Queue.objects.filter(name="emails").update(paused=False)
+    assert pump.drain().succeeded == 1
+
+
+def test_retention_purges_finished_jobs_on_virtual_time(pump, settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "RETENTION": {"succeeded": 3600}}
+    pump = DeterministicPump(tasks=[tasks])  # retention is read when the pump is made, as by a worker
+    result = tasks.add.enqueue(1, 1)
+    pump.drain()
+    pump.advance(3599)
+    pump.drain()
+    assert Job.objects.filter(pk=result.id).exists()
+    pump.advance(60)
+    pump.drain()
+    assert not Job.objects.filter(pk=result.id).exists()
+    pump.close()
