@@ -126,7 +126,7 @@ class NodeDriver:
         self._executing: dict[int, ClaimedJob] = {}
         self._buffer: deque[Outcome] = deque()
         self._writing: tuple[Outcome, ...] = ()
-        self._abandoned: set[int] = set()
+        self._abandoned: set[tuple[int, int]] = set()  # (job id, attempt) given up with a lost lease
         # Claims in flight, in the order they were sent (their answers come back in that order).
         self._claims: deque[tuple[tuple[str, ...], int]] = deque()
         self._policy_state: dict[str, int] = {}  # the dispatch policy's round-robin memory
@@ -315,14 +315,14 @@ class NodeDriver:
         self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         job = self._executing.get(event.job_id)
         if job is None:
-            if event.job_id in self._abandoned:
-                self._abandoned.discard(event.job_id)
+            if (event.job_id, event.attempt) in self._abandoned:
+                self._abandoned.discard((event.job_id, event.attempt))
                 return []
             raise InvalidEvent(event, self.state, f"job {event.job_id} is not executing on this pump")
         if job.attempt != event.attempt:
-            if event.job_id in self._abandoned:
+            if (event.job_id, event.attempt) in self._abandoned:
                 # An attempt abandoned with a lost lease, finishing after the job was claimed again.
-                self._abandoned.discard(event.job_id)
+                self._abandoned.discard((event.job_id, event.attempt))
                 return []
             raise InvalidEvent(event, self.state, f"job {event.job_id} runs attempt {job.attempt}, not {event.attempt}")
         if event.result not in ("succeeded", "failed", "unroutable"):
@@ -671,7 +671,9 @@ class NodeDriver:
 
     def _abandon_all(self) -> None:
         self.stats.abandoned += len(self._executing)
-        self._abandoned.update(self._executing)
+        # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
+        # first lease lapsed, then that lease lost too) and hear of both, in either order.
+        self._abandoned.update((job.id, job.attempt) for job in self._executing.values())
         self._executing.clear()
 
     def _trust_lease_from(self, sent_at: float) -> None:

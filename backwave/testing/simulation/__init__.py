@@ -27,11 +27,12 @@ __all__ = ["Config", "Result", "Scenario", "SimulationFailure", "replay_command"
 class SimulationFailure(AssertionError):
     """A seed broke an invariant. The message ends with the command that replays it."""
 
-    def __init__(self, seed: int, config: Config, problem: str, tail: list[str]):
+    def __init__(self, seed: int, config: Config, problem: str, tail: list[str], lines: list[str] | None = None):
         self.seed = seed
         self.config = config
         self.problem = problem
         self.tail = tail
+        self.lines = lines  # the full event log up to the failure, when it was kept
         shown = "\n".join(f"    {line}" for line in tail)
         super().__init__(f"seed {seed}: {problem}\n  last events:\n{shown}\n  replay: {replay_command(seed, config)}")
 
@@ -63,7 +64,7 @@ def run_seed(seed: int, config: Config = Config(), *, keep_log: bool = False) ->
     try:
         world.run()
     except SimulationBug as bug:
-        raise SimulationFailure(seed, config, str(bug), list(logbook.tail)) from bug
+        raise SimulationFailure(seed, config, str(bug), list(logbook.tail), logbook.lines) from bug
     return Result(
         seed=seed,
         digest=logbook.digest,

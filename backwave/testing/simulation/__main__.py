@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run_seed(args.seed, config, keep_log=args.log)
         except SimulationFailure as failure:
+            if args.log:
+                print("\n".join(failure.lines or ()))
             print(failure)
             return 1
         if args.log:
