@@ -93,6 +93,15 @@ class ReleaseJobs(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileLease(Command):
+    """Give back every job running under the lease that is not in ``known``: after a claim whose
+    reply was lost, the claim may have committed jobs this pump never heard of."""
+
+    lease_id: uuid.UUID
+    known: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReleaseLease(Command):
     """Give back everything still running under the lease, then delete the lease."""
 

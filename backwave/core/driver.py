@@ -112,6 +112,7 @@ class DriverStats:
     store_faults: int = 0
     minted: int = 0  # jobs minted from schedules by this pump's maintenance
     purged: int = 0  # finished jobs purged by this pump's maintenance
+    reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
 
 
 class NodeDriver:
@@ -137,6 +138,11 @@ class NodeDriver:
         self._open_in_flight = False
         self._open_sent_at = 0.0
         self._release_in_flight = False
+        # A claim failed without an answer: it may have committed jobs this pump never heard
+        # of, still running under its lease. Before the next claim, give back whatever runs
+        # under the lease that the driver does not know (ReconcileLease).
+        self._reconcile_needed = False
+        self._reconcile_in_flight = False
         self._next_poll = 0.0
         self._next_heartbeat = 0.0
         self._next_maintenance = 0.0
@@ -154,6 +160,7 @@ class NodeDriver:
         self._stale_writes = 0
         self._stale_renewals = 0
         self._stale_releases = 0
+        self._stale_reconciles = 0
 
     # ---- what the shell may ask -------------------------------------------------------------
 
@@ -270,7 +277,12 @@ class NodeDriver:
         ids = [job.id for job in event.jobs]
         if len(set(ids)) != len(ids) or any(i in self._executing for i in ids):
             raise InvalidEvent(event, self.state, f"the claim returned a job this pump already holds: {ids}")
-        if self.unreported + len(event.jobs) > self.options.pool_size:
+        # An outcome still buffered for a job the claim just returned is from an older attempt
+        # whose write did land (its reply was lost): the job ran on and is due again. It is
+        # obsolete, and it must not share a batch with the new attempt's outcome.
+        claimed_ids = set(ids)
+        obsolete = [o for o in self._buffer if o.job_id in claimed_ids]
+        if self.unreported - len(obsolete) + len(event.jobs) > self.options.pool_size:
             raise InvalidEvent(
                 event,
                 self.state,
@@ -284,6 +296,9 @@ class NodeDriver:
         self._last_claim_short = len(event.jobs) < asked
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
+        if obsolete:
+            self._buffer = deque(o for o in self._buffer if o.job_id not in claimed_ids)
+            self.stats.lost += len(obsolete)
         if self.state is State.DRAINING:
             commands: list[cmd.Command] = []
             if event.jobs:
@@ -412,6 +427,21 @@ class NodeDriver:
         self._require(event, State.DRAINING, State.RUNNING)
         return []
 
+    def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
+        if not self._reconcile_in_flight and self._stale_reconciles:
+            self._stale_reconciles -= 1
+            return []
+        self._require(event, State.RUNNING, State.DRAINING)
+        if not self._reconcile_in_flight:
+            raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
+        held = set(self._executing) | {o.job_id for o in self._buffer} | {o.job_id for o in self._writing}
+        if event.released & held:
+            raise InvalidEvent(event, self.state, f"the store gave back jobs this pump holds: {sorted(event.released & held)}")
+        self._reconcile_in_flight = False
+        self._reconcile_needed = False
+        self.stats.reconciled += len(event.released)
+        return self._claim(event.now) if self.state is State.RUNNING else []
+
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
         if not self._release_in_flight and self._stale_releases:
             self._stale_releases -= 1
@@ -459,6 +489,7 @@ class NodeDriver:
             if self.state is State.STOPPED:
                 return []
         elif isinstance(failed, cmd.ClaimJobs):
+            self._reconcile_needed = True
             self._claims.popleft()
             if not self._claims:
                 self._pass_skip.clear()
@@ -470,6 +501,9 @@ class NodeDriver:
             # written once on a later tick.
             self._buffer.extendleft(reversed(self._writing))
             self._writing = ()
+            self._next_poll = max(self._next_poll, retry_at)
+        elif isinstance(failed, cmd.ReconcileLease):
+            self._reconcile_in_flight = False  # still needed: tried again before the next claim
             self._next_poll = max(self._next_poll, retry_at)
         elif isinstance(failed, cmd.RenewLease):
             self._renew_sent_at = None
@@ -564,6 +598,16 @@ class NodeDriver:
 
     def _plan(self, now: float, limit: int, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
         """One pass of the dispatch policy: the claims for ``limit`` slots, remembered in flight."""
+        if self._reconcile_needed:
+            # No claim until the lease is reconciled: one that ran before it could add to jobs
+            # the pump does not know, and one that ran despite a failed reconcile would too.
+            # LeaseReconciled claims again.
+            self._next_poll = now + self.options.poll_interval
+            if self._reconcile_in_flight:
+                return []
+            self._reconcile_in_flight = True
+            held = (*self._executing, *(o.job_id for o in self._buffer), *(o.job_id for o in self._writing))
+            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(held)))]
         claims = self.options.policy.plan(limit, self._policy_state, skip)
         self._claims.extend(claims)
         if claims:
@@ -615,6 +659,8 @@ class NodeDriver:
             return "_stale_renewals"
         if isinstance(command, cmd.ReleaseLease) and not self._release_in_flight and self._stale_releases:
             return "_stale_releases"
+        if isinstance(command, cmd.ReconcileLease) and not self._reconcile_in_flight and self._stale_reconciles:
+            return "_stale_reconciles"
         return None
 
     def _in_flight(self, command: cmd.Command) -> bool:
@@ -629,6 +675,8 @@ class NodeDriver:
                 return self._renew_sent_at is not None
             case cmd.ReleaseLease():
                 return self._release_in_flight
+            case cmd.ReconcileLease():
+                return self._reconcile_in_flight
             case cmd.PurgeJobs():
                 return self._purge_in_flight
             case cmd.ReleaseJobs() | cmd.ExpireLeases() | cmd.MintSchedules() | cmd.PurgePumps():
@@ -668,6 +716,11 @@ class NodeDriver:
         if self._release_in_flight:
             self._stale_releases += 1
             self._release_in_flight = False
+        if self._reconcile_in_flight:
+            self._stale_reconciles += 1
+            self._reconcile_in_flight = False
+        # Whatever a lost claim left under the old lease lapses with it.
+        self._reconcile_needed = False
 
     def _abandon_all(self) -> None:
         self.stats.abandoned += len(self._executing)
@@ -712,6 +765,7 @@ _HANDLERS = {
     ev.PumpsPurged: NodeDriver._on_pumps_purged,
     ev.JobsReleased: NodeDriver._on_jobs_released,
     ev.LeaseReleased: NodeDriver._on_lease_released,
+    ev.LeaseReconciled: NodeDriver._on_lease_reconciled,
     ev.StoreFailed: NodeDriver._on_store_failed,
     ev.DrainRequested: NodeDriver._on_drain_requested,
 }

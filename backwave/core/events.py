@@ -107,6 +107,13 @@ class JobsReleased(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseReconciled(Event):
+    """Jobs that ran under the lease unknown to the driver were given back."""
+
+    released: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseReleased(Event):
     """The lease is gone and whatever ran under it is ready again."""
 

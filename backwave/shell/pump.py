@@ -336,6 +336,11 @@ class Pump:
                 if released:
                     logger.info("Released %d job(s) from lapsed leases", released)
                 return ev.LeasesExpired(now=self._clock(), released=released)
+            case cmd.ReconcileLease():
+                released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
+                if released:
+                    logger.warning("Pump %s gave back %d job(s) a lost claim answer had left under its lease", self.worker_id, len(released))
+                return ev.LeaseReconciled(now=self._clock(), released=frozenset(released))
             case cmd.ReleaseJobs():
                 released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
                 return ev.JobsReleased(now=self._clock(), released=frozenset(released))

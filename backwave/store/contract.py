@@ -147,6 +147,10 @@ class Store(Protocol):
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
 
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
+        """Give back (ready, due now, attempt refunded) every job running under the lease that is
+        not in ``known``: what a claim whose answer was lost may have left there. Returns the ids."""
+
     def expire_leases(self, *, limit: int) -> int:
         """Delete up to ``limit`` leases whose expiry passed (database clock) and release their
         running jobs: ready again, or failed with a 'lease lapsed' attempt when none are left.

@@ -335,6 +335,19 @@ class InMemoryStore:
                     released.add(job_id)
             return released
 
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
+        """Give back the jobs running under the lease that are not in ``known``."""
+        with self._operation() as (db, now):
+            if not _live(db, lease_id, now):
+                return set()
+            keep = set(known)
+            released = set()
+            for job in db.jobs.values():
+                if job.lease_id == lease_id and job.state == "running" and job.id not in keep:
+                    _refund(job, now)
+                    released.add(job.id)
+            return released
+
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one operation; returns their ids in input order."""
         if not jobs:

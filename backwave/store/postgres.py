@@ -208,6 +208,11 @@ class PostgresStore:
             return set()
         return {row[0] for row in self._execute("release_jobs_many", {"lease_id": lease_id, "job_ids": list(job_ids)})}
 
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
+        """Give back the jobs running under the lease that are not in ``known`` (after a claim
+        whose answer was lost); returns their ids."""
+        return {row[0] for row in self._execute("reconcile_lease", {"lease_id": lease_id, "known": list(known)})}
+
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:

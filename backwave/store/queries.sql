@@ -522,3 +522,27 @@ SELECT name FROM backwave_queue
 WHERE name = ANY(%(queues)s) AND concurrency_limit IS NOT NULL AND NOT paused
 ORDER BY name
 FOR NO KEY UPDATE
+
+
+-- name: reconcile_lease
+-- After a claim whose answer was lost: it may have committed, leaving jobs running under this
+-- lease that the pump never heard of (they would sit there for as long as the pump lives). Give
+-- back every job running under the lease that the pump does not hold, as release_jobs_many
+-- does (ready, due now, attempt refunded). The pump sends this before its next claim, so
+-- nothing it is about to claim can be among them.
+WITH lease AS MATERIALIZED (
+    SELECT id FROM backwave_lease
+    WHERE id = %(lease_id)s AND expires_at > now()
+    FOR KEY SHARE
+)
+UPDATE backwave_job AS j
+SET state = 'ready',
+    lease_id = NULL,
+    run_at = now(),
+    attempts = greatest(j.attempts - 1, 0),
+    started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
+WHERE j.lease_id = %(lease_id)s
+  AND j.state = 'running'
+  AND NOT (j.id = ANY(%(known)s::bigint[]))
+  AND EXISTS (SELECT FROM lease)
+RETURNING j.id

@@ -233,6 +233,8 @@ class DeterministicPump:
                 return ev.LeaseRenewed(now=now, held=store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration))
             case cmd.ExpireLeases():
                 return ev.LeasesExpired(now=now, released=store.expire_leases(limit=1000))
+            case cmd.ReconcileLease():
+                return ev.LeaseReconciled(now=now, released=frozenset(store.reconcile_lease(lease_id=command.lease_id, known=command.known)))
             case cmd.ReleaseJobs():
                 return ev.JobsReleased(now=now, released=frozenset(store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)))
             case cmd.ReleaseLease():

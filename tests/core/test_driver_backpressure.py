@@ -86,7 +86,7 @@ class Model:
     def answer_head(self) -> None:
         item = self.inflight.popleft()
         command = item.command
-        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgeJobs))
+        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgeJobs, cmd.ReconcileLease))
         if failable and self.rng.random() < self.fail_rate:
             self.send(ev.StoreFailed(now=self.now, command=command, jitter=self.rng.random()))
             if isinstance(command, cmd.WriteOutcomes) and self.inflight and self.inflight[0].rides_write:
@@ -118,6 +118,10 @@ class Model:
                 self.send(ev.JobsReleased(now=self.now, released=frozenset(ids)))
             case cmd.ReleaseLease():
                 self.send(ev.LeaseReleased(now=self.now))
+            case cmd.ReconcileLease(known=known):
+                # The model's failed claims never committed: nothing unknown runs under the lease.
+                assert set(known) >= self.held, "the reconcile would give back jobs the driver holds"
+                self.send(ev.LeaseReconciled(now=self.now, released=frozenset()))
             case _:
                 raise AssertionError(f"unexpected command {command!r}")
 
@@ -149,10 +153,12 @@ class Model:
                 assert not self.draining, "claimed while draining"
                 assert not any(isinstance(f.command, cmd.ClaimJobs) for f in self.inflight), "two claims in flight"
                 assert command.lease_id == LEASE
-                riding = i > 0 and isinstance(commands[i - 1], cmd.WriteOutcomes)
+                # The command before it, a ReconcileLease that runs first aside.
+                before = [c for c in commands[:i] if not isinstance(c, cmd.ReconcileLease)]
+                riding = bool(before) and isinstance(before[-1], cmd.WriteOutcomes)
                 # Free capacity: pool minus executing minus buffered (and minus the write in flight,
                 # unless the claim rides behind that very write and runs after it lands).
-                capacity = pool - d.unreported + (len(commands[i - 1].outcomes) if riding else 0)
+                capacity = pool - d.unreported + (len(before[-1].outcomes) if riding else 0)
                 assert 1 <= command.limit <= min(capacity, self.options.max_claim_batch), (command.limit, capacity)
             elif isinstance(command, cmd.WriteOutcomes):
                 assert not any(isinstance(f.command, cmd.WriteOutcomes) for f in self.inflight), "two writes in flight"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from backwave.core import commands as cmd
+from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, State
 
-from .helpers import Trace, claim, execute, ids_of
+from .helpers import LEASE, Trace, claim, execute, ids_of
 
 
 def test_claim_is_sized_by_free_capacity_counting_buffered_outcomes():
@@ -116,14 +117,32 @@ def test_failed_claim_is_retried_after_poll_interval():
     assert t.driver.free_slots == 20
     assert t.driver.next_wakeup() == pytest.approx(1.1)
     assert t.tick(1.0) == []
-    assert t.tick(1.1) == [claim(20)]
+    # The failed claim may have committed before its answer was lost: first give back whatever
+    # runs under the lease that the driver does not hold (here: nothing it holds), then claim.
+    assert t.tick(1.1) == [cmd.ReconcileLease(lease_id=LEASE, known=())]
     assert t.driver.stats.store_faults == 1
+    # The claim comes only once the lease is reconciled.
+    assert t.send(ev.LeaseReconciled(now=1.2, released=frozenset({77}))) == [claim(20)]
+    assert t.driver.stats.reconciled == 1
+    assert t.returned(now=1.3) == []
+    assert t.tick(2.3) == [claim(20)]  # reconciled once: later claims go alone
+
+
+def test_a_failed_reconcile_is_retried_and_no_claim_goes_before_it():
+    t = Trace.running(poll_interval=1.0)
+    t.failed(claim(20), now=0.1)
+    (reconcile,) = t.tick(1.1)
+    assert t.failed(reconcile, now=1.2) == []
+    # A hint brings the retry forward, but only of the reconcile: no claim goes before it.
+    assert t.hint(1.3) == [reconcile]
+    assert t.send(ev.LeaseReconciled(now=1.4, released=frozenset())) == [claim(20)]
 
 
 def test_a_hint_may_retry_a_failed_claim_early():
     t = Trace.running(poll_interval=10.0)
     t.failed(claim(20), now=0.1)
-    assert t.hint(0.2) == [claim(20)]
+    assert t.hint(0.2) == [cmd.ReconcileLease(lease_id=LEASE, known=())]
+    assert t.send(ev.LeaseReconciled(now=0.3, released=frozenset())) == [claim(20)]
 
 
 def test_a_short_claim_after_a_write_repolls_when_the_write_lands():
@@ -186,3 +205,24 @@ def test_the_driver_never_asks_for_zero_jobs():
         t.tick(now + 0.5)
     assert all(c.limit > 0 for _, cs in t.log for c in cs if isinstance(c, cmd.ClaimJobs))
     assert t.driver.stats.claims == 1
+
+
+def test_an_older_attempts_outcome_never_shares_a_batch_with_the_new_attempt():
+    """The write of job 1's retry committed but its answer was lost, so the outcome went back to
+    the buffer; the job then comes back in a claim (attempt 2). The old outcome is written alone
+    (and refused by the store's fence), never in one batch with attempt 2's."""
+    t = Trace.running(pool_size=2, max_outcome_batch=2, poll_interval=1.0)
+    (first,) = t.jobs.make(1, max_attempts=3)
+    t.returned(first, now=0.1)
+    write, ride = t.finished(first, "failed", now=0.2)
+    t.failed(write, now=0.3)
+    t.failed(ride, now=0.3)
+    reconcile, rewrite = t.tick(1.3)
+    assert (type(reconcile), ids_of(rewrite)) == (cmd.ReconcileLease, [first.id])
+    assert t.send(ev.LeaseReconciled(now=1.35, released=frozenset())) == [claim(1)]
+    again = t.jobs.one(id=first.id, attempt=2, max_attempts=3)
+    assert t.returned(again, now=1.4) == execute(again)
+    assert t.written(set(), now=1.45) == [claim(1)]  # the fence refused attempt 1's outcome; re-poll
+    assert t.returned(now=1.46) == []
+    write2, _ = t.finished(again, now=1.5)
+    assert [(o.job_id, o.attempt) for o in write2.outcomes] == [(first.id, 2)]

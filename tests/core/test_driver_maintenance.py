@@ -129,13 +129,16 @@ def test_claims_that_keep_failing_back_off_exponentially_then_reset():
     t.failed(claim(20), now=0.0)
     retries = []
     for _ in range(5):
-        t.tick_at_wakeup()  # the renewal may be due too; only the claim matters here
+        # A failed claim may have committed: each retry is the ReconcileLease that must land
+        # before the next claim (the renewal may be due too; only the store try matters here).
+        (reconcile,) = of_type(t.tick_at_wakeup(), cmd.ReconcileLease)
         retries.append(t.now)
-        t.failed(claim(20))
+        t.failed(reconcile)
     # 1, 2, 4, 8, 16 after each failure: the cap is half a heartbeat (500 s) here.
     assert retries == [1.0, 3.0, 7.0, 15.0, 31.0]
-    assert t.tick_at_wakeup() == [claim(20)]
+    assert of_type(t.tick_at_wakeup(), cmd.ReconcileLease) == [reconcile]
     assert t.now == 63.0
+    assert t.send(ev.LeaseReconciled(now=63.0, released=frozenset())) == [claim(20)]
     assert t.returned() == []  # the store answered: the streak is over
     assert t.driver.next_wakeup() == 64.0
     t.tick(64.0)
@@ -149,7 +152,7 @@ def test_the_backoff_never_exceeds_half_a_heartbeat():
     gaps, last = [], 0.0
     while t.now < 30.0 and t.driver.state is State.RUNNING:
         for command in t.tick_at_wakeup():
-            if isinstance(command, cmd.ClaimJobs):
+            if isinstance(command, (cmd.ClaimJobs, cmd.ReconcileLease)):
                 gaps.append(t.now - last)
                 last = t.now
                 t.failed(command)

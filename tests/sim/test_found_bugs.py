@@ -7,14 +7,16 @@
    the first 2,300) of the first version of the simulator, seed 2315 of the version with queue
    limits and pauses; the unit test below pins the fix without depending on the simulator.
 
-2. Open. A transient fault that loses the reply of a statement that did commit (the connection
-   drops after COMMIT) is reported to the driver as StoreFailed, which the driver reads as
-   "nothing happened". For a claim, the claimed jobs stay running under the pump's live lease,
-   unknown to the driver, until the pump dies (seed 5: more than pool_size jobs under one lease;
-   seed 44: jobs never finish while the pump lives). For an outcome write, the driver puts the
-   applied outcomes back in its buffer; when the job runs again on the same pump first, one
-   batch carries two outcomes of one job and the store refuses it (seed 4462: the pump halts).
-   About one seed in eight fails with --ambiguous-faults.
+2. Fixed. A transient fault that loses the reply of a statement that did commit (the connection
+   drops after COMMIT) is reported to the driver as StoreFailed, which the driver read as
+   "nothing happened". For a claim, the claimed jobs stayed running under the pump's live lease,
+   unknown to the driver, until the pump died (seed 5: more than pool_size jobs under one lease;
+   seed 44: jobs never finish while the pump lives). For an outcome write, the driver put the
+   applied outcomes back in its buffer; when the job ran again on the same pump first, one batch
+   carried two outcomes of one job and the store refused it (seed 4462: the pump halts). The
+   fix: after a failed claim the driver sends ReconcileLease (give back what runs under the
+   lease that it does not hold) before its next claim, and a claim that returns a job drops any
+   outcome of an older attempt of it still buffered.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from backwave.core.policy import Weighted
 from backwave.shell.pump import Pump
 from backwave.shell.registry import TaskRegistry
 from backwave.store.contract import TransientStoreError
-from backwave.testing.simulation import Config, SimulationFailure, run_seed
+from backwave.testing.simulation import Config, run_seed
 
 LEASE = uuid.UUID(int=7)
 
@@ -90,7 +92,6 @@ def test_the_seed_that_found_the_weighted_claim_bug_passes(seed):
     run_seed(seed)
 
 
-@pytest.mark.xfail(strict=True, raises=SimulationFailure, reason="open bug 2: a lost reply to a committed claim or write (see the module docstring)")
 @pytest.mark.parametrize("seed", [5, 44, 4462])
 def test_lost_replies_of_committed_statements(seed):
     run_seed(seed, Config(ambiguous_faults=True))

@@ -51,7 +51,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "open_lease", "renew_lease", "release_lease", "claim_jobs_one_queue", "claim_jobs_many_queues",
         "write_outcomes_many", "release_jobs_many", "expire_leases",
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
-        "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues",
+        "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 

@@ -301,3 +301,16 @@ def wait_until_blocked(pid: int, attempts: int = 1000) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError(f"backend {pid} never blocked on a lock")
+
+
+def test_reconcile_gives_back_only_what_the_pump_does_not_hold(store, lease, rows):
+    """A claim whose answer was lost committed three jobs the pump never heard of."""
+    jobs = rows.make_jobs(5)
+    claimed = store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=5)
+    held = [job.id for job in claimed[:2]]
+    released = store.reconcile_lease(lease_id=lease.id, known=held)
+    assert released == {job.id for job in claimed[2:]}
+    states = rows.states([job.pk for job in jobs])
+    assert sorted(states.values()) == ["ready", "ready", "ready", "running", "running"]
+    assert all(rows.job(pk).attempts == 0 for pk in released), "the attempt that never ran is refunded"
+    assert store.reconcile_lease(lease_id=lease.id, known=held) == set()

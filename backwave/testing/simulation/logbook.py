@@ -74,4 +74,6 @@ def fmt_command(command: cmd.Command) -> str:
             return "Write(" + ",".join(f"{o.job_id}.{o.attempt}:{o.kind.value}" for o in command.outcomes) + ")"
         case cmd.ReleaseJobs():
             return f"ReleaseJobs({','.join(map(str, command.job_ids))})"
+        case cmd.ReconcileLease():
+            return f"Reconcile(known {','.join(map(str, command.known))})"
     return type(command).__name__

@@ -313,6 +313,9 @@ class World(Faults):
                 return [(ev.JobsPurged, {"purged": store.purge_jobs(older_than=command.retention.job_states, limit=command.limit)})]
             case cmd.PurgePumps():
                 return [(ev.PumpsPurged, {"purged": store.purge_pumps(older_than=command.older_than)})]
+            case cmd.ReconcileLease():
+                released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
+                return [(ev.LeaseReconciled, {"released": frozenset(released)})]
             case cmd.ReleaseJobs():
                 released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
                 return [(ev.JobsReleased, {"released": frozenset(released)})]
