@@ -109,6 +109,7 @@ class Worker:
             for pump in self.pumps:
                 hints.subscribe(pump.options.policy.queues, pump.hint)
         self._signals = 0
+        self._all_halted_logged = False
         self._done = threading.Event()
         self._store_factory = store_factory
         self._health_store: Store | None = None
@@ -140,7 +141,7 @@ class Worker:
         last_time, last_done = time.monotonic(), 0
         refresh_every = min(g.heartbeat_every for g in self.groups)
         last_refresh = last_time
-        while any(p.alive for p in self.pumps):
+        while any(p.alive for p in self.pumps) or (self._all_halted_logged and not self._signals):
             time.sleep(min(0.2, self._log_every))
             now = time.monotonic()
             if now - last_time >= self._log_every:
@@ -160,15 +161,21 @@ class Worker:
             if all(p.health == HALTED for p in self.pumps):
                 for pump in self.pumps:
                     pump.join(10)  # each records its halt before its thread ends
-                logger.error("Every pump is halted; the worker exits")
-                return 1
+                if until_idle or self._signals:
+                    logger.error("Every pump is halted; the worker exits")
+                    return 1
+                # Fail-stop halts pumps, not the process: it stays up, its health endpoint
+                # answering 503 and its pump rows fresh, until an operator or orchestrator acts.
+                if not self._all_halted_logged:
+                    logger.error("Every pump is halted; the process stays up (health: halted) until it is signalled")
+                    self._all_halted_logged = True
             if now - last_refresh >= refresh_every:
                 last_refresh = now
                 self._refresh_halted()
         if self.hints is not None:
             self.hints.stop()
         logger.info("BackWave worker stopped after %d job(s) and %d store round-trips", self.jobs_done, sum(p.round_trips for p in self.pumps))
-        return 0
+        return 1 if all(p.health == HALTED for p in self.pumps) else 0
 
     def health_snapshot(self) -> dict:
         """This process's health: each pump, each group (halted only when all its pumps are)."""

@@ -91,3 +91,18 @@ def test_5b_a_group_whose_only_pump_halted_reads_halted(start_worker):
     wait_until(lambda: Job.objects.get(id=done.id).state == "succeeded", what="the sound group still working", workers=[worker])
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
+
+
+def test_5c_a_process_whose_every_pump_halted_stays_up_and_answers_503(start_worker):
+    """Fail-stop halts pumps, not the process: with nothing left healthy it keeps serving its
+    health endpoint (503) until it is signalled, then exits 1."""
+    groups = [{"name": "doomed", "queues": ["faults-doomed"], "pumps": 1, "pool_size": 2}]
+    Job.objects.create(task_path=POISON, queue="faults-doomed", payload={"args": [], "kwargs": {}})
+    worker = start_worker("--health-port", "0", "--lease-duration", "2", *FAST, env=faults_env(halt_on_task=POISON, worker_groups=groups))
+    url = health_url(worker)
+    wait_until(lambda: "the process stays up" in worker.output, what="every pump halted", workers=[worker])
+    code, body = http_get(url)
+    assert (code, body["status"]) == (503, "halted")
+    assert worker.process.poll() is None, "the process is still running"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 1, worker.output
