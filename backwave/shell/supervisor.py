@@ -42,6 +42,7 @@ class Child:
         self.restart_at = 0.0
         self.backoff = 0.0
         self.restarts = 0
+        self.done = False
 
 
 class Supervisor:
@@ -67,7 +68,8 @@ class Supervisor:
             now = time.monotonic()
             for child in self.children:
                 self._watch(child, now)
-            if self._signals and all(c.process is None or c.process.poll() is not None for c in self.children):
+            finished = all(c.process is None or c.process.poll() is not None for c in self.children)
+            if finished and (self._signals or all(c.done for c in self.children)):
                 break
             time.sleep(self._tick)
         codes = [c.process.returncode for c in self.children if c.process is not None]
@@ -75,12 +77,19 @@ class Supervisor:
         return 0 if all(code == 0 for code in codes) else 1
 
     def _watch(self, child: Child, now: float) -> None:
+        if child.done:
+            return
         if child.process is None:
             if not self._signals and now >= child.restart_at:
                 self._start(child)
             return
         code = child.process.poll()
         if code is None or self._signals:
+            return
+        if code == 0:
+            # A clean exit is a finished drain (--until-idle, or a drain the child was asked
+            # for), not a crash: it is not restarted. The supervisor ends when all have.
+            child.done = True
             return
         lived = now - child.started_at
         child.backoff = self._initial_backoff if lived >= STABLE_AFTER or not child.backoff else min(child.backoff * 2, self._max_backoff)
