@@ -86,6 +86,20 @@ def seconds_shown(seconds):
     return f"{seconds * 1000:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
 
+class EngineRows:
+    """ModelAdmin mixin: the rows are the engine's; nobody adds, edits or deletes them here,
+    only the admin actions (each behind its own permission) write."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class RefuseUnpermittedActions:
     """ModelAdmin mixin: a POST for an action the user may not run gets a 403; the list page
     is titled ``changelist_title`` instead of Django's "Select ... to view"."""
@@ -179,7 +193,7 @@ class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
+class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
     changelist_title = "Jobs"
     list_display = ("id", "task_name", "queue", "state_badge", "attempts_shown", "enqueued", "run_at_shown", "finished")
     list_display_links = ("id", "task_name")
@@ -205,15 +219,6 @@ class JobAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
     )
 
     # --- permissions: the rows are the engine's; only the actions write -----------------------
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_retry_permission(self, request, obj=None):
         return request.user.has_perm("backwave.retry_job")
@@ -323,7 +328,7 @@ class JobAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(EngineRows, admin.ModelAdmin):
     """The Queues page: one line per known queue, with or without a Queue row.
 
     Not Django's changelist: most queues have no row until someone pauses or limits them, and the
@@ -332,15 +337,6 @@ class QueueAdmin(admin.ModelAdmin):
     """
 
     actions = ["pause", "resume", "set_limit"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_pause_permission(self, request, obj=None):
         return request.user.has_perm("backwave.pause_queue")
@@ -429,7 +425,7 @@ _PUMP_STATUS_ORDER = Case(
 
 
 @admin.register(Pump)
-class PumpAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
+class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
     """Pumps as they last reported: halted first (with the reason), then degraded, then healthy."""
 
     changelist_title = "Pumps: halted first, then degraded, then healthy"
@@ -442,15 +438,6 @@ class PumpAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     fields = ("worker_id", "status", "reason_full", "group", "hostname", "pid", "in_flight", "lease_duration", "started_at", "last_heartbeat_at", "heartbeat_age")
     readonly_fields = fields
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_queryset(self, request):
         # Annotated before ordering: the order is by the annotation (halted, degraded, healthy).
@@ -488,7 +475,7 @@ class PumpAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
+class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
     changelist_title = "Schedules"
     list_display = ("name", "task_path", "cron", "queue", "next_run", "last_slot", "enabled")
     list_filter = ("enabled", "queue")
@@ -498,15 +485,6 @@ class ScheduleAdmin(RefuseUnpermittedActions, admin.ModelAdmin):
     actions = ["enable", "disable"]
     fields = ("name", "task_path", "cron", "enabled", "next_run", "last_slot", "queue", "priority", "args", "kwargs", "max_attempts", "backoff_base", "backoff_max", "backend", "tags", "created_at", "updated_at")
     readonly_fields = fields
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_toggle_permission(self, request, obj=None):
         return request.user.has_perm("backwave.toggle_schedule")
