@@ -9,7 +9,6 @@ be trusted, then ``close_old_connections`` again. The next attempt on this threa
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 
 from django.db import close_old_connections, connections
 
@@ -26,16 +25,6 @@ def leave_attempt() -> None:
     for connection in connections.all(initialized_only=True):
         _leave_clean(connection)
     close_old_connections()
-
-
-@contextmanager
-def attempt_scope():
-    """Wrap exactly one handler call."""
-    enter_attempt()
-    try:
-        yield
-    finally:
-        leave_attempt()
 
 
 def _leave_clean(connection) -> None:
