@@ -84,6 +84,12 @@ TASKS = {
 }
 
 BACKWAVE = {
+    # The benchmarks compare both commit modes of the worker's bookkeeping; unset, BackWave's default.
+    **(
+        {"WORKER_SYNCHRONOUS_COMMIT": env.bool("BACKWAVE_WORKER_SYNCHRONOUS_COMMIT")}
+        if env.str("BACKWAVE_WORKER_SYNCHRONOUS_COMMIT", default="")
+        else {}
+    ),
     "WORKER_GROUPS": [
         {"name": "default", "queues": ["default", "emails", "reports"], "pool_size": 16},
     ],
