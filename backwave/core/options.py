@@ -18,6 +18,7 @@ class WorkerGroupConfigError(ValueError):
 
 
 DAY = 86_400.0
+DEFAULT_LEASE_DURATION = 30.0
 
 # A pump stops trusting its lease this far before the lease's nominal end (as seen from the last
 # renewal it sent), so it fences itself before another node could have expired the lease.
@@ -82,7 +83,7 @@ class WorkerGroupOptions:
     max_claim_batch: int = 32
     max_outcome_batch: int | None = None  # None: falls back to max_claim_batch
     poll_interval: float = 1.0
-    lease_duration: float = 30.0
+    lease_duration: float = DEFAULT_LEASE_DURATION
     heartbeat_interval: float | None = None  # None: lease_duration / 3
     maintenance_interval: float = 30.0
     drain_timeout: float = 30.0
@@ -153,23 +154,24 @@ def store_timeouts(
     """The store's statement and lock timeouts for a process running ``groups`` (validated).
 
     None derives a value: the statement timeout from the shortest lease of the groups (of the
-    default group when there are none), the lock timeout from the statement timeout (see
+    default lease when there are none), the lock timeout from the statement timeout (see
     STATEMENT_TIMEOUT_SHARE_OF_LEASE for why). A value given must leave a renewal stuck behind
-    a statement time to land: at most half the shortest lease; the lock timeout at most the
-    statement timeout, which would cut a longer lock wait first anyway.
+    a statement time to land: at most half the shortest lease of ``groups``; the lock timeout at
+    most the statement timeout, which would cut a longer lock wait first anyway.
     """
-    shortest = min(groups, key=lambda group: group.lease_duration, default=WorkerGroupOptions(name="default"))
     for setting, value in (("WORKER_STATEMENT_TIMEOUT", statement_timeout), ("WORKER_LOCK_TIMEOUT", lock_timeout)):
         if value is not None and not _is_seconds(value):
             raise WorkerGroupConfigError(f"BACKWAVE[{setting!r}] must be a number of seconds above 0 or None (derived from the lease), got {value!r}.")
+    shortest = min(groups, key=lambda group: group.lease_duration, default=None)
     if statement_timeout is None:
-        statement_timeout = shortest.lease_duration * STATEMENT_TIMEOUT_SHARE_OF_LEASE
-    elif statement_timeout > shortest.lease_duration / 2:
+        lease = shortest.lease_duration if shortest is not None else DEFAULT_LEASE_DURATION
+        statement_timeout = lease * STATEMENT_TIMEOUT_SHARE_OF_LEASE
+    elif shortest is not None and statement_timeout > shortest.lease_duration / 2:
         raise WorkerGroupConfigError(
             f"BACKWAVE['WORKER_STATEMENT_TIMEOUT'] ({statement_timeout:g} s) must be at most half the lease_duration of "
             f"Worker Group '{shortest.name}' ({shortest.lease_duration:g} s): a heartbeat waiting behind a statement that long "
             "would come too late to keep the lease. Lower it, lengthen the lease, or leave it None "
-            f"(a fifth of the shortest lease)."
+            "(a fifth of the shortest lease)."
         )
     if lock_timeout is None:
         lock_timeout = statement_timeout * LOCK_TIMEOUT_SHARE_OF_STATEMENT

@@ -156,6 +156,8 @@ def test_store_timeouts_given_are_kept():
     assert store_timeouts(groups, statement_timeout=15, lock_timeout=0.5) == StoreTimeouts(statement=15.0, lock=0.5)
     assert store_timeouts(groups, statement_timeout=9.0) == StoreTimeouts(statement=9.0, lock=3.0)
     assert store_timeouts(groups, lock_timeout=6.0) == StoreTimeouts(statement=6.0, lock=6.0)
+    # No groups (a store outside a worker): no lease to hold the values against.
+    assert store_timeouts([], statement_timeout=100.0) == StoreTimeouts(statement=100.0, lock=pytest.approx(100 / 3))
 
 
 def test_a_statement_timeout_above_half_the_shortest_lease_is_refused():
