@@ -40,13 +40,22 @@ DEFAULTS: dict[str, Any] = {
     "TASK_MODULES": [],  # extra modules the worker imports to discover tasks
     "WORKER_GROUPS": [],  # list of dicts, validated by the worker (WorkerGroupOptions)
     "MAX_TRACEBACK_CHARS": 16_000,  # a stored traceback keeps its last this-many characters
-    # The worker's own bookkeeping (claims, outcomes, leases) commits without waiting for the
-    # WAL flush. Only a crash of the PostgreSQL server itself can lose the last few hundred
-    # milliseconds of it, and what it loses is re-run (at-least-once) and still fenced
-    # (effect-once): a lost claim makes the job ready again, a lost outcome leaves the job under
-    # a lease that lapses. Enqueues keep the application's own setting. True restores the
-    # flush-per-commit at about a fifth of the throughput on an ordinary disk.
-    "WORKER_SYNCHRONOUS_COMMIT": False,
+    # True: the worker's own bookkeeping (claims, outcomes, leases) commits as durably as the
+    # database is configured to (BackWave leaves synchronous_commit alone). False: it commits
+    # without waiting for the WAL flush, set per transaction (SET LOCAL, PgBouncer-safe); only a
+    # crash of the PostgreSQL server itself can then lose its last few hundred milliseconds, and
+    # what it loses is re-run (at-least-once) and still fenced (effect-once). Measured with
+    # bench/throughput.py it gains little on an ordinary disk (see README), so durable is the
+    # default. Enqueues always keep the application's own setting.
+    "WORKER_SYNCHRONOUS_COMMIT": True,
+    # Seconds every statement of a worker's store may run, and wait for a lock, before it fails
+    # as a transient fault (SQLSTATE 57014, 55P03). None derives them from the shortest lease of
+    # the groups the worker runs: a fifth of it for a statement (6 s at the default 30 s lease),
+    # a third of that for a lock wait (2 s). A value given must be at most half the shortest
+    # lease, the lock timeout at most the statement timeout (checked at worker start and by
+    # `manage.py check`). Set per transaction, so the session's own values stay as they are.
+    "WORKER_STATEMENT_TIMEOUT": None,
+    "WORKER_LOCK_TIMEOUT": None,
     # Recurring jobs, by name: {"nightly": {"task": "shop.tasks.report", "cron": "0 3 * * *"}}.
     # Keys: task (wire name of a registered task) and cron (5 fields, or 6 with seconds last,
     # evaluated in settings.TIME_ZONE against the database clock), optionally args, kwargs,
@@ -93,6 +102,14 @@ def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
 def _seconds(value) -> str | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         return "a finite number of seconds >= 0"
+    return None
+
+
+def _positive_seconds_or_none(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        return "a finite number of seconds above 0, or None (derived from the lease)"
     return None
 
 
@@ -214,6 +231,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "WORKER_GROUPS": _list_of(dict, "dicts (one per worker group)"),
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
     "WORKER_SYNCHRONOUS_COMMIT": lambda value: None if isinstance(value, bool) else "True or False",
+    "WORKER_STATEMENT_TIMEOUT": _positive_seconds_or_none,
+    "WORKER_LOCK_TIMEOUT": _positive_seconds_or_none,
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,

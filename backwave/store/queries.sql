@@ -14,6 +14,15 @@
 -- Every timestamp is the database's now(): no host clock is ever passed in.
 
 
+-- name: set_transaction_settings
+-- The head of every round-trip of a PostgresStore, in the same implicit transaction as the
+-- operation's statements (one pipeline, one Sync). set_config(..., is_local => true) is SET
+-- LOCAL: the value ends with the transaction, so it never outlives it on a connection that a
+-- pooler hands to another client. names and values: the settings to set, in the same order.
+SELECT set_config(s.name, s.value, true)
+FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value)
+
+
 -- name: open_lease
 INSERT INTO backwave_lease (id, worker_id, "group", hostname, pid, created_at, renewed_at, expires_at)
 VALUES (%(lease_id)s, %(worker_id)s, %(group)s, %(hostname)s, %(pid)s,
