@@ -257,6 +257,33 @@ def value_problem(name: str, value, where: str) -> str | None:
     return f"{where}[{name!r}] must be {allowed}, got {value!r}."
 
 
+def backoff_problem(base, cap, *, base_label: str, cap_label: str) -> str | None:
+    """Why a backoff cap below its base is refused, or None; each label names its value and
+    where it came from. Values of the wrong kind are left to their own validators."""
+    if _seconds(base) or _seconds(cap) or cap >= base:
+        return None
+    return f"{cap_label} must be at least {base_label}: it caps every retry's delay, the first one included."
+
+
+def default_backoff_problem(options: Mapping | None = None, where: str = "OPTIONS") -> str | None:
+    """Why the default backoff cap is below the default base (a backend's ``options`` over
+    BACKWAVE over the defaults), or None."""
+    user = getattr(settings, "BACKWAVE", {})
+    if not isinstance(user, Mapping):
+        return None
+    values, labels = {}, {}
+    for name in ("DEFAULT_BACKOFF_BASE", "DEFAULT_BACKOFF_MAX"):
+        if isinstance(options, Mapping) and name in options:
+            values[name], origin, note = options[name], f"{where}[{name!r}]", ""
+        else:
+            values[name], origin, note = user.get(name, DEFAULTS[name]), f"BACKWAVE[{name!r}]", "" if name in user else ", its default"
+        labels[name] = f"{origin} ({values[name]:g} s{note})" if not _seconds(values[name]) else origin
+    return backoff_problem(
+        values["DEFAULT_BACKOFF_BASE"], values["DEFAULT_BACKOFF_MAX"],
+        base_label=labels["DEFAULT_BACKOFF_BASE"], cap_label=labels["DEFAULT_BACKOFF_MAX"],
+    )
+
+
 def retention() -> dict[str, float | None]:
     """BACKWAVE["RETENTION"] over its defaults: every key, in seconds or None."""
     return {**RETENTION_DEFAULTS, **get_setting("RETENTION")}
@@ -271,6 +298,8 @@ def settings_problems() -> list[str]:
     for name, value in user.items():
         if name in DEFAULTS and (problem := value_problem(name, value, "BACKWAVE")):
             problems.append(problem)
+    if problem := default_backoff_problem():
+        problems.append(problem)
     return problems
 
 
@@ -282,6 +311,9 @@ def options_problems(options, where: str) -> list[str]:
     for name, value in options.items():
         if name in BACKEND_OPTION_NAMES and (problem := value_problem(name, value, where)):
             problems.append(problem)
+    # Only when the backend sets one of them: BACKWAVE's own pair is settings_problems'.
+    if {"DEFAULT_BACKOFF_BASE", "DEFAULT_BACKOFF_MAX"} & options.keys() and (problem := default_backoff_problem(options, where)):
+        problems.append(problem)
     return problems
 
 

@@ -29,6 +29,9 @@ _OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "re
 _INT_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
 _FLOAT_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
 
+# What a worker runs when neither its flags nor BACKWAVE["WORKER_GROUPS"] name a group.
+DEFAULT_GROUP: Mapping[str, Any] = {"name": "default", "queues": ["default"]}
+
 
 def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
     """Build one group from a settings dict, rejecting what is misspelt or out of range."""

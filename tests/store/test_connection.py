@@ -15,7 +15,8 @@ from backwave.core.jobs import OutcomeKind
 from backwave.shell.hints import HintListener
 from backwave.store.contract import OutcomeRecord, StoreError, TransientStoreError
 from backwave.store.postgres import PostgresStore, django_conninfo, is_transient
-from backwave.store.queries import QUERIES
+
+from .helpers import in_effect, server_default
 
 # All PostgreSQL-only: connection settings, a killed backend, SQLSTATE classification.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stores("postgres")]
@@ -168,24 +169,6 @@ def test_a_statement_that_runs_too_long_becomes_a_transient_statement_timeout(ma
     with pytest.raises(TransientStoreError, match=r"renew_lease failed \[57014\]") as caught:
         store.renew_lease(lease_id=lease.id, duration=60)
     assert isinstance(caught.value.__cause__, psycopg.errors.QueryCanceled)
-
-
-def in_effect(store) -> dict[str, tuple[str, str]]:
-    """(value inside the store's own transaction, the session's own value) of the settings
-    BackWave sets, read by a statement that goes through the store's round-trip like any other."""
-    QUERIES["probe_settings"] = (
-        "SELECT name, setting, reset_val FROM pg_settings WHERE name IN ('synchronous_commit', 'statement_timeout', 'lock_timeout')"
-    )
-    try:
-        return {name: (setting, reset) for name, setting, reset in store._execute("probe_settings", {})}
-    finally:
-        del QUERIES["probe_settings"]
-
-
-def server_default(name: str) -> str:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reset_val FROM pg_settings WHERE name = %s", [name])
-        return cursor.fetchone()[0]
 
 
 def test_by_default_statements_run_under_timeouts_from_the_lease_and_the_database_s_commit_setting(settings, store_kind, make_store):

@@ -5,16 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf, operations
-from backwave.core.options import Retention, WorkerGroupConfigError
+from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
 from backwave.shell.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
-from backwave.shell.worker import Worker, group_from_mapping
+from backwave.shell.worker import DEFAULT_GROUP, Worker, group_from_mapping
+
+if TYPE_CHECKING:
+    from backwave.store.postgres import PostgresStore
 
 logger = logging.getLogger("backwave.worker")
 
@@ -53,13 +59,14 @@ class Command(BaseCommand):
                 )
             return self._supervise(options["processes"])
         try:
-            groups = self._groups(options)
+            groups = validate_groups(self._groups(options))
+            store_factory = store_factory_for(groups)
             registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
-            _sync_schedules(registry)
+            _sync_schedules(registry, store_factory)
             operations.apply_queue_settings(conf.get_setting("QUEUES"))
             worker = Worker(
                 groups,
-                store_factory=_store_factory,
+                store_factory=store_factory,
                 registry=registry,
                 max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
                 log_every=options["log_every"],
@@ -109,7 +116,7 @@ class Command(BaseCommand):
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
             raw_groups = [{"name": options["group"] or "cli", "queues": queues}]
         else:
-            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or [{"name": "default", "queues": ["default"]}]
+            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or [DEFAULT_GROUP]
             if options["group"]:
                 raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
                 if not raw_groups:
@@ -118,7 +125,7 @@ class Command(BaseCommand):
         return [replace(group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups]
 
 
-def _sync_schedules(registry) -> None:
+def _sync_schedules(registry, store_factory) -> None:
     """Write BACKWAVE["SCHEDULES"] to the Schedule table (ScheduleConfigError, a ValueError, when
     one cannot run). With the database unreachable the worker starts anyway on the rows of the
     last sync: its pumps wait for the database like after any other fault."""
@@ -127,7 +134,7 @@ def _sync_schedules(registry) -> None:
 
     schedules = conf.get_setting("SCHEDULES")
     try:
-        store = _store_factory()
+        store = store_factory()
     except TransientStoreError as error:
         logger.warning("Schedules not synced, the database is unreachable: %s", error)
         return
@@ -146,7 +153,14 @@ def _hint_listener():
     return HintListener(django_conninfo(settings.DATABASES["default"]))
 
 
-def _store_factory():
+def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[], PostgresStore]:
+    """Stores for a worker running ``groups``: every statement under the timeouts of
+    BACKWAVE["WORKER_STATEMENT_TIMEOUT"] / ["WORKER_LOCK_TIMEOUT"], or those derived from the
+    shortest lease. Checked here, at start, so a value the leases cannot live with stops the
+    worker before any pump runs (WorkerGroupConfigError)."""
     from backwave.store.postgres import PostgresStore
 
-    return PostgresStore.from_django()
+    timeouts = store_timeouts(
+        groups, statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
+    )
+    return partial(PostgresStore.from_django, statement_timeout=timeouts.statement, lock_timeout=timeouts.lock)
