@@ -150,10 +150,9 @@ class PostgresStore:
             "lock_timeout": _milliseconds("lock_timeout", lock_timeout),
             "synchronous_commit": None if synchronous_commit else "off",
         }
-        settings = {name: value for name, value in settings.items() if value is not None}
         # The head of every round-trip (see the module docstring), or None when nothing is set.
-        self._transaction_settings: tuple[str, dict[str, list[str]]] | None = (
-            (QUERIES["set_transaction_settings"], {"names": list(settings), "values": list(settings.values())}) if settings else None
+        self._transaction_settings: tuple[str, dict[str, str | None]] | None = (
+            (QUERIES["set_transaction_settings"], settings) if any(value is not None for value in settings.values()) else None
         )
         params = worker_connect_params(conninfo_to_dict(conninfo) if isinstance(conninfo, str) else conninfo)
         params.setdefault("application_name", application_name)

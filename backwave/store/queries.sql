@@ -18,9 +18,15 @@
 -- The head of every round-trip of a PostgresStore, in the same implicit transaction as the
 -- operation's statements (one pipeline, one Sync). set_config(..., is_local => true) is SET
 -- LOCAL: the value ends with the transaction, so it never outlives it on a connection that a
--- pooler hands to another client. names and values: the settings to set, in the same order.
-SELECT set_config(s.name, s.value, true)
-FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value)
+-- pooler hands to another client. A NULL leaves that setting alone (set_config would reset it
+-- to the session's default). Fixed calls rather than unnest() over arrays: this runs on every
+-- round-trip, and the arrays cost more to send and plan than the settings themselves.
+SELECT CASE WHEN %(statement_timeout)s::text IS NOT NULL
+            THEN set_config('statement_timeout', %(statement_timeout)s::text, true) END,
+       CASE WHEN %(lock_timeout)s::text IS NOT NULL
+            THEN set_config('lock_timeout', %(lock_timeout)s::text, true) END,
+       CASE WHEN %(synchronous_commit)s::text IS NOT NULL
+            THEN set_config('synchronous_commit', %(synchronous_commit)s::text, true) END
 
 
 -- name: open_lease
