@@ -17,6 +17,7 @@ from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, Wo
 from backwave.core.policy import Strict
 from backwave.store.contract import Store, StoreError
 
+from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status
 from .pump import HALTED, Pump
@@ -90,6 +91,7 @@ class Worker:
         store_factory: Callable[[], Store],
         registry: TaskRegistry,
         max_traceback_chars: int = 16_000,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         log_every: float = 10.0,
         hints: HintListener | None = None,
         health_port: int | None = None,
@@ -99,7 +101,10 @@ class Worker:
         # The endpoint binds first, so a port in use fails the command before any thread starts.
         self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
         self.pumps = [
-            Pump(group, index, store_factory=store_factory, registry=registry, max_traceback_chars=max_traceback_chars)
+            Pump(
+                group, index, store_factory=store_factory, registry=registry,
+                max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+            )
             for group in self.groups
             for index in range(group.pumps)
         ]

@@ -77,3 +77,8 @@ def calls_back():
 @task
 async def async_add(a, b):
     return a + b
+
+
+@task(max_attempts=1)
+def returns_nan():
+    return {"score": float("nan")}
