@@ -13,9 +13,11 @@ Page cost is bounded however large the job table grows: no page counts the whole
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, F, IntegerField, Value, When
 from django.db.models.functions import Now
@@ -29,6 +31,10 @@ from django.utils.text import Truncator
 from . import admin_stats, operations
 from .models import Attempt, Job, JobState, Pump, PumpStatus, Queue, Schedule
 
+MAX_JOB_ID = 2**63 - 1  # Job.id is a bigint
+# ASCII only: str.isdigit() also accepts "²" and "٣", which int() refuses or reads as another number.
+_JOB_ID_TEXT = re.compile(r"[0-9]{1,19}\Z")
+
 RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} left alone: try again once {they} finish{es}."
 
 
@@ -36,6 +42,14 @@ def _plural(n: int) -> dict:
     one = n == 1
     return {"n": n, "s": "" if one else "s", "are": "is" if one else "are", "were": "was" if one else "were",
             "they": "it" if one else "they", "es": "es" if one else ""}
+
+
+def parse_job_id(text) -> int | None:
+    """The job id that ``text`` spells in ASCII digits, or None when it names no possible job."""
+    if not isinstance(text, str) or not _JOB_ID_TEXT.match(text):
+        return None
+    job_id = int(text)
+    return job_id if 1 <= job_id <= MAX_JOB_ID else None
 
 
 def report_job_action(request, result: operations.JobActionResult, *, done: str, allowed: str) -> None:
@@ -240,8 +254,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         term = search_term.strip().lstrip("#")
         if not term:
             return queryset, False
-        if term.isdigit():
-            return (queryset.filter(id=int(term)) if len(term) < 19 else queryset.none()), False
+        if term.isascii() and term.isdigit():
+            job_id = parse_job_id(term)
+            return (queryset.filter(id=job_id) if job_id is not None else queryset.none()), False
         return queryset.filter(task_path__icontains=term), False
 
     @admin.display(description="task", ordering="task_path")
@@ -300,10 +315,16 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
             return "-"
         return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(job.return_value, indent=2, ensure_ascii=False))
 
+    def get_object(self, request, object_id, from_field=None):
+        # Django's own lookup would read "٣" as job 3; a URL names a job in ASCII digits only.
+        if from_field in (None, "id", "pk") and parse_job_id(object_id) is None:
+            return None
+        return super().get_object(request, object_id, from_field)
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         attempts = []
-        if object_id and object_id.isdigit():
-            for attempt in Attempt.objects.filter(job_id=int(object_id)).order_by("number"):
+        if (job_id := parse_job_id(object_id)) is not None:
+            for attempt in Attempt.objects.filter(job_id=job_id).order_by("number"):
                 duration = None
                 if attempt.started_at and attempt.finished_at:
                     duration = (attempt.finished_at - attempt.started_at).total_seconds()
@@ -317,6 +338,14 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
     # --- actions --------------------------------------------------------------------------------
+
+    def response_action(self, request, queryset, action_location=admin.ActionLocation.CHANGE_LIST):
+        # Django would filter by these ids as they came and fail on "²" or "abc" with a 500.
+        for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            if parse_job_id(text) is None:
+                messages.error(request, f"{text!r} is not a job id; nothing was changed.")
+                return None
+        return super().response_action(request, queryset, action_location)
 
     @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
