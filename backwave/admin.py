@@ -16,6 +16,7 @@ import json
 import re
 from functools import cache
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -35,6 +36,7 @@ MAX_JOB_ID = 2**63 - 1  # Job.id is a bigint
 # ASCII only: str.isdigit() also accepts "²" and "٣", which int() refuses or reads as another number.
 _JOB_ID_TEXT = re.compile(r"[0-9]{1,19}\Z")
 
+GONE_SHOWN = 10  # ids listed in the "no longer exists" message before "and N more"
 RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} left alone: try again once {they} finish{es}."
 
 
@@ -63,7 +65,11 @@ def report_job_action(request, result: operations.JobActionResult, *, done: str,
     if others:
         listed = ", ".join(f"{n} {state}" for state, n in sorted(others.items()))
         messages.warning(request, f"Only {allowed} jobs can be {done}; left alone: {listed}.")
-    if not changed and not result.refused:
+    if result.gone:
+        shown = ", ".join(map(str, result.gone[:GONE_SHOWN])) + (f" and {len(result.gone) - GONE_SHOWN} more" if len(result.gone) > GONE_SHOWN else "")
+        one = len(result.gone) == 1
+        messages.warning(request, f"Job{'' if one else 's'} {shown} no longer exist{'s' if one else ''} (deleted since the page was loaded, e.g. by the retention purge).")
+    if not changed and not result.refused and not result.gone:
         messages.warning(request, "No such job.")
 
 
@@ -347,13 +353,26 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
                 return None
         return super().response_action(request, queryset, action_location)
 
+    @staticmethod
+    def _ticked_job_ids(request) -> list[int] | None:
+        """The ids the operator ticked, or None when the action covers every job the filters
+        match ("select all"). Ticked jobs are acted on by id, not through the filters, so one
+        that changed meanwhile is reported in its new state, and one purged meanwhile as gone."""
+        if forms.BooleanField(required=False).to_python(request.POST.get("select_across")):
+            return None
+        return [parse_job_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
+
     @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
-        report_job_action(request, operations.retry_jobs(queryset), done="retried", allowed="failed or quarantined")
+        ids = self._ticked_job_ids(request)
+        result = operations.retry_jobs(queryset) if ids is None else operations.retry_job_ids(ids)
+        report_job_action(request, result, done="retried", allowed="failed or quarantined")
 
     @admin.action(description="Cancel (ready or scheduled jobs)", permissions=["cancel"], location=BOTH_LOCATIONS)
     def cancel(self, request, queryset):
-        report_job_action(request, operations.cancel_jobs(queryset), done="cancelled", allowed="ready or scheduled")
+        ids = self._ticked_job_ids(request)
+        result = operations.cancel_jobs(queryset) if ids is None else operations.cancel_job_ids(ids)
+        report_job_action(request, result, done="cancelled", allowed="ready or scheduled")
 
 
 @admin.register(Queue)

@@ -223,6 +223,39 @@ def test_cancel_cancels_ready_and_scheduled_jobs_only(operator_client):
     assert Job.objects.get(pk=due.pk).finished_at is not None
 
 
+def test_a_job_deleted_since_the_page_loaded_is_reported_gone(operator_client):
+    failed, purged = make_job(state="failed"), make_job(state="failed")
+    Job.objects.filter(pk=purged.pk).delete()  # the retention purge, between the listing and the click
+
+    response = run_action(operator_client, "retry_now", failed, purged)
+
+    assert messages_of(response) == ["Retried 1 job.", f"Job {purged.pk} no longer exists (deleted since the page was loaded, e.g. by the retention purge)."]
+
+
+def test_ticked_jobs_are_reported_in_their_state_now_even_past_the_filter(operator_client):
+    failed = make_job(state="failed")
+    url = CHANGELIST + "?state=failed"
+    page = operator_client.get(url)
+    assert listed_ids(page) == [failed.pk]
+    Job.objects.filter(pk=failed.pk).update(state="ready")  # another operator retried it meanwhile
+
+    data = {"action": "retry_now", "_selected_action": [failed.pk], "index": 0}
+    response = operator_client.post(url, data, follow=True)
+
+    assert messages_of(response) == ["Only failed or quarantined jobs can be retried; left alone: 1 ready."]
+
+
+def test_select_all_acts_on_every_job_the_filters_match(operator_client):
+    failed = [make_job(state="failed", queue="emails") for _ in range(3)]
+    other = make_job(state="failed", queue="reports")
+    data = {"action": "retry_now", "_selected_action": [failed[0].pk], "select_across": "1", "index": 0}
+
+    response = operator_client.post(CHANGELIST + "?queue=emails", data, follow=True)
+
+    assert messages_of(response) == ["Retried 3 jobs."]
+    assert Job.objects.get(pk=other.pk).state == "failed"
+
+
 def test_retry_from_the_detail_page(operator_client):
     job = make_job(state="failed", attempts=1, max_attempts=1)
     response = operator_client.post(

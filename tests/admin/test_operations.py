@@ -35,12 +35,6 @@ def test_cancel_leaves_running_jobs_to_their_lease():
     assert Job.objects.get(pk=running.pk).state == "running"
 
 
-def test_a_job_claimed_meanwhile_is_reported_as_running():
-    # The statement's snapshot saw it ready; the UPDATE's re-check found it running.
-    assert operations._refused_state("ready", operations.CANCELLABLE_STATES) == "running"
-    assert operations._refused_state("succeeded", operations.CANCELLABLE_STATES) == "succeeded"
-
-
 def test_queue_operations_create_rows_and_touch_only_their_column():
     operations.limit_queues(["emails"], 5)
     operations.pause_queues(["emails", "reports"])
@@ -61,6 +55,12 @@ def test_invalid_queue_names_are_refused(name):
 def test_invalid_limits_are_refused(limit):
     with pytest.raises(ValueError, match="Invalid concurrency limit"):
         operations.limit_queues(["emails"], limit)
+
+
+def test_a_job_asked_for_by_id_that_no_longer_exists_is_reported_gone():
+    failed = make_job(state="failed")
+    result = operations.retry_job_ids([failed.pk, 10**12])
+    assert (result.changed, dict(result.refused), result.gone) == ((failed.pk,), {}, (10**12,))
 
 
 def test_the_database_refuses_a_bad_row_too():
