@@ -12,17 +12,16 @@ the retention purge deleted meanwhile is skipped, and reported gone when it was 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from django.db import connections, router
 
 from .models import Job, Queue
+from .queue_rules import QUEUE_NAME_RULE, is_queue_name
 
 RETRYABLE_STATES = ("failed", "quarantined")
 CANCELLABLE_STATES = ("ready",)
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,8 +114,8 @@ def cancel_job_ids(ids) -> JobActionResult:
 
 def validate_queue_name(name) -> str:
     """The name, or ValueError saying what a queue name may be."""
-    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
-        raise ValueError(f"Invalid queue name {name!r}: use 1 to 64 letters, digits, '_', '.' or '-'.")
+    if not is_queue_name(name):
+        raise ValueError(f"Invalid queue name {name!r}: use {QUEUE_NAME_RULE}.")
     return name
 
 
