@@ -455,10 +455,7 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
 
     @admin.action(description="Set concurrency limit (blank: unlimited)", permissions=["limit"])
     def set_limit(self, request, names):
-        raw = request.POST.get("limit", "").strip()
-        if raw and not raw.isdigit():
-            raise ValueError(f"Invalid concurrency limit {raw!r}: use a whole number >= 1, or leave it blank for unlimited.")
-        limit = int(raw) if raw else None
+        limit = operations.parse_concurrency_limit(request.POST.get("limit", ""), unlimited="leave it blank")
         n = operations.limit_queues(names, limit)
         shown = "unlimited" if limit is None else f"at most {limit} running at once"
         messages.success(request, f"{n} queue{'' if n == 1 else 's'} now {shown}: {', '.join(sorted(names))}.")

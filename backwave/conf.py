@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from .queue_rules import QUEUE_NAME_RULE, is_queue_name
+from .queue_rules import MAX_CONCURRENCY_LIMIT, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
 
 DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,  # the {"args", "kwargs"} JSON, encoded
@@ -197,8 +197,8 @@ def _queues(value) -> str | None:
             hint = "Did you mean 'concurrency_limit'? " if "limit" in str(key) else ""
             return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: concurrency_limit, paused.")
         limit = spec.get("concurrency_limit")
-        if limit is not None and (not _is_int(limit) or limit < 1):
-            return Sentence(f"{where}['concurrency_limit'] must be a whole number >= 1 or None (unlimited), got {limit!r}.")
+        if limit is not None and not is_concurrency_limit(limit):
+            return Sentence(f"{where}['concurrency_limit'] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}.")
         if "paused" in spec and not isinstance(spec["paused"], bool):
             return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
     return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from django.db import connections, router
 
 from .models import Job, Queue
-from .queue_rules import QUEUE_NAME_RULE, is_queue_name
+from .queue_rules import CONCURRENCY_LIMIT_RULE, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
 
 RETRYABLE_STATES = ("failed", "quarantined")
 CANCELLABLE_STATES = ("ready",)
@@ -123,8 +123,21 @@ def validate_concurrency_limit(limit) -> int | None:
     """The limit (None: unlimited), or ValueError saying what is allowed."""
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"Invalid concurrency limit {limit!r}: use a whole number >= 1, or none for unlimited.")
+    if not is_concurrency_limit(limit):
+        raise ValueError(f"Invalid concurrency limit {limit!r}: use {CONCURRENCY_LIMIT_RULE}, or none for unlimited.")
+    return limit
+
+
+def parse_concurrency_limit(text: str, *, unlimited: str) -> int | None:
+    """A limit as an operator typed it: blank, "none" or "unlimited" is None, else ASCII digits
+    within the column's range. ``unlimited`` says, in the error, how to ask for no limit."""
+    text = text.strip()
+    if text.lower() in ("", "none", "unlimited"):
+        return None
+    # ASCII only: int() also reads "٣" and " 1_000 ", and refuses "²" with a message about base 10.
+    limit = int(text) if text.isascii() and text.isdigit() else None
+    if limit is None or not is_concurrency_limit(limit):
+        raise ValueError(f"Invalid concurrency limit {text!r}: use {CONCURRENCY_LIMIT_RULE}, or {unlimited} for unlimited.")
     return limit
 
 

@@ -1,4 +1,4 @@
-"""What a queue name may be: one rule, in one place.
+"""What a queue name and a queue's concurrency limit may be: one rule each, in one place.
 
 Every way a queue name comes in uses these: a task's definition and its enqueue
 (``tasks_api``, ``backend``), the settings (``conf``: QUEUES, SCHEDULES; the backend's check of
@@ -21,7 +21,16 @@ QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 QUEUE_NAME_DATABASE_REGEX = r"^[A-Za-z0-9_.-]{1,64}$"
 QUEUE_NAME_RULE = f"1 to {MAX_QUEUE_NAME_LENGTH} letters, digits, '_', '.' or '-'"
 
+MAX_CONCURRENCY_LIMIT = 2**31 - 1  # Queue.concurrency_limit is a PostgreSQL integer
+CONCURRENCY_LIMIT_RULE = f"a whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}"
+
 
 def is_queue_name(value) -> bool:
     """True when ``value`` is a string BackWave accepts as a queue name."""
     return isinstance(value, str) and QUEUE_NAME_PATTERN.match(value) is not None
+
+
+def is_concurrency_limit(value) -> bool:
+    """True when ``value`` is a concurrency limit the Queue table can hold (None, unlimited, is
+    the caller's to allow)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CONCURRENCY_LIMIT
