@@ -2,8 +2,12 @@
 
 import os
 
-from project.settings import *  # noqa: F401,F403
-from project.settings import BACKWAVE, DATABASES, TASKS
+# The tests' own key, before the project's settings load: otherwise they would generate one into
+# the checkout's .secret_key. Worker subprocesses of the tests inherit it.
+os.environ.setdefault("SECRET_KEY", "backwave-tests-only-key-never-served-" + "x" * 20)
+
+from project.settings import *  # noqa: E402,F401,F403
+from project.settings import BACKWAVE, DATABASES, TASKS  # noqa: E402
 
 BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"]}
 TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]}}
