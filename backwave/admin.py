@@ -32,9 +32,9 @@ from django.utils.text import Truncator
 from . import admin_stats, operations
 from .models import Attempt, Job, JobState, Pump, PumpStatus, Queue, Schedule
 
-MAX_JOB_ID = 2**63 - 1  # Job.id is a bigint
+MAX_ROW_ID = 2**63 - 1  # Job.id and Schedule.id are bigints
 # ASCII only: str.isdigit() also accepts "²" and "٣", which int() refuses or reads as another number.
-_JOB_ID_TEXT = re.compile(r"[0-9]{1,19}\Z")
+_ROW_ID_TEXT = re.compile(r"[0-9]{1,19}\Z")
 
 GONE_SHOWN = 10  # ids listed in the "no longer exists" message before "and N more"
 RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} left alone: try again once {they} finish{es}."
@@ -46,12 +46,12 @@ def _plural(n: int) -> dict:
             "they": "it" if one else "they", "es": "es" if one else ""}
 
 
-def parse_job_id(text) -> int | None:
-    """The job id that ``text`` spells in ASCII digits, or None when it names no possible job."""
-    if not isinstance(text, str) or not _JOB_ID_TEXT.match(text):
+def parse_row_id(text) -> int | None:
+    """The id that ``text`` spells in ASCII digits, or None when it names no possible row."""
+    if not isinstance(text, str) or not _ROW_ID_TEXT.match(text):
         return None
-    job_id = int(text)
-    return job_id if 1 <= job_id <= MAX_JOB_ID else None
+    row_id = int(text)
+    return row_id if 1 <= row_id <= MAX_ROW_ID else None
 
 
 def report_job_action(request, result: operations.JobActionResult, *, done: str, allowed: str) -> None:
@@ -137,6 +137,24 @@ class RefuseUnpermittedActions:
         return super().change_view(request, object_id, form_url, extra_context)
 
 
+class BigintIds:
+    """ModelAdmin mixin for rows keyed by a bigint id: only ASCII digits name one, in its URL and
+    in an action's selection. Django's own lookup reads "٣" as 3, and an action's filter fails
+    on "²" or "abc" with a 500."""
+
+    def get_object(self, request, object_id, from_field=None):
+        if from_field in (None, "id", "pk") and parse_row_id(object_id) is None:
+            return None  # Django's usual "... doesn't exist", as for any other missing row
+        return super().get_object(request, object_id, from_field)
+
+    def response_action(self, request, queryset, action_location=admin.ActionLocation.CHANGE_LIST):
+        for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            if parse_row_id(text) is None:
+                messages.error(request, f"{text!r} is not a {self.opts.verbose_name} id; nothing was changed.")
+                return None
+        return super().response_action(request, queryset, action_location)
+
+
 class _StatisticsMixin:
     """One read of the planner's statistics per request, shared by the filters."""
 
@@ -213,7 +231,7 @@ class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
+class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Jobs"
     list_display = ("id", "task_name", "queue", "state_badge", "attempts_shown", "enqueued", "run_at_shown", "finished")
     list_display_links = ("id", "task_name")
@@ -261,7 +279,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         if not term:
             return queryset, False
         if term.isascii() and term.isdigit():
-            job_id = parse_job_id(term)
+            job_id = parse_row_id(term)
             return (queryset.filter(id=job_id) if job_id is not None else queryset.none()), False
         return queryset.filter(task_path__icontains=term), False
 
@@ -321,15 +339,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
             return "-"
         return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(job.return_value, indent=2, ensure_ascii=False))
 
-    def get_object(self, request, object_id, from_field=None):
-        # Django's own lookup would read "٣" as job 3; a URL names a job in ASCII digits only.
-        if from_field in (None, "id", "pk") and parse_job_id(object_id) is None:
-            return None
-        return super().get_object(request, object_id, from_field)
-
     def change_view(self, request, object_id, form_url="", extra_context=None):
         attempts = []
-        if (job_id := parse_job_id(object_id)) is not None:
+        if (job_id := parse_row_id(object_id)) is not None:
             for attempt in Attempt.objects.filter(job_id=job_id).order_by("number"):
                 duration = None
                 if attempt.started_at and attempt.finished_at:
@@ -345,14 +357,6 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
     # --- actions --------------------------------------------------------------------------------
 
-    def response_action(self, request, queryset, action_location=admin.ActionLocation.CHANGE_LIST):
-        # Django would filter by these ids as they came and fail on "²" or "abc" with a 500.
-        for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
-            if parse_job_id(text) is None:
-                messages.error(request, f"{text!r} is not a job id; nothing was changed.")
-                return None
-        return super().response_action(request, queryset, action_location)
-
     @staticmethod
     def _ticked_job_ids(request) -> list[int] | None:
         """The ids the operator ticked, or None when the action covers every job the filters
@@ -360,7 +364,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         that changed meanwhile is reported in its new state, and one purged meanwhile as gone."""
         if forms.BooleanField(required=False).to_python(request.POST.get("select_across")):
             return None
-        return [parse_job_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
+        return [parse_row_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
 
     @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
@@ -520,7 +524,7 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
+class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Schedules"
     list_display = ("name", "task_path", "cron", "queue", "next_run", "last_slot", "enabled")
     list_filter = ("enabled", "queue")
