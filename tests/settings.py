@@ -10,6 +10,9 @@ from project.settings import *  # noqa: E402,F401,F403
 from project.settings import BACKWAVE, DATABASES, TASKS  # noqa: E402
 
 BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"]}
+# Worker subprocesses of the connection tests (tests/shell/test_connections.py) set their own.
+if os.environ.get("BACKWAVE_TEST_WORKER_CONN_MAX_AGE"):
+    BACKWAVE["WORKER_CONN_MAX_AGE"] = float(os.environ["BACKWAVE_TEST_WORKER_CONN_MAX_AGE"])
 TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]}}
 
 # Worker subprocesses of the fault tests (tests/faults) get test-only fault injection.

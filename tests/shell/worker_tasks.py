@@ -68,3 +68,13 @@ async def async_double(n):
 @task(queue_name="e2e", max_attempts=1)
 async def async_fails():
     raise KeyError("async failure")
+
+
+@task(queue_name="e2e")
+def backend_pid():
+    """One ORM query, and which PostgreSQL session served it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
