@@ -2,10 +2,17 @@
 
 import os
 
-from project.settings import *  # noqa: F401,F403
-from project.settings import BACKWAVE, DATABASES, TASKS
+# The tests' own key, before the project's settings load: otherwise they would generate one into
+# the checkout's .secret_key. Worker subprocesses of the tests inherit it.
+os.environ.setdefault("SECRET_KEY", "backwave-tests-only-key-never-served-" + "x" * 20)
+
+from project.settings import *  # noqa: E402,F401,F403
+from project.settings import BACKWAVE, DATABASES, TASKS  # noqa: E402
 
 BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"]}
+# Worker subprocesses of the connection tests (tests/shell/test_connections.py) set their own.
+if os.environ.get("BACKWAVE_TEST_WORKER_CONN_MAX_AGE"):
+    BACKWAVE["WORKER_CONN_MAX_AGE"] = float(os.environ["BACKWAVE_TEST_WORKER_CONN_MAX_AGE"])
 TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]}}
 
 # Worker subprocesses of the fault tests (tests/faults) get test-only fault injection.

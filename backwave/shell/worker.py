@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
+from backwave.core.options import WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
+from backwave.queue_rules import QUEUE_NAME_RULE, is_queue_name
 from backwave.store.contract import Store, StoreError
 
 from .execution import DEFAULT_MAX_RESULT_BYTES
@@ -56,10 +57,8 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
             raise WorkerGroupConfigError(f"Worker Group '{name}': 'queues' must be a list of queue names, got {queues!r}")
         options["policy"] = Strict(*queues)
     for queue_name in options["policy"].queues:
-        if not isinstance(queue_name, str) or not QUEUE_NAME_PATTERN.match(queue_name):
-            raise WorkerGroupConfigError(
-                f"Worker Group '{name}': queue name {queue_name!r} is invalid; use 1 to 64 letters, digits, '_', '.' or '-'."
-            )
+        if not is_queue_name(queue_name):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': queue name {queue_name!r} is invalid; use {QUEUE_NAME_RULE}.")
     for key in _INT_OPTIONS & raw.keys():
         value = raw[key]
         if key == "max_outcome_batch" and value is None:

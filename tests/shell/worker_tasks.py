@@ -71,6 +71,16 @@ async def async_fails():
     raise KeyError("async failure")
 
 
+@task(queue_name="e2e")
+def backend_pid():
+    """One ORM query, and which PostgreSQL session served it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
 # A file name as os.listdir() gives it for bytes that are not UTF-8: the byte 0xE9 becomes the
 # lone surrogate U+DCE9 (PEP 383), which no UTF-8 text and no jsonb string can hold.
 SURROGATE_ESCAPED_NAME = b"/data/caf\xe9.csv".decode("utf-8", "surrogateescape")
