@@ -7,7 +7,7 @@ per operation, as a statement sees one ``now()``. Each ``InMemoryStore`` is one 
 such a database (several stores may share one, as several pumps share one PostgreSQL).
 
 Every operation mirrors its statement in ``queries.sql``, clause for clause; the comments name
-the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_params``,
+the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_batch``,
 ``insert_jobs_params``, ``_claim_statement``), so a value PostgreSQL would refuse is refused here
 with the same error, before anything changes. What the server itself refuses in an outcome batch
 (a lone surrogate in jsonb, a number past numeric, a time past timestamptz) is refused here with
@@ -33,7 +33,7 @@ from backwave.core.jobs import ClaimedJob
 
 from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
 from .enqueue import insert_jobs_params
-from .postgres import _applied, _claim_statement, _outcome_params, _seconds, _text, is_refused_data, write_isolating
+from .postgres import _applied, _claim_statement, _outcome_batch, _seconds, _text, is_refused_data, write_isolating
 from .storable import NUMERIC_MAX_DIGITS, text_problem
 
 _TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
@@ -653,7 +653,7 @@ def _refund(job: JobRow, now: datetime) -> None:
 def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[list[dict[str, Any]], dict[int, OutcomeRecord]]:
     """The batch exactly as write_outcomes_many's SQL receives it (validated, and its unencodable
     records replaced, the same way), and those replacements."""
-    params, replaced = _outcome_params(lease_id, outcomes)
+    params, replaced = _outcome_batch(lease_id, outcomes)
     return json.loads(params["outcomes"]), replaced
 
 

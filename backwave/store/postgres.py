@@ -176,7 +176,7 @@ class PostgresStore:
             return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        params, replaced = _outcome_params(lease_id, outcomes)
+        params, replaced = _outcome_batch(lease_id, outcomes)
         try:
             written, _, claimed = self._pipeline(
                 "write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim]
@@ -192,7 +192,7 @@ class PostgresStore:
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """One write_outcomes_many statement (one round-trip)."""
-        params, replaced = _outcome_params(lease_id, outcomes)
+        params, replaced = _outcome_batch(lease_id, outcomes)
         return _applied(self._execute("write_outcomes_many", params), replaced)
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
@@ -404,7 +404,12 @@ def _claimed_job(row: tuple) -> ClaimedJob:
     )
 
 
-def _outcome_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[dict[str, Any], dict[int, OutcomeRecord]]:
+def _outcome_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
+    """The parameters of write_outcomes_many (see _outcome_batch)."""
+    return _outcome_batch(lease_id, outcomes)[0]
+
+
+def _outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[dict[str, Any], dict[int, OutcomeRecord]]:
     """The parameters of write_outcomes_many (the batch as one JSON array), and the records put
     in place of those that could not be encoded, by job id.
 
