@@ -68,3 +68,9 @@ async def async_double(n):
 @task(queue_name="e2e", max_attempts=1)
 async def async_fails():
     raise KeyError("async failure")
+
+
+@task(backend="remote", queue_name="remote")
+def remote_echo(n=0):
+    """A task of the backend whose jobs live in the 'other' database."""
+    return {"n": n}
