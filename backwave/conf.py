@@ -40,6 +40,10 @@ DEFAULTS: dict[str, Any] = {
     "TASK_MODULES": [],  # extra modules the worker imports to discover tasks
     "WORKER_GROUPS": [],  # list of dicts, validated by the worker (WorkerGroupOptions)
     "MAX_TRACEBACK_CHARS": 16_000,  # a stored traceback keeps its last this-many characters
+    # Seconds a worker's handler thread keeps a Django connection open between attempts when its
+    # DATABASES entry leaves CONN_MAX_AGE at Django's default 0. A handler thread is not a web
+    # request: closing after every attempt would open one PostgreSQL session per job.
+    "WORKER_CONN_MAX_AGE": 600.0,
     # The worker's own bookkeeping (claims, outcomes, leases) commits without waiting for the
     # WAL flush. Only a crash of the PostgreSQL server itself can lose the last few hundred
     # milliseconds of it, and what it loses is re-run (at-least-once) and still fenced
@@ -213,6 +217,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "TASK_MODULES": _list_of(str, "dotted module paths (strings)"),
     "WORKER_GROUPS": _list_of(dict, "dicts (one per worker group)"),
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
+    "WORKER_CONN_MAX_AGE": _seconds,
     "WORKER_SYNCHRONOUS_COMMIT": lambda value: None if isinstance(value, bool) else "True or False",
     "SCHEDULES": _schedules,
     "QUEUES": _queues,

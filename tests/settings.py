@@ -16,6 +16,9 @@ BACKWAVE = {
     "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"],
     "WORKER_GROUPS": [*BACKWAVE["WORKER_GROUPS"], {"name": "remote", "queues": ["remote"]}],
 }
+# Worker subprocesses of the connection tests (tests/shell/test_connections.py) set their own.
+if os.environ.get("BACKWAVE_TEST_WORKER_CONN_MAX_AGE"):
+    BACKWAVE["WORKER_CONN_MAX_AGE"] = float(os.environ["BACKWAVE_TEST_WORKER_CONN_MAX_AGE"])
 TASKS = {
     "default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]},
     "remote": {"BACKEND": "backwave.backend.BackWaveBackend", "QUEUES": ["remote"], "OPTIONS": {"DATABASE": "other"}},

@@ -70,6 +70,16 @@ async def async_fails():
     raise KeyError("async failure")
 
 
+@task(queue_name="e2e")
+def backend_pid():
+    """One ORM query, and which PostgreSQL session served it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
 @task(backend="remote", queue_name="remote")
 def remote_echo(n=0):
     """A task of the backend whose jobs live in the 'other' database."""
