@@ -38,7 +38,8 @@ from django.utils.module_loading import import_string
 from . import conf
 from .store.contract import NewJob
 from .store.enqueue import insert_jobs
-from .tasks_api import QUEUE_NAME_RE, BackWaveTask, TaskCall, coerce_calls, encode_payload, validate_backwave_options, validate_django_options
+from .queue_rules import QUEUE_NAME_RULE, is_queue_name
+from .tasks_api import BackWaveTask, TaskCall, coerce_calls, encode_payload, validate_backwave_options, validate_django_options
 
 MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
 MAX_JOB_ID = 2**63 - 1  # bigint
@@ -199,9 +200,9 @@ class BackWaveBackend(BaseTaskBackend):
                 id="backwave.E102",
             )
         for queue in sorted(map(str, self.queues)):
-            if not QUEUE_NAME_RE.match(queue):
+            if not is_queue_name(queue):
                 yield checks.Error(
-                    f"Queue name {queue!r} in TASKS[{self.alias!r}]['QUEUES'] must be 1 to 64 letters, digits, '_', '.' or '-'.",
+                    f"Queue name {queue!r} in TASKS[{self.alias!r}]['QUEUES'] must be {QUEUE_NAME_RULE}.",
                     obj=self.alias,
                     id="backwave.E103",
                 )

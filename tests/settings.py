@@ -4,8 +4,12 @@ database ("other", on the same server) with a backend ("remote") that enqueues t
 import copy
 import os
 
-from project.settings import *  # noqa: F401,F403
-from project.settings import BACKWAVE, DATABASES, TASKS
+# The tests' own key, before the project's settings load: otherwise they would generate one into
+# the checkout's .secret_key. Worker subprocesses of the tests inherit it.
+os.environ.setdefault("SECRET_KEY", "backwave-tests-only-key-never-served-" + "x" * 20)
+
+from project.settings import *  # noqa: E402,F401,F403
+from project.settings import BACKWAVE, DATABASES, TASKS  # noqa: E402
 
 # Its own database on the same server; only tests that declare it (django_db(databases=[...]))
 # get a test database for it, and its NAME outside tests names no database anyone uses.

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .policy import DispatchPolicy, Strict
-
-QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")  # \Z, not $: $ also matches before a trailing newline
 
 
 class WorkerGroupConfigError(ValueError):

@@ -17,8 +17,9 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
+from backwave.core.options import WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
+from backwave.queue_rules import QUEUE_NAME_RULE, is_queue_name
 from backwave.store.contract import Store, StoreError
 
 from .hints import HintListener
@@ -62,10 +63,8 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
             raise WorkerGroupConfigError(f"Worker Group '{name}': 'queues' must be a list of queue names, got {queues!r}")
         options["policy"] = Strict(*queues)
     for queue_name in options["policy"].queues:
-        if not isinstance(queue_name, str) or not QUEUE_NAME_PATTERN.match(queue_name):
-            raise WorkerGroupConfigError(
-                f"Worker Group '{name}': queue name {queue_name!r} is invalid; use 1 to 64 letters, digits, '_', '.' or '-'."
-            )
+        if not is_queue_name(queue_name):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': queue name {queue_name!r} is invalid; use {QUEUE_NAME_RULE}.")
     for key in _INT_OPTIONS & raw.keys():
         value = raw[key]
         if key == "max_outcome_batch" and value is None:
