@@ -6,7 +6,8 @@
 
 Because the INSERT runs on the Django connection of the backend's ``DATABASE`` alias, an enqueue
 inside ``transaction.atomic()`` commits or rolls back with the caller's own writes: a worker can
-never see a job whose data is not committed yet, and a rolled-back request leaves no job.
+never see a job whose data is not committed yet, and a rolled-back request leaves no job. Workers
+serve the database of every backend that declares their groups' queues (``databases.py``).
 
 ``task_enqueued`` is sent once the INSERT has run, as Django's own backends do, i.e. before the
 caller's transaction commits.

@@ -141,8 +141,9 @@ def parse_concurrency_limit(text: str, *, unlimited: str) -> int | None:
     return limit
 
 
-def _upsert_queues(names, **values) -> int:
-    """Write ``values`` into the Queue rows of ``names``, creating the missing rows (one statement)."""
+def _upsert_queues(names, *, using: str | None = None, **values) -> int:
+    """Write ``values`` into the Queue rows of ``names`` in database ``using`` (None: the router's
+    choice), creating the missing rows (one statement)."""
     # Sorted: the upsert locks rows in the order of its VALUES, so overlapping actions lock in
     # the same order and one waits for the other instead of deadlocking.
     names = sorted({validate_queue_name(name) for name in names})
@@ -151,7 +152,7 @@ def _upsert_queues(names, **values) -> int:
     rows = [Queue(name=name, **values) for name in names]
     # updated_at is left out of the objects, so the INSERT writes its db_default (the database
     # clock) and the conflict branch copies it from EXCLUDED.
-    Queue.objects.db_manager(router.db_for_write(Queue)).bulk_create(
+    Queue.objects.db_manager(using or router.db_for_write(Queue)).bulk_create(
         rows, update_conflicts=True, unique_fields=["name"], update_fields=[*values, "updated_at"]
     )
     return len(names)
@@ -172,14 +173,15 @@ def limit_queues(names, limit: int | None) -> int:
     return _upsert_queues(names, concurrency_limit=validate_concurrency_limit(limit))
 
 
-def apply_queue_settings(settings_queues) -> int:
-    """Write BACKWAVE["QUEUES"] (validated by conf) into the queues' rows: a worker's start-up.
-    Only the keys a queue's entry names are written; the rest keep what the admin set."""
+def apply_queue_settings(settings_queues, *, database: str | None = None) -> int:
+    """Write BACKWAVE["QUEUES"] (validated by conf) into the queues' rows of ``database`` (None:
+    the Queue model's database): a worker's start-up, once per database it serves. Only the keys
+    a queue's entry names are written; the rest keep what the admin set."""
     written = 0
     for name, spec in settings_queues.items():
         values = {key: spec[key] for key in ("concurrency_limit", "paused") if key in spec}
         if values:
-            written += _upsert_queues([name], **values)
+            written += _upsert_queues([name], using=database, **values)
     return written
 
 

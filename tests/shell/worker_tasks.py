@@ -81,6 +81,12 @@ def backend_pid():
         return cursor.fetchone()[0]
 
 
+@task(backend="remote", queue_name="remote")
+def remote_echo(n=0):
+    """A task of the backend whose jobs live in the 'other' database."""
+    return {"n": n}
+
+
 # A file name as os.listdir() gives it for bytes that are not UTF-8: the byte 0xE9 becomes the
 # lone surrogate U+DCE9 (PEP 383), which no UTF-8 text and no jsonb string can hold.
 SURROGATE_ESCAPED_NAME = b"/data/caf\xe9.csv".decode("utf-8", "surrogateescape")
