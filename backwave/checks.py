@@ -8,6 +8,7 @@ backwave.E005  a SCHEDULES entry names a task that cannot be imported as a djang
 backwave.E006  a worker could not start on WORKER_GROUPS (an unknown option, an interval out of
                range, a heartbeat past the self-fence) or on WORKER_STATEMENT_TIMEOUT /
                WORKER_LOCK_TIMEOUT against the groups' leases (the message is the worker's own)
+backwave.W001  a BackWave backend enqueues into a database that no worker group serves
 
 Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
 """
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from . import conf
 
@@ -72,10 +74,10 @@ def check_backwave_settings(app_configs=None, **kwargs):
 def _worker_problem(user: Mapping) -> str | None:
     """Why a worker started on these settings (without flags) would refuse to run, or None."""
     from backwave.core.options import WorkerGroupConfigError, store_timeouts, validate_groups
-    from backwave.shell.worker import DEFAULT_GROUP, group_from_mapping
+    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
 
     try:
-        groups = validate_groups(group_from_mapping(raw) for raw in (user.get("WORKER_GROUPS") or [DEFAULT_GROUP]))
+        groups = validate_groups(group_from_mapping(raw) for raw in (user.get("WORKER_GROUPS") or IMPLICIT_GROUPS))
         store_timeouts(groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT"))
     except WorkerGroupConfigError as error:
         return str(error)
@@ -102,3 +104,36 @@ def _module_exists(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+@checks.register()
+def check_served_databases(app_configs=None, **kwargs):
+    """Warn about each BackWave backend whose database none of the configured worker groups
+    serves (``backwave/databases.py``): its jobs would wait for a worker that never comes."""
+    from backwave.core.options import validate_groups
+    from backwave.databases import place_groups, unserved_backends
+    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
+
+    try:
+        raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
+        groups = validate_groups(group_from_mapping(raw) for raw in raw_groups)
+        placed = place_groups(groups)
+    except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
+        return []  # backwave.E003 or E006 says what is wrong with the groups
+    warnings = []
+    for backend in unserved_backends(placed):
+        queues = ", ".join(sorted(backend.queues)) or "any queue"
+        warnings.append(
+            checks.Warning(
+                f"TASKS[{backend.alias!r}] enqueues into database {backend.database!r}, which no worker group in "
+                "BACKWAVE['WORKER_GROUPS'] serves: its jobs would never run.",
+                hint=(
+                    f"Add a worker group whose queues include one of {backend.alias!r}'s QUEUES ({queues}), or give a group "
+                    f"'database': {backend.database!r}. If another worker serves it (backwave_worker --database "
+                    f"{backend.database}), silence backwave.W001."
+                ),
+                obj=backend.alias,
+                id="backwave.W001",
+            )
+        )
+    return warnings

@@ -140,3 +140,39 @@ def test_a_backend_s_backoff_cap_below_the_base_it_inherits(settings):
         "TASKS['default']['OPTIONS']['DEFAULT_BACKOFF_MAX'] (0.5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] "
         "(1 s, its default): it caps every retry's delay, the first one included."
     )
+
+
+# ---- backwave.W001: a backend's database that no worker group serves ----------------------------
+
+
+def test_a_backends_database_no_worker_group_serves_warns(settings):
+    from backwave.checks import check_served_databases
+
+    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "local", "queues": ["default", "e2e"]}]}
+    (warning,) = check_served_databases()
+    assert warning.id == "backwave.W001"
+    assert warning.obj == "remote"
+    assert "TASKS['remote'] enqueues into database 'other', which no worker group in BACKWAVE['WORKER_GROUPS'] serves" in warning.msg
+    assert "'remote'" in warning.hint and "'database': 'other'" in warning.hint
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        [{"name": "local", "queues": ["default"]}, {"name": "remote", "queues": ["remote"]}],  # its queue maps there
+        [{"name": "both", "queues": ["default", "remote"]}],  # one group spanning both databases
+        [{"name": "local", "queues": ["default"]}, {"name": "pinned", "queues": ["default"], "database": "other"}],
+    ],
+)
+def test_a_database_some_group_serves_does_not_warn(settings, groups):
+    from backwave.checks import check_served_databases
+
+    settings.BACKWAVE = {"WORKER_GROUPS": groups}
+    assert check_served_databases() == []
+
+
+def test_without_worker_groups_the_implicit_default_group_serves_only_default(settings):
+    from backwave.checks import check_served_databases
+
+    settings.BACKWAVE = {}
+    assert [(w.id, w.obj) for w in check_served_databases()] == [("backwave.W001", "remote")]

@@ -57,7 +57,7 @@ def test_a_setting_the_worker_cannot_run_on_stops_it_before_it_starts(settings, 
 def test_the_worker_s_stores_run_under_timeouts_from_its_shortest_lease(settings):
     settings.BACKWAVE = {key: value for key, value in settings.BACKWAVE.items() if not key.endswith("_TIMEOUT")}
     groups = [group_from_mapping({"name": "long", "lease_duration": 60}), group_from_mapping({"name": "short", "lease_duration": 12})]
-    store = store_factory_for(groups)()
+    store = store_factory_for(groups)("default")
     try:
         applied = in_effect(store)
     finally:
@@ -69,7 +69,7 @@ def test_the_worker_s_stores_run_under_timeouts_from_its_shortest_lease(settings
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_s_stores_take_the_timeouts_set_in_settings(settings):
     settings.BACKWAVE = {**settings.BACKWAVE, "WORKER_STATEMENT_TIMEOUT": 4, "WORKER_LOCK_TIMEOUT": 0.25}
-    store = store_factory_for([group_from_mapping({"name": "g", "lease_duration": 30})])()
+    store = store_factory_for([group_from_mapping({"name": "g", "lease_duration": 30})])("default")
     try:
         applied = in_effect(store)
     finally:

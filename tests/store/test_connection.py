@@ -105,6 +105,19 @@ def test_a_constraint_violation_is_not_transient(store):
     assert store.renew_lease(lease_id=lease_id, duration=60) is True  # the connection is fine
 
 
+def test_a_statement_the_server_refuses_behind_the_transaction_settings_keeps_the_connection(store):
+    # The settings go down the same pipeline, first; a refused operation is still the last
+    # statement of it, so no later Parse was skipped and the connection stays clean.
+    pid = store.backend_pid
+    lease_id = uuid.uuid4()
+    store.open_lease(lease_id=lease_id, worker_id="w", group="g", hostname="h", pid=1, duration=60)
+    with pytest.raises(StoreError, match="23505") as caught:
+        store.open_lease(lease_id=lease_id, worker_id="w", group="g", hostname="h", pid=1, duration=60)
+    assert caught.value.statement == "open_lease"
+    assert store.backend_pid == pid
+    assert store.renew_lease(lease_id=lease_id, duration=60) is True
+
+
 def test_a_closed_store_refuses_work(store):
     store.close()
     with pytest.raises(StoreError, match="closed"):
