@@ -39,7 +39,10 @@ Lifecycle states and the events each accepts::
               | PumpsPurged      |                                                     |
     RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
               |                  | after a jittered backoff that doubles per fault in  |
-              |                  | a row (up to half a heartbeat)                      |
+              |                  | a row (up to half a heartbeat); a failed claim may  |
+              |                  | have committed: the next claim waits for a          |
+              |                  | ReconcileLease(known = (job, attempt) held)         |
+    RUNNING   | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
     RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
     DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
               | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
@@ -434,9 +437,9 @@ class NodeDriver:
         self._require(event, State.RUNNING, State.DRAINING)
         if not self._reconcile_in_flight:
             raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
-        held = set(self._executing) | {o.job_id for o in self._buffer} | {o.job_id for o in self._writing}
-        if event.released & held:
-            raise InvalidEvent(event, self.state, f"the store gave back jobs this pump holds: {sorted(event.released & held)}")
+        given_back_held = event.released & self._held_attempts()
+        if given_back_held:
+            raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
         self._reconcile_in_flight = False
         self._reconcile_needed = False
         self.stats.reconciled += len(event.released)
@@ -606,8 +609,7 @@ class NodeDriver:
             if self._reconcile_in_flight:
                 return []
             self._reconcile_in_flight = True
-            held = (*self._executing, *(o.job_id for o in self._buffer), *(o.job_id for o in self._writing))
-            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(held)))]
+            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(self._held_attempts())))]
         claims = self.options.policy.plan(limit, self._policy_state, skip)
         self._claims.extend(claims)
         if claims:
@@ -721,6 +723,12 @@ class NodeDriver:
             self._reconcile_in_flight = False
         # Whatever a lost claim left under the old lease lapses with it.
         self._reconcile_needed = False
+
+    def _held_attempts(self) -> set[tuple[int, int]]:
+        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
+        held = {(job.id, job.attempt) for job in self._executing.values()}
+        held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
+        return held
 
     def _abandon_all(self) -> None:
         self.stats.abandoned += len(self._executing)

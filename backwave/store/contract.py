@@ -147,9 +147,11 @@ class Store(Protocol):
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
-        """Give back (ready, due now, attempt refunded) every job running under the lease that is
-        not in ``known``: what a claim whose answer was lost may have left there. Returns the ids."""
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Give back (ready, due now, attempt refunded) every job running under the lease whose
+        (id, attempt) is not in ``known``: what a claim whose answer was lost may have left there,
+        a later attempt of a job the caller holds at an earlier one included. Returns the (id,
+        attempt) pairs given back, the attempt as it was running."""
 
     def expire_leases(self, *, limit: int) -> int:
         """Delete up to ``limit`` leases whose expiry passed (database clock) and release their

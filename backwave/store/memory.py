@@ -30,7 +30,7 @@ from backwave.core.jobs import ClaimedJob
 
 from .contract import DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
 from .enqueue import insert_jobs_params
-from .postgres import _claim_statement, _outcome_params, _seconds, _text
+from .postgres import _claim_statement, _known_params, _outcome_params, _seconds, _text
 
 _TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
 _ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed"}
@@ -335,17 +335,18 @@ class InMemoryStore:
                     released.add(job_id)
             return released
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
-        """Give back the jobs running under the lease that are not in ``known``."""
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Give back the jobs running under the lease at an attempt not in ``known``."""
+        params = _known_params(known)
+        keep = set(zip(params["known_ids"], params["known_attempts"], strict=True))
         with self._operation() as (db, now):
             if not _live(db, lease_id, now):
                 return set()
-            keep = set(known)
             released = set()
             for job in db.jobs.values():
-                if job.lease_id == lease_id and job.state == "running" and job.id not in keep:
+                if job.lease_id == lease_id and job.state == "running" and (job.id, job.attempts) not in keep:
+                    released.add((job.id, job.attempts))  # the attempt as it ran, before the refund
                     _refund(job, now)
-                    released.add(job.id)
             return released
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:

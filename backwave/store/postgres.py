@@ -208,10 +208,11 @@ class PostgresStore:
             return set()
         return {row[0] for row in self._execute("release_jobs_many", {"lease_id": lease_id, "job_ids": list(job_ids)})}
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
-        """Give back the jobs running under the lease that are not in ``known`` (after a claim
-        whose answer was lost); returns their ids."""
-        return {row[0] for row in self._execute("reconcile_lease", {"lease_id": lease_id, "known": list(known)})}
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Give back the jobs running under the lease at an attempt not in ``known`` ((job id,
+        attempt) pairs, after a claim whose answer was lost); returns their (id, attempt)."""
+        params = {"lease_id": lease_id, **_known_params(known)}
+        return {(row[0], row[1]) for row in self._execute("reconcile_lease", params)}
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""
@@ -358,6 +359,12 @@ def _claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[st
     if len(unique) == 1:
         return "claim_jobs_one_queue", {**params, "queue": unique[0]}
     return "claim_jobs_many_queues", {**params, "queues": unique}
+
+
+def _known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    """reconcile_lease's (job id, attempt) pairs as the two arrays its unnest() zips back."""
+    pairs = [(int(job_id), int(attempt)) for job_id, attempt in known]
+    return {"known_ids": [job_id for job_id, _ in pairs], "known_attempts": [attempt for _, attempt in pairs]}
 
 
 def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:

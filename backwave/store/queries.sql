@@ -527,13 +527,26 @@ FOR NO KEY UPDATE
 -- name: reconcile_lease
 -- After a claim whose answer was lost: it may have committed, leaving jobs running under this
 -- lease that the pump never heard of (they would sit there for as long as the pump lives). Give
--- back every job running under the lease that the pump does not hold, as release_jobs_many
--- does (ready, due now, attempt refunded). The pump sends this before its next claim, so
--- nothing it is about to claim can be among them.
+-- back every job running under the lease at an attempt the pump does not hold, as
+-- release_jobs_many does (ready, due now, attempt refunded). By (job, attempt), not by job: a
+-- retry due at once whose write committed with the lost claim was taken back as the next
+-- attempt, while the pump still holds the outcome of the one before. The pump sends this before
+-- its next claim, so nothing it is about to claim can be among them. Returns (id, attempt) of
+-- what it gave back, the attempt as it ran (read before the refund, the rows locked meanwhile).
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
+), stray AS MATERIALIZED (
+    SELECT j.id, j.attempts
+    FROM backwave_job AS j
+    WHERE j.lease_id = %(lease_id)s
+      AND j.state = 'running'
+      AND NOT EXISTS (
+          SELECT FROM unnest(%(known_ids)s::bigint[], %(known_attempts)s::int[]) AS k(id, attempt)
+          WHERE k.id = j.id AND k.attempt = j.attempts)
+      AND EXISTS (SELECT FROM lease)
+    FOR NO KEY UPDATE
 )
 UPDATE backwave_job AS j
 SET state = 'ready',
@@ -541,8 +554,6 @@ SET state = 'ready',
     run_at = now(),
     attempts = greatest(j.attempts - 1, 0),
     started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
-WHERE j.lease_id = %(lease_id)s
-  AND j.state = 'running'
-  AND NOT (j.id = ANY(%(known)s::bigint[]))
-  AND EXISTS (SELECT FROM lease)
-RETURNING j.id
+FROM stray AS s
+WHERE j.id = s.id
+RETURNING j.id, s.attempts

@@ -124,7 +124,7 @@ def test_a_failed_write_is_put_back_and_written_once_later():
     again = t.tick(1.4)
     # Same outcomes, same order, the claim sized before the write; the ride's failure may have
     # been a lost answer, so the lease is reconciled first (the three held jobs are known).
-    assert again == [cmd.ReconcileLease(lease_id=LEASE, known=(1, 2, 3)), write]
+    assert again == [cmd.ReconcileLease(lease_id=LEASE, known=((1, 1), (2, 1), (3, 1))), write]
     assert t.send(ev.LeaseReconciled(now=1.45, released=frozenset())) == [claim(1)]
     assert t.returned(now=1.5) == []
     assert t.written(write, now=1.6) == [claim(4)]

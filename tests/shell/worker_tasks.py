@@ -68,3 +68,11 @@ async def async_double(n):
 @task(queue_name="e2e", max_attempts=1)
 async def async_fails():
     raise KeyError("async failure")
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=3, backoff_base=0, backoff_max=0)
+def retries_at_once(context):
+    """The first attempt fails, and the retry is due at once (no backoff)."""
+    if context.attempt == 1:
+        raise RuntimeError("the first attempt fails on purpose")
+    return context.attempt
