@@ -13,6 +13,15 @@ Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed a
 reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
 its slot, because it still holds its lease; the slot reopens when the write lands.
 
+Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
+the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
+suspect. A ClaimedJob carries its ``forgiven_attempts``; the driver decides FAILED against
+``max_attempts`` and sizes a retry's backoff on ``counted_attempt`` (attempt - forgiven), never
+on the raw attempt number. Which jobs may share a pump (at most one suspect per lease) is the
+claim statement's rule, not the driver's: the store sees every row under the lease, those of a
+claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
+event, command or driver state exists for it.
+
 Lifecycle states and the events each accepts::
 
     state     | event            | what happens                                        | next
@@ -752,9 +761,11 @@ def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
         return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED)
     if event.result == "unroutable":
         return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.QUARANTINED)
-    if job.attempt >= job.max_attempts:
+    # Attempts forgiven after a lapse (the job may only have been beside a worker's death) count
+    # neither towards the limit nor towards the backoff.
+    if job.counted_attempt >= job.max_attempts:
         return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.FAILED)
-    delay = retry_delay(attempt=job.attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
+    delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
     return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.RETRY, retry_delay=delay)
 
 

@@ -199,6 +199,22 @@ def test_unroutable_is_quarantined_and_never_retried(attempt, max_attempts):
     assert outcome == Outcome(job_id=1, attempt=attempt, kind=OutcomeKind.QUARANTINED, retry_delay=None)
 
 
+def test_forgiven_attempts_count_neither_towards_the_limit_nor_the_backoff():
+    """An attempt that lapsed with its worker and was forgiven (see expire_leases) is not one of
+    max_attempts: attempt 3 with one forgiven is the second counted of three, so it retries, with
+    the second attempt's backoff; attempt 4 with one forgiven is the third, the last."""
+    t = Trace.running(pool_size=2)
+    retried = t.jobs.one(attempt=3, forgiven_attempts=1, max_attempts=3, backoff_base=2.0, backoff_max=100.0)
+    last = t.jobs.one(attempt=4, forgiven_attempts=1, max_attempts=3)
+    t.returned(retried, last, now=0.1)
+    t.finished(retried, "failed", jitter=0.0, now=0.2)
+    write, _ = t.finished(last, "failed", jitter=0.0, now=0.3)
+    assert [(o.job_id, o.attempt, o.kind, o.retry_delay) for o in write.outcomes] == [
+        (retried.id, 3, OutcomeKind.RETRY, retry_delay(attempt=2, base=2.0, cap=100.0, jitter=0.0)),
+        (last.id, 4, OutcomeKind.FAILED, None),
+    ]
+
+
 def test_mixed_results_in_one_batch_keep_finish_order():
     t = Trace.running(pool_size=3)
     a, b, c = t.jobs.make(3, max_attempts=2)

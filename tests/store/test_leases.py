@@ -168,7 +168,8 @@ def test_releasing_nothing_costs_no_round_trip(store, lease):
 
 def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease, open_lease, rows):
     live = open_lease("host:2:default:0")
-    again, last = rows.make_jobs(1, max_attempts=2) + rows.make_jobs(1, max_attempts=1)
+    # `last` is a suspect (its previous attempt lapsed too): it pays; `again` is forgiven.
+    again, last = rows.make_jobs(1, max_attempts=2) + rows.make_jobs(1, max_attempts=1, suspect=True)
     claim(store, lease, limit=2)
     rows.make_jobs(1)
     (live_job,) = claim(store, live)
