@@ -109,7 +109,7 @@ class DeterministicPump:
         **overrides,
     ):
         self.registry = _registry(tasks)
-        self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides)
+        self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database)
         self.clock = VirtualClock()
         self.store = DjangoConnectionStore(database, clock=self.clock)
         self.driver = NodeDriver(self.options)
@@ -155,13 +155,16 @@ class DeterministicPump:
             return DrainResult(**self._counts, attempts=tuple(self.attempts[first:]))
 
     def _start(self) -> None:
-        """What a worker does at start: write BACKWAVE["SCHEDULES"] and ["QUEUES"] to their
-        tables, then start the driver."""
+        """What a worker does at start: write this database's share of BACKWAVE["SCHEDULES"] and
+        ["QUEUES"] to its tables, then start the driver."""
         from backwave import operations
+        from backwave.databases import queues_in
         from backwave.shell.schedules import sync_schedules
 
-        sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry)
-        operations.apply_queue_settings(conf.get_setting("QUEUES"))
+        sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry, database=self._database)
+        settings_queues = conf.get_setting("QUEUES")
+        here = set(queues_in(self._database, settings_queues)) | set(self.options.policy.queues)
+        operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=self._database)
         self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:
@@ -357,7 +360,7 @@ def _registry(tasks) -> TaskRegistry:
     return TaskRegistry(found)
 
 
-def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> WorkerGroupOptions:
+def _options(registry: TaskRegistry, *, queues, group, options, overrides, database) -> WorkerGroupOptions:
     if options is not None and group is not None:
         raise ValueError("pass options= or group=, not both")
     if group is not None:
@@ -369,7 +372,7 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> Wo
         options = group_from_mapping(configured[group])
     retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
-        names = queues if queues is not None else _known_queues(registry)
+        names = queues if queues is not None else _known_queues(registry, database)
         options = WorkerGroupOptions(
             name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, lease_duration=TEST_LEASE_DURATION, retention=retention
         )
@@ -380,17 +383,18 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> Wo
     return replace(options, **overrides) if overrides else options
 
 
-def _known_queues(registry: TaskRegistry) -> list[str]:
-    """Every queue of the BackWave backends in TASKS (in the order of their QUEUES), then those of
-    the registered tasks: the order a Strict policy claims them in."""
-    from django.tasks import task_backends
+def _known_queues(registry: TaskRegistry, database: str) -> list[str]:
+    """Every queue of the BackWave backends in TASKS that enqueue into ``database`` (in the order
+    of their QUEUES), then those of the registered tasks whose jobs live there: the order a
+    Strict policy claims them in."""
+    from backwave.databases import backwave_backends, queue_databases
 
-    from backwave.backend import BackWaveBackend
-
+    backends = backwave_backends()
     names: dict[str, None] = {}
-    for alias in settings.TASKS:
-        backend = task_backends[alias]
-        if isinstance(backend, BackWaveBackend):
-            names.update(dict.fromkeys(map(str, settings.TASKS[alias].get("QUEUES", ()))))
-    names.update(dict.fromkeys(sorted(task.queue_name for task in registry.values())))
+    for backend in backends:
+        if backend.database == database:
+            names.update(dict.fromkeys(map(str, settings.TASKS[backend.alias].get("QUEUES", ()))))
+    on_database = {b.alias for b in backends if b.database == database}
+    for name in sorted(task.queue_name for task in registry.values() if task.backend in on_database or database in queue_databases(task.queue_name, backends)):
+        names[name] = None
     return list(names) or ["default"]

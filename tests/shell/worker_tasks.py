@@ -70,6 +70,22 @@ async def async_fails():
     raise KeyError("async failure")
 
 
+@task(queue_name="e2e")
+def backend_pid():
+    """One ORM query, and which PostgreSQL session served it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+@task(backend="remote", queue_name="remote")
+def remote_echo(n=0):
+    """A task of the backend whose jobs live in the 'other' database."""
+    return {"n": n}
+
+
 @task(queue_name="e2e", takes_context=True, max_attempts=3, backoff_base=0, backoff_max=0)
 def retries_at_once(context):
     """The first attempt fails, and the retry is due at once (no backoff)."""

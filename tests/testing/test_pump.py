@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from backwave.core.driver import State
-from backwave.models import Attempt, Job, Queue
+from backwave.models import Attempt, Job, Queue, Schedule
 from backwave.testing import DeterministicPump, PumpStuck
 
 from . import tasks
@@ -244,3 +244,29 @@ def test_retention_purges_finished_jobs_on_virtual_time(pump, settings):
     pump.drain()
     assert not Job.objects.filter(pk=result.id).exists()
     pump.close()
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_a_pump_on_another_database_runs_that_backends_jobs_with_that_databases_settings(settings):
+    settings.BACKWAVE = {
+        **settings.BACKWAVE,
+        "QUEUES": {"remote": {"concurrency_limit": 2}, "emails": {"paused": True}},
+        "SCHEDULES": {
+            "remote-sum": {"task": tasks.remote_add.module_path, "cron": "* * * * *", "args": [2, 3]},
+            "local-sum": {"task": tasks.add.module_path, "cron": "* * * * *", "args": [1, 2]},
+        },
+    }
+    result = tasks.remote_add.enqueue(20, 1)
+    assert Job.objects.using("other").filter(pk=result.id).exists()
+    with DeterministicPump(tasks=[tasks], database="other") as pump:
+        assert pump.options.policy.queues == ("remote",)  # the queues of the backends on "other"
+        assert pump.drain().succeeded == 1
+        result.refresh()
+        assert result.return_value == 21
+        pump.advance(60)
+        assert pump.drain().succeeded == 1  # the remote schedule's slot, minted on "other"
+    # Each database got the schedules and queue settings of its own backends' queues, and only those.
+    assert list(Schedule.objects.using("other").values_list("name", flat=True)) == ["remote-sum"]
+    assert dict(Queue.objects.using("other").values_list("name", "concurrency_limit")) == {"remote": 2}
+    assert not Schedule.objects.exists() and not Queue.objects.exists()
+    assert [job.return_value for job in Job.objects.using("other").filter(schedule__name="remote-sum")] == [5]
