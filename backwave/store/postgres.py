@@ -363,7 +363,10 @@ def _claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[st
 
 def _known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
     """reconcile_lease's (job id, attempt) pairs as the two arrays its unnest() zips back."""
-    pairs = [(int(job_id), int(attempt)) for job_id, attempt in known]
+    for pair in known:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)):
+            raise TypeError(f"reconcile_lease's known holds (job id, attempt) pairs of integers, got {pair!r}")
+    pairs = list(known)
     return {"known_ids": [job_id for job_id, _ in pairs], "known_attempts": [attempt for _, attempt in pairs]}
 
 

@@ -334,3 +334,11 @@ def test_reconcile_gives_back_a_later_attempt_of_a_job_the_pump_knows_at_an_earl
     assert rows.states([kept.id]) == {kept.id: "running"}
     assert [(a.job_id, a.number, a.state) for a in rows.attempts()] == [(first.id, 1, "failed")]
     assert store.reconcile_lease(lease_id=lease.id, known=[(kept.id, 1)]) == set()
+
+
+@pytest.mark.parametrize("known", [[1], [(1, "2")], [(1, 2, 3)]], ids=["a bare id", "a text attempt", "a triple"])
+def test_reconcile_refuses_what_is_not_job_attempt_pairs_before_sending(store, lease, known):
+    before = store.round_trips
+    with pytest.raises(TypeError, match=r"\(job id, attempt\) pairs of integers"):
+        store.reconcile_lease(lease_id=lease.id, known=known)
+    assert store.round_trips == before
