@@ -35,6 +35,9 @@ from .queue_rules import MAX_CONCURRENCY_LIMIT, QUEUE_NAME_RULE, is_concurrency_
 
 DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,  # the {"args", "kwargs"} JSON, encoded
+    # A task's return value, as JSON: a larger one fails its attempt (backwave.UnstorableResult),
+    # since every outcome write carries it and every result read loads it.
+    "MAX_RESULT_BYTES": 1024 * 1024,
     "DEFAULT_MAX_ATTEMPTS": 3,  # see the module docstring
     "DEFAULT_BACKOFF_BASE": 1.0,  # seconds before the first retry; doubles per attempt
     "DEFAULT_BACKOFF_MAX": 3600.0,  # cap on one retry's delay, seconds
@@ -212,6 +215,7 @@ def _queues(value) -> str | None:
 # Sentence about the value when that says more (a nested key of SCHEDULES or RETENTION).
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "MAX_PAYLOAD_BYTES": _int_at_least(1),
+    "MAX_RESULT_BYTES": _int_at_least(1),
     "DEFAULT_MAX_ATTEMPTS": _int_at_least(1),
     "DEFAULT_BACKOFF_BASE": _seconds,
     "DEFAULT_BACKOFF_MAX": _seconds,

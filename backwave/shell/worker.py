@@ -22,6 +22,7 @@ from backwave.core.policy import Strict
 from backwave.queue_rules import QUEUE_NAME_RULE, is_queue_name
 from backwave.store.contract import Store, StoreError
 
+from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status
 from .pump import HALTED, Pump
@@ -107,6 +108,7 @@ class Worker:
         store_factory: Callable[[str], Store],
         registry: TaskRegistry,
         max_traceback_chars: int = 16_000,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         log_every: float = 10.0,
         hints: Mapping[str, HintListener] | None = None,
         health_port: int | None = None,
@@ -128,7 +130,10 @@ class Worker:
                 # Numbered across the group's databases, so its pump names stay distinct.
                 index = numbered[group.name] = numbered.get(group.name, -1) + 1
                 self.pumps.append(
-                    Pump(group, index, store_factory=partial(store_factory, group.database), registry=registry, max_traceback_chars=max_traceback_chars)
+                    Pump(
+                        group, index, store_factory=partial(store_factory, group.database), registry=registry,
+                        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+                    )
                 )
         self._log_every = log_every
         self.hints = dict(hints or {})

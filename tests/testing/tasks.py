@@ -83,3 +83,8 @@ async def async_add(a, b):
 def remote_add(a, b):
     """A task of the backend whose jobs live in the 'other' database."""
     return a + b
+
+
+@task(max_attempts=1)
+def returns_nan():
+    return {"score": float("nan")}

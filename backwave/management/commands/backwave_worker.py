@@ -75,6 +75,7 @@ class Command(BaseCommand):
                 store_factory=_store_factory,
                 registry=registry,
                 max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
+                max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
                 log_every=options["log_every"],
                 hints=None if options["no_hints"] else {database: _hint_listener(database) for database in databases},
                 health_port=options["health_port"],
