@@ -208,7 +208,7 @@ def _registered_task_paths() -> tuple[str, ...]:
     """Wire names of the tasks the worker would find (imported once per process)."""
     from django.conf import settings
 
-    from .shell.registry import TaskRegistry
+    from .tasking.registry import TaskRegistry
 
     try:
         return tuple(sorted(TaskRegistry.discover(getattr(settings, "BACKWAVE", {}).get("TASK_MODULES", ()))))

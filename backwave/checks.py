@@ -10,7 +10,7 @@ backwave.E006  a worker could not start on WORKER_GROUPS (an unknown option, an 
                WORKER_LOCK_TIMEOUT against the groups' leases (the message is the worker's own)
 backwave.W001  a BackWave backend enqueues into a database that no worker group serves
 
-Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
+Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/tasking/backend.py``).
 """
 
 from __future__ import annotations

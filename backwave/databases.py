@@ -51,7 +51,7 @@ def backwave_backends() -> list[BackendDatabase]:
     DATABASES alias is left out: its own check (backwave.E101) reports it."""
     from django.tasks import task_backends
 
-    from .backend import BackWaveBackend
+    from .tasking.backend import BackWaveBackend
 
     found = []
     for alias in getattr(settings, "TASKS", {}):

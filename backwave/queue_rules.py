@@ -1,9 +1,9 @@
 """What a queue name and a queue's concurrency limit may be: one rule each, in one place.
 
 Every way a queue name comes in uses these: a task's definition and its enqueue
-(``tasks_api``, ``backend``), the settings (``conf``: QUEUES, SCHEDULES; the backend's check of
-TASKS QUEUES), the worker's groups (``shell.worker``), the admin's queue actions and
-``manage.py backwave_queue`` (``operations``), and the Queue table's own check constraint
+(``tasking.task``, ``tasking.backend``), the settings (``conf``: QUEUES, SCHEDULES; the backend's check of
+TASKS QUEUES), the worker's groups (``conf``), the admin's queue actions and
+``manage.py backwave_queue`` (``admin.actions``), and the Queue table's own check constraint
 (``models``). The module imports nothing but ``re``, so each of them (the settings layer
 included, which Django loads early) can import it without a cycle.
 """

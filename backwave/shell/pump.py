@@ -54,7 +54,7 @@ from backwave.store.contract import OutcomeRecord, PumpHealth, Store, StoreError
 
 from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
 from .maintenance import run_maintenance
-from .registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
 

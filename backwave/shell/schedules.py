@@ -21,7 +21,7 @@ from croniter import croniter
 
 from backwave.store.contract import DueSchedule, ScheduleDefinition, ScheduleSlot, Store
 
-from .registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.schedules")
 

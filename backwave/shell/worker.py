@@ -26,7 +26,7 @@ from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status
 from .pump import HALTED, Pump
-from .registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
 

@@ -36,11 +36,12 @@ from django.utils import timezone
 from django.utils.inspect import is_module_level_function
 from django.utils.module_loading import import_string
 
-from . import conf
-from .store.contract import NewJob
-from .store.enqueue import insert_jobs
-from .queue_rules import QUEUE_NAME_RULE, is_queue_name
-from .tasks_api import BackWaveTask, TaskCall, coerce_calls, encode_payload, validate_backwave_options, validate_django_options
+from .. import conf
+from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
+from ..store.contract import NewJob
+from ..store.enqueue import insert_jobs
+from .payload import encode_payload
+from .task import BackWaveTask, TaskCall, coerce_calls, validate_backwave_options, validate_django_options
 
 MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
 MAX_JOB_ID = 2**63 - 1  # bigint
@@ -189,7 +190,7 @@ class BackWaveBackend(BaseTaskBackend):
 
     def get_result(self, result_id):
         """The job's TaskResult, in at most two queries (the job, then its attempts)."""
-        from .models import Job
+        from ..models import Job
         from .results import task_result_from_job
 
         text = str(result_id)

@@ -29,7 +29,7 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import import_string
 
-from .tasks_api import BackWaveTask
+from .task import BackWaveTask
 
 logger = logging.getLogger(__name__)
 

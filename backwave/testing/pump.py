@@ -48,7 +48,7 @@ from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
 from backwave.shell.execution import AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.store.contract import OutcomeRecord
 
 from .clock import VirtualClock

@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from backwave.models import Job, Lease, Pump, Queue, Schedule
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 BOTH = ["default", "other"]

@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from backwave import conf, operations
 from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
 from backwave.databases import database_problem, place_groups, queues_in
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
 from backwave.shell.worker import IMPLICIT_GROUPS, Worker, group_from_mapping
 
