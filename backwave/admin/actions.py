@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from django.db import connections, router
 
-from .models import Job, Queue
-from .queue_rules import CONCURRENCY_LIMIT_RULE, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
+from ..models import Job, Queue
+from ..queue_rules import CONCURRENCY_LIMIT_RULE, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
 
 RETRYABLE_STATES = ("failed", "quarantined")
 CANCELLABLE_STATES = ("ready",)

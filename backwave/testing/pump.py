@@ -160,7 +160,7 @@ class DeterministicPump:
     def _start(self) -> None:
         """What a worker does at start: write this database's share of BACKWAVE["SCHEDULES"] and
         ["QUEUES"] to its tables, then start the driver."""
-        from backwave import operations
+        from backwave.admin import actions as operations
         from backwave.databases import queues_in
         from backwave.shell.schedules import sync_schedules
 

@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 
-from backwave import operations
+from backwave.admin import actions as operations
 from backwave.models import Job, Queue
 
 from .conftest import make_job

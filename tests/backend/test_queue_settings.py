@@ -2,7 +2,8 @@
 
 import pytest
 
-from backwave import conf, operations
+from backwave import conf
+from backwave.admin import actions as operations
 from backwave.checks import check_backwave_settings
 from backwave.models import Queue
 

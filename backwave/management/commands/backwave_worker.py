@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from backwave import conf, operations
+from backwave import conf
+from backwave.admin import actions as operations
 from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
 from backwave.databases import database_problem, place_groups, queues_in
 from backwave.tasking.registry import TaskRegistry
