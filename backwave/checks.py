@@ -73,11 +73,11 @@ def check_backwave_settings(app_configs=None, **kwargs):
 
 def _worker_problem(user: Mapping) -> str | None:
     """Why a worker started on these settings (without flags) would refuse to run, or None."""
-    from backwave.core.options import WorkerGroupConfigError, store_timeouts, validate_groups
-    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
+    from backwave.core.options import WorkerGroupConfigError, store_timeouts
 
     try:
-        groups = validate_groups(group_from_mapping(raw) for raw in (user.get("WORKER_GROUPS") or IMPLICIT_GROUPS))
+        # The raw dict, not get_setting: an unknown BACKWAVE key (E002) must not hide this check.
+        groups = conf.worker_groups(user.get("WORKER_GROUPS") or conf.IMPLICIT_GROUPS)
         store_timeouts(groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT"))
     except WorkerGroupConfigError as error:
         return str(error)
@@ -110,14 +110,10 @@ def _module_exists(name: str) -> bool:
 def check_served_databases(app_configs=None, **kwargs):
     """Warn about each BackWave backend whose database none of the configured worker groups
     serves (``backwave/databases.py``): its jobs would wait for a worker that never comes."""
-    from backwave.core.options import validate_groups
     from backwave.databases import place_groups, unserved_backends
-    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
 
     try:
-        raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
-        groups = validate_groups(group_from_mapping(raw) for raw in raw_groups)
-        placed = place_groups(groups)
+        placed = place_groups(conf.worker_groups())
     except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
         return []  # backwave.E003 or E006 says what is wrong with the groups
     warnings = []

@@ -87,7 +87,7 @@ class QueueFilter(_StatisticsMixin, admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         statistics = self.statistics(request)
-        names = stats.configured_queues() | set(statistics.queue_rows) | set(statistics.common_values("queue"))
+        names = conf.configured_queue_names() | set(statistics.queue_rows) | set(statistics.common_values("queue"))
         if self.value():
             names.add(self.value())
         return [(name, name) for name in sorted(names)]

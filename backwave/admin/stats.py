@@ -27,10 +27,11 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from django.conf import settings
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
+
+from .. import conf
 
 COUNT_CAP = 10_000
 THROUGHPUT_CAP = 50_000  # rows read per finished state for the last hour's sparkline
@@ -118,18 +119,6 @@ def table_statistics(using: str = "default") -> TableStatistics:
     )
 
 
-def configured_queues() -> set[str]:
-    """Queue names the settings mention: BackWave backends' QUEUES and the worker groups'."""
-    names: set[str] = set()
-    for options in getattr(settings, "TASKS", {}).values():
-        if str(options.get("BACKEND", "")).startswith("backwave."):
-            names.update(q for q in options.get("QUEUES", ()) if isinstance(q, str))
-    for group in getattr(settings, "BACKWAVE", {}).get("WORKER_GROUPS", ()):
-        if isinstance(group, dict):
-            names.update(q for q in group.get("queues", ()) if isinstance(q, str))
-    return names
-
-
 @dataclass
 class QueueLine:
     """One line of the Queues page."""
@@ -195,7 +184,7 @@ ORDER BY n.name
 def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | None = None) -> list[QueueLine]:
     """One query: a line per known queue with its bounded depths, limit and pause flag."""
     cap = COUNT_CAP if cap is None else cap
-    extra = sorted(configured_queues() | set(statistics.common_values("queue")))
+    extra = sorted(conf.configured_queue_names() | set(statistics.common_values("queue")))
     with connections[using].cursor() as cursor:
         cursor.execute(_OVERVIEW_SQL, {"names": extra, "limit": cap + 1})
         rows = cursor.fetchall()

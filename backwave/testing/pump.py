@@ -371,12 +371,10 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides, datab
     if options is not None and group is not None:
         raise ValueError("pass options= or group=, not both")
     if group is not None:
-        from backwave.shell.worker import group_from_mapping
-
         configured = {raw.get("name"): raw for raw in conf.get_setting("WORKER_GROUPS")}
         if group not in configured:
             raise ValueError(f"no worker group {group!r} in BACKWAVE['WORKER_GROUPS'] (configured: {sorted(map(str, configured))})")
-        options = group_from_mapping(configured[group])
+        options = conf.group_from_mapping(configured[group])
     retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
         names = queues if queues is not None else _known_queues(registry, database)

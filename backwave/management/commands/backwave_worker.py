@@ -24,7 +24,7 @@ from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroup
 from backwave.databases import database_problem, place_groups, queues_in
 from backwave.tasking.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
-from backwave.shell.worker import IMPLICIT_GROUPS, Worker, group_from_mapping
+from backwave.shell.worker import Worker
 
 if TYPE_CHECKING:
     from backwave.store.postgres import PostgresStore
@@ -131,7 +131,7 @@ class Command(BaseCommand):
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
             raw_groups = [{"name": options["group"] or "cli", "queues": queues}]
         else:
-            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
+            raw_groups = conf.raw_worker_groups()
             if options["group"]:
                 raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
                 if not raw_groups:
@@ -140,7 +140,7 @@ class Command(BaseCommand):
         if database is not None and (problem := database_problem(database)):
             raise CommandError(f"--database {database!r} {problem}")
         retention = Retention(**conf.retention())
-        groups = validate_groups(replace(group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
+        groups = validate_groups(replace(conf.group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
         return place_groups(groups, database=database)
 
 
