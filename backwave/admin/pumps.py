@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db.models import Case, F, IntegerField, Value, When
+from django.db.models import F
 from django.db.models.functions import Now
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from ..models import Pump, PumpStatus
+from ..models import Pump, PumpStatus, worst_status_first
 from .common import EngineRows, RefuseUnpermittedActions
-
-_PUMP_STATUS_ORDER = Case(
-    When(status=PumpStatus.HALTED, then=Value(0)),
-    When(status=PumpStatus.DEGRADED, then=Value(1)),
-    default=Value(2),
-    output_field=IntegerField(),
-)
-
 
 @admin.register(Pump)
 class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
@@ -36,7 +28,7 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
     def get_queryset(self, request):
         # Annotated before ordering: the order is by the annotation (halted, degraded, healthy).
-        queryset = self.model._default_manager.annotate(rank=_PUMP_STATUS_ORDER, age=Now() - F("last_heartbeat_at"))
+        queryset = self.model._default_manager.annotate(rank=worst_status_first(), age=Now() - F("last_heartbeat_at"))
         return queryset.order_by(*self.get_ordering(request))
 
     def get_ordering(self, request):

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-logger = logging.getLogger("backwave.health")
+from backwave.core.health import DEGRADED, HALTED, HEALTHY
 
-HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
+logger = logging.getLogger("backwave.health")
 
 
 def group_status(statuses: Iterable[str]) -> str:

@@ -54,11 +54,10 @@ from backwave.store.contract import OutcomeRecord, PumpHealth, Store, StoreError
 
 from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
 from .maintenance import run_maintenance
+from backwave.core.health import DEGRADED, HALTED, HEALTHY
 from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
-
-HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
 
 
 class WorkerPool:

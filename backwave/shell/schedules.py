@@ -1,4 +1,4 @@
-"""Schedules in the shell: cron becomes slots at maintenance (the settings side, SCHEDULES into rows, is ``backwave.conf``'s).
+"""Schedules in the shell: settings become rows at worker start (parsed by ``backwave.conf``), cron becomes slots at maintenance.
 
 The core decides *when* maintenance runs (``MintSchedules``); the shell does the part that needs a
 library and a time zone: evaluating cron expressions (croniter). It never reads the host clock for
