@@ -21,6 +21,7 @@ from django.db import connections
 
 from . import conf
 from .core.options import WorkerGroupOptions
+from .store import operator
 
 
 def connections_per_process(groups: Iterable[Mapping | WorkerGroupOptions]) -> tuple[int, int]:
@@ -70,10 +71,7 @@ def check_server_connections(app_configs=None, databases=None, **kwargs):
     if not databases or "default" not in databases:
         return []
     with connections["default"].cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int"
-        )
-        available = cursor.fetchone()[0]
+        available = operator.available_connections(cursor)
     engine, handlers = connections_per_process(_groups())
     needed = engine + handlers
     if needed <= available:

@@ -10,6 +10,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ..models import Queue
+from ..queue_rules import parse_concurrency_limit
 from . import actions, stats
 from .common import EngineRows
 
@@ -93,7 +94,7 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
 
     @admin.action(description="Set concurrency limit (blank: unlimited)", permissions=["limit"])
     def set_limit(self, request, names):
-        limit = actions.parse_concurrency_limit(request.POST.get("limit", ""), unlimited="leave it blank")
+        limit = parse_concurrency_limit(request.POST.get("limit", ""), unlimited="leave it blank")
         n = actions.limit_queues(names, limit)
         shown = "unlimited" if limit is None else f"at most {limit} running at once"
         messages.success(request, f"{n} queue{'' if n == 1 else 's'} now {shown}: {', '.join(sorted(names))}.")

@@ -160,14 +160,11 @@ class DeterministicPump:
     def _start(self) -> None:
         """What a worker does at start: write this database's share of BACKWAVE["SCHEDULES"] and
         ["QUEUES"] to its tables, then start the driver."""
-        from backwave.admin import actions as operations
-        from backwave.databases import queues_in
+        from backwave.databases import write_queue_settings
         from backwave.shell.schedules import sync_schedules
 
         sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry, database=self._database)
-        settings_queues = conf.get_setting("QUEUES")
-        here = set(queues_in(self._database, settings_queues)) | set(self.options.policy.queues)
-        operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=self._database)
+        write_queue_settings(self._database, self.options.policy.queues)
         self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from backwave.admin import actions
 from backwave.models import Queue
-from backwave.queue_rules import MAX_CONCURRENCY_LIMIT
+from backwave.queue_rules import MAX_CONCURRENCY_LIMIT, parse_concurrency_limit, validate_queue_name
 
 
 class Command(BaseCommand):
@@ -39,7 +39,7 @@ class Command(BaseCommand):
         names = options["names"]
         try:
             for name in names:
-                actions.validate_queue_name(name)
+                validate_queue_name(name)
             if action == "pause":
                 actions.pause_queues(names)
                 self.stdout.write(f"Paused {', '.join(names)}: workers stop claiming from it; running jobs finish.")
@@ -56,7 +56,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _parse_limit(raw):
-        return actions.parse_concurrency_limit(raw or "", unlimited="leave it out")
+        return parse_concurrency_limit(raw or "", unlimited="leave it out")
 
     def _list(self):
         rows = list(Queue.objects.order_by("name"))

@@ -19,9 +19,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf
-from backwave.admin import actions as operations
 from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
-from backwave.databases import database_problem, place_groups, queues_in
+from backwave.databases import database_problem, place_groups, write_queue_settings
 from backwave.tasking.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
 from backwave.shell.worker import Worker
@@ -77,7 +76,7 @@ class Command(BaseCommand):
             for database in databases:
                 _sync_schedules(registry, database, store_factory)
             for database in databases:
-                _apply_queue_settings(database, groups)
+                write_queue_settings(database, [queue for group in groups if group.database == database for queue in group.policy.queues])
             worker = Worker(
                 groups,
                 store_factory=store_factory,
@@ -164,15 +163,6 @@ def _sync_schedules(registry, database: str, store_factory: Callable[[str], Post
         logger.warning("Schedules not synced, database %r is unreachable: %s", database, error)
     finally:
         store.close()
-
-
-def _apply_queue_settings(database: str, groups) -> None:
-    """Write BACKWAVE["QUEUES"] for the queues that live in ``database`` or that a group claims
-    there, into that database's Queue rows."""
-    settings_queues = conf.get_setting("QUEUES")
-    claimed = {queue for group in groups if group.database == database for queue in group.policy.queues}
-    here = set(queues_in(database, settings_queues)) | claimed
-    operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
 
 
 def _hint_listener(database: str):
