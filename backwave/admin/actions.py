@@ -58,24 +58,24 @@ def _job_action(queryset, action: str, allowed: tuple[str, ...], requested=()) -
 
 def retry_jobs(queryset) -> JobActionResult:
     """Make failed and quarantined jobs of ``queryset`` ready now, with one more attempt."""
-    return _job_action(queryset, "retry_jobs", RETRYABLE_STATES)
+    return _job_action(queryset, "retry", RETRYABLE_STATES)
 
 
 def cancel_jobs(queryset) -> JobActionResult:
     """Cancel the ready (due or scheduled) jobs of ``queryset``; running ones are left alone."""
-    return _job_action(queryset, "cancel_jobs", CANCELLABLE_STATES)
+    return _job_action(queryset, "cancel", CANCELLABLE_STATES)
 
 
 def retry_job_ids(ids) -> JobActionResult:
     """retry_jobs() on jobs by id; the result names the ids that no longer exist."""
     ids = list(ids)
-    return _job_action(Job.objects.filter(id__in=ids), "retry_jobs", RETRYABLE_STATES, requested=ids)
+    return _job_action(Job.objects.filter(id__in=ids), "retry", RETRYABLE_STATES, requested=ids)
 
 
 def cancel_job_ids(ids) -> JobActionResult:
     """cancel_jobs() on jobs by id; the result names the ids that no longer exist."""
     ids = list(ids)
-    return _job_action(Job.objects.filter(id__in=ids), "cancel_jobs", CANCELLABLE_STATES, requested=ids)
+    return _job_action(Job.objects.filter(id__in=ids), "cancel", CANCELLABLE_STATES, requested=ids)
 
 
 # --- queues -------------------------------------------------------------------------------------

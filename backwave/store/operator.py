@@ -18,16 +18,18 @@ from .queries import QUERIES
 # A column the caller leaves out of upsert_queues keeps what its row holds.
 UNSET: Any = object()
 
-JOB_ACTIONS = ("retry_jobs", "cancel_jobs")
+# A job action's name -> the SET list of queries.sql that act_on_jobs applies.
+JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignments"}
 
 
 def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
-    """Run ``action`` (retry_jobs or cancel_jobs) on the selected jobs that are in an ``allowed``
-    state: (id, state when locked, changed) per selected job that still exists, by id."""
+    """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
+    (id, state when locked, changed) per selected job that still exists, by id."""
     if action not in JOB_ACTIONS:
         raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
     sql, params = selection
-    cursor.execute(QUERIES[action].format(selection=sql), [*params, list(allowed)])
+    statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
+    cursor.execute(statement, [*params, list(allowed)])
     return cursor.fetchall()
 
 

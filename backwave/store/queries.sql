@@ -677,28 +677,25 @@ RETURNING j.id, s.attempts
 -- Django's connection (backwave/store/operator.py takes its cursor), so an action commits with
 -- the request and each one counts as one query where the admin's query counts are pinned.
 -- The blocks that act on a Django queryset's selection take positional parameters: "{selection}"
--- is that queryset's SQL of ids, with its own positional parameters first.
+-- is that queryset's SQL of ids, with its own positional parameters first. Two blocks are SET
+-- lists, not statements: the job actions' assignments, which act_on_jobs takes.
 -- ===========================================================================================
 
 
--- name: retry_jobs
+-- name: act_on_jobs
 -- "target" locks the selected rows in id order (the ORDER BY is applied before the locks are
 -- taken) and reads each one's state as it is once locked: after waiting for a worker's claim,
 -- the row it re-reads is running; a row deleted while it waited is skipped. "changed" updates
 -- the locked rows that are in an allowed state; nobody else can change them in between.
--- "max_attempts = greatest(max_attempts, attempts - forgiven_attempts + 1)" grants the one more
--- attempt that "retry now" promises even when the job used all of its attempts (as Oban's
--- retry_job does); attempts forgiven after a lapse never counted, so they are left out here as
--- they are everywhere the limit is checked. Attempt numbers keep counting up, so the attempt
--- log keeps every earlier try. Parameters: the selection's, then the allowed states (text[]).
+-- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments.
+-- Parameters: the selection's, then the allowed states (text[]).
 WITH target AS MATERIALIZED (
     SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j
 ), changed AS (
     UPDATE backwave_job AS j
-    SET state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL,
-        max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
+    SET {assignments}
     FROM target AS t
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id
@@ -708,23 +705,19 @@ FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
 ORDER BY t.id
 
 
--- name: cancel_jobs
--- Locks and reports exactly as retry_jobs does. Parameters: the selection's, then the allowed
--- states (text[]).
-WITH target AS MATERIALIZED (
-    SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
-    ORDER BY j.id
-    FOR UPDATE OF j
-), changed AS (
-    UPDATE backwave_job AS j
-    SET state = 'cancelled', finished_at = now()
-    FROM target AS t
-    WHERE j.id = t.id AND j.state = ANY(%s)
-    RETURNING j.id
-)
-SELECT t.id, t.state, c.id IS NOT NULL
-FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
-ORDER BY t.id
+-- name: retry_job_assignments
+-- "Retry now", for act_on_jobs. "max_attempts = greatest(max_attempts, attempts -
+-- forgiven_attempts + 1)" grants the one more attempt that "retry now" promises even when the
+-- job used all of its attempts (as Oban's retry_job does); attempts forgiven after a lapse never
+-- counted, so they are left out here as they are everywhere the limit is checked. Attempt
+-- numbers keep counting up, so the attempt log keeps every earlier try.
+state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL,
+max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
+
+
+-- name: cancel_job_assignments
+-- "Cancel", for act_on_jobs.
+state = 'cancelled', finished_at = now()
 
 
 -- name: set_schedules_enabled
