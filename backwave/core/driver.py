@@ -11,7 +11,11 @@ deterministic test pump make identical decisions.
 
 Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed and not yet
 reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
-its slot, because it still holds its lease; the slot reopens when the write lands.
+its slot, because it still holds its lease; the slot reopens when the write lands. An attempt
+abandoned with a lost lease holds its slot too, until its JobFinished arrives: its handler still
+runs on one of the pool's ``pool_size`` threads, and a job claimed for that thread would wait in
+the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
+A drain never waits for abandoned handlers: their jobs are no longer the pump's.
 
 Lifecycle states and the events each accepts::
 
@@ -32,7 +36,11 @@ Lifecycle states and the events each accepts::
     RUNNING   | JobFinished      | decide outcome, buffer; flush when the batch is     | RUNNING
               |                  | full or nothing executes: WriteOutcomes + ClaimJobs |
     RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all, OpenLease         | RUNNING/OPENING
+    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
+              |                  | taken until their handlers return), OpenLease       |
+    any*      | JobFinished of   | no outcome; its slot reopens (a poll or a write's   | same
+              | an abandoned     | claim uses it)                                      |
+              | attempt          |                                                     |
     RUNNING   | JobsPurged       | a full page: purge again on the next tick           | RUNNING
     any*      | LeasesExpired,   | maintenance results: nothing to do                  | same
               | SchedulesMinted, |                                                     |
@@ -127,7 +135,9 @@ class NodeDriver:
         self._executing: dict[int, ClaimedJob] = {}
         self._buffer: deque[Outcome] = deque()
         self._writing: tuple[Outcome, ...] = ()
-        self._abandoned: set[tuple[int, int]] = set()  # (job id, attempt) given up with a lost lease
+        # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
+        # returned yet: each still occupies a thread of the pool, so it still takes a slot.
+        self._abandoned: set[tuple[int, int]] = set()
         # Claims in flight, in the order they were sent (their answers come back in that order).
         self._claims: deque[tuple[tuple[str, ...], int]] = deque()
         self._policy_state: dict[str, int] = {}  # the dispatch policy's round-robin memory
@@ -180,7 +190,9 @@ class NodeDriver:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.options.pool_size - self.unreported - self._claim_limit)
+        """Threads of the pool no job holds: claimed jobs, claims in flight and abandoned handlers
+        each take one."""
+        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._abandoned))
 
     @property
     def idle(self) -> bool:
@@ -282,11 +294,12 @@ class NodeDriver:
         # obsolete, and it must not share a batch with the new attempt's outcome.
         claimed_ids = set(ids)
         obsolete = [o for o in self._buffer if o.job_id in claimed_ids]
-        if self.unreported - len(obsolete) + len(event.jobs) > self.options.pool_size:
+        if self.unreported - len(obsolete) + len(self._abandoned) + len(event.jobs) > self.options.pool_size:
+            abandoned = f" + {len(self._abandoned)} abandoned" if self._abandoned else ""
             raise InvalidEvent(
                 event,
                 self.state,
-                f"backpressure violated: {self.unreported} unreported + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
+                f"backpressure violated: {self.unreported} unreported{abandoned} + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
             )
         self._claims.popleft()
         if len(event.jobs) < asked:
@@ -628,7 +641,7 @@ class NodeDriver:
             # The claim runs after the write lands, so the slots the write frees are counted as
             # free: size it without the batch being written.
             limit = min(
-                self.options.pool_size - len(self._executing) - len(self._buffer),
+                self.options.pool_size - len(self._executing) - len(self._buffer) - len(self._abandoned),
                 self.options.max_claim_batch,
             )
             if limit > 0:

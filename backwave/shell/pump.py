@@ -55,24 +55,38 @@ logger = logging.getLogger("backwave.pump")
 HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
 
 
+class PoolExhausted(RuntimeError):
+    """A job was handed to a pool with no free thread: it would wait, claimed and unstarted."""
+
+
 class WorkerPool:
     """``size`` handler threads fed by one queue: the pump's Workers.
 
-    Leaner than ThreadPoolExecutor on the hot path (no Future per job, no lock around the
-    queue): a claimed job is one ``SimpleQueue.put``, and the driver already guarantees that no
-    more than ``size`` jobs are ever handed over at once, so none waits for a thread.
+    Leaner than ThreadPoolExecutor on the hot path (no Future per job): a claimed job is one
+    ``SimpleQueue.put``. The driver guarantees that no more than ``size`` handlers ever run at
+    once (abandoned ones included), so none waits for a thread; ``submit`` checks it, and a job
+    that would wait raises ``PoolExhausted`` instead (the pump halts: its lease lapses and the
+    job runs elsewhere, rather than sitting in the queue behind a hung handler).
+
+    ``run(job)`` runs a handler and returns its report; ``done(job, report)`` is called after the
+    thread counts as free again, so a job claimed for the slot that report frees finds it free.
     """
 
     _STOP = object()
 
-    def __init__(self, size: int, run: Callable, *, name: str):
+    def __init__(self, size: int, run: Callable, done: Callable, *, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._run = run
+        self._done = done
+        self._size = size
+        self._free = threading.Semaphore(size)
         self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(size)]
         for thread in self._threads:
             thread.start()
 
     def submit(self, job) -> None:
+        if not self._free.acquire(blocking=False):
+            raise PoolExhausted(f"job {job.id} was handed to a pool whose {self._size} thread(s) are all running handlers")
         self._queue.put(job)
 
     def shutdown(self) -> None:
@@ -83,9 +97,13 @@ class WorkerPool:
     def _work(self) -> None:
         while (job := self._queue.get()) is not self._STOP:
             try:
-                self._run(job)
+                report = self._run(job)
             except BaseException:  # run_attempt never raises; this is the last line of defence
                 logger.exception("A worker thread failed outside its job")
+                self._free.release()
+                continue
+            self._free.release()
+            self._done(job, report)
 
 
 class EventLoopThread:
@@ -133,7 +151,7 @@ class Pump:
         self._random = random.Random()
         self._stop_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
-        self._pool = WorkerPool(options.pool_size, self._run_job, name=f"backwave-{options.name}-{index}")
+        self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
         self._abandoned_before = 0
 
@@ -353,8 +371,8 @@ class Pump:
 
     # ---- jobs -------------------------------------------------------------------------------------
 
-    def _run_job(self, job) -> None:
-        self._finished(job, run_attempt(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars))
+    def _run_job(self, job) -> AttemptReport:
+        return run_attempt(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars)
 
     async def _run_async_job(self, job) -> None:
         report = await run_attempt_async(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars)

@@ -1,6 +1,7 @@
 """Tasks the worker tests run (discovered through BACKWAVE['TASK_MODULES'] in tests/settings.py)."""
 
 import os
+import threading
 import time
 
 from django.db import transaction
@@ -68,3 +69,23 @@ async def async_double(n):
 @task(queue_name="e2e", max_attempts=1)
 async def async_fails():
     raise KeyError("async failure")
+
+
+# For in-process pumps only: each attempt of the two tasks below records (job id, attempt) when
+# its handler starts, and ``hangs_until_released`` blocks its thread until the test sets RELEASE.
+STARTED: list[tuple[int, int]] = []
+RELEASE = threading.Event()
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=5)
+def hangs_until_released(context):
+    STARTED.append((int(context.task_result.id), context.attempt))
+    if not RELEASE.wait(timeout=120):
+        raise TimeoutError("the test never released this handler")
+    return "released"
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=5)
+def records_start(context):
+    STARTED.append((int(context.task_result.id), context.attempt))
+    return context.attempt

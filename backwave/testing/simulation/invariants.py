@@ -83,6 +83,11 @@ class Invariants:
 
     def started(self, pump: SimPump, job_id: int, lease: uuid.UUID, attempt: int) -> None:
         self.executing.setdefault(job_id, []).append((pump, lease, attempt))
+        # A pump's pool has pool_size threads: a handler beyond them would wait in the queue,
+        # claimed and unstarted, while its lease ticks. Abandoned handlers still hold theirs.
+        handlers = sum(1 for runs in self.executing.values() for runner, _, _ in runs if runner is pump)
+        if handlers > self.pool_size:
+            raise SimulationBug(f"{pump.name} runs {handlers} handlers at once (abandoned ones included), pool_size is {self.pool_size}")
         self._check_executions()
 
     def finished(self, pump: SimPump, job_id: int, attempt: int) -> None:
