@@ -31,7 +31,10 @@ Lifecycle states and the events each accepts::
               |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
               |                  | a full purge page: the next PurgeJobs;              |
               |                  | lease presumed lapsed: self-fence                   | OPENING
-    RUNNING   | HintReceived     | bring the poll forward (one pending-poll slot)      | RUNNING
+    RUNNING   | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
+              |                  | permitting (one pending-poll slot: a burst costs    |
+              |                  | one extra claim); else a free slot: poll now; none: |
+              |                  | nothing                                             |
     RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
     RUNNING   | JobFinished      | decide outcome, buffer; flush when the batch is     | RUNNING
               |                  | full or nothing executes: WriteOutcomes + ClaimJobs |
@@ -271,6 +274,10 @@ class NodeDriver:
             return []
         if self._claim_limit:
             self._hint_during_claim = True
+            return []
+        if not self.free_slots:
+            # Nothing to claim with; a slot that reopens through a write claims anyway. (Polling
+            # now would only flush a half-full buffer early.)
             return []
         self._next_poll = min(self._next_poll, event.now)
         return self._on_due(event.now)

@@ -4,11 +4,18 @@ Theory of operation
 -------------------
 The pump owns a Node Driver, a store connection and a pool of ``pool_size`` worker threads. Its
 loop is the only reader of a single event channel: worker threads post ``JobFinished``, the
-process posts ``DrainRequested`` (and, later, hints); when nothing arrives before the driver's
-next deadline the loop makes a ``Tick``. Each event goes to the driver, and the commands that come
-back run in order on this thread, so exactly one store round-trip is in flight per pump and the
-store connection is never shared. A command's result is fed straight back to the driver as the
-next event. Handlers run on the pool, never on the loop.
+process posts ``DrainRequested``, the hint listener posts ``HintReceived``; when nothing arrives
+before the driver's next deadline the loop makes a ``Tick``. Each event goes to the driver, and the
+commands that come back run in order on this thread, so exactly one store round-trip is in flight
+per pump and the store connection is never shared. A command's result is fed straight back to the
+driver as the next event. Handlers run on the pool, never on the loop.
+
+Threads: only the pump's own thread reads or writes its driver (the driver's state is plain,
+unlocked Python objects). What other threads need (the worker's idle check, the health endpoint,
+the throughput log, the hint pre-check) they read from ``snapshot``, an immutable ``PumpSnapshot``
+the pump thread publishes after each event. A hint costs the listener one flag test: at most one
+``HintReceived`` waits in the channel at a time (the pump lowers the flag when it takes it), so a
+burst of NOTIFYs wakes the loop once.
 
 A ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one pipelined round-trip: the write
 lands first, then the claim, which is how a pump at steady state spends one round-trip per batch.
@@ -37,7 +44,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
@@ -53,6 +60,51 @@ from .registry import TaskRegistry
 logger = logging.getLogger("backwave.pump")
 
 HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
+
+
+@dataclass(frozen=True, slots=True)
+class PumpSnapshot:
+    """The driver's state as other threads may know it, published by the pump thread after each
+    event (replacing the reference is atomic; the object never changes)."""
+
+    state: State
+    idle: bool
+    executing: int
+    in_flight: int  # claimed and not yet reported
+    free_slots: int
+    applied: int  # outcomes the fence let through, since start
+    abandoned: int  # attempts given up on (lost lease, drain deadline), since start
+
+    @classmethod
+    def of(cls, driver: NodeDriver) -> PumpSnapshot:
+        stats = driver.stats
+        return cls(
+            state=driver.state, idle=driver.idle, executing=driver.executing, in_flight=driver.unreported,
+            free_slots=driver.free_slots, applied=stats.applied, abandoned=stats.abandoned,
+        )
+
+
+class _HintFlag:
+    """Raised by whoever posts a hint, lowered by the pump thread when it takes the hint: a
+    test-and-set, so two posters (one listener per database) never post two."""
+
+    __slots__ = ("_lock", "_raised")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._raised = False
+
+    def raise_(self) -> bool:
+        """Raise the flag; True when it was down (the caller posts the hint)."""
+        with self._lock:
+            if self._raised:
+                return False
+            self._raised = True
+            return True
+
+    def lower(self) -> None:
+        with self._lock:
+            self._raised = False
 
 
 class PoolExhausted(RuntimeError):
@@ -138,7 +190,9 @@ class Pump:
         self.options = options
         self.index = index
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{options.name}:{index}:{uuid.uuid4().hex[:8]}"
-        self.driver = NodeDriver(options)
+        self.driver = NodeDriver(options)  # the pump thread's alone: others read ``snapshot``
+        self.snapshot = PumpSnapshot.of(self.driver)
+        self._hint_flag = _HintFlag()
         self.health = HEALTHY
         self.health_reason = ""
         self._store_factory = store_factory
@@ -168,11 +222,12 @@ class Pump:
     def hint(self) -> None:
         """A Wake-Up Hint for one of this pump's queues (called from the listener thread).
 
-        The coarse pre-check: a pump whose pool is full has nothing to claim with, so the hint
-        is dropped here instead of waking the loop; the driver's pending-poll slot coalesces the
-        rest, so a burst of hints costs at most one extra claim.
+        Reads no driver state. A pump whose last snapshot had no free slot has nothing to claim
+        with (when slots reopen through a write, the driver claims anyway), and while one hint
+        waits in the channel another adds nothing: neither wakes the loop. The driver's
+        pending-poll slot coalesces the rest, so a burst of hints costs at most one extra claim.
         """
-        if self.driver.free_slots:
+        if self.snapshot.free_slots and self._hint_flag.raise_():
             self._channel.put(ev.HintReceived(now=self._clock()))
 
     def stop_now(self) -> None:
@@ -236,7 +291,7 @@ class Pump:
                     jitter=self._random.random(),
                 )
             try:
-                event = self._channel.get(timeout=delay)
+                event = self._take(timeout=delay)
             except queue.Empty:
                 continue
             if isinstance(event, ev.DrainRequested):
@@ -247,9 +302,17 @@ class Pump:
         wake = self.driver.next_wakeup()
         timeout = None if wake is None else max(0.0, wake - self._clock())
         try:
-            return self._channel.get(timeout=timeout)
+            return self._take(timeout=timeout)
         except queue.Empty:
             return ev.Tick(now=self._clock())
+
+    def _take(self, timeout: float | None) -> ev.Event:
+        event = self._channel.get(timeout=timeout)
+        if isinstance(event, ev.HintReceived):
+            # Lowered before the driver acts on it: a NOTIFY that arrives from now on posts a new
+            # hint, and one that found the flag raised came before the claim this hint may send.
+            self._hint_flag.lower()
+        return event
 
     def _process(self, event: ev.Event) -> None:
         pending = deque(self._handle(event))
@@ -272,7 +335,10 @@ class Pump:
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""
         had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
-        commands = self.driver.handle(event)
+        try:
+            commands = self.driver.handle(event)
+        finally:
+            self.snapshot = PumpSnapshot.of(self.driver)
         if had_lease and self.driver.state is State.OPENING:
             logger.warning(
                 "Pump %s gave up its lease (%s); %d job(s) it was running will run again elsewhere, and it opens a new lease",
@@ -424,7 +490,7 @@ class Pump:
             pid=os.getpid(),
             status=self.health,
             reason=self.health_reason,
-            in_flight=self.driver.unreported,
+            in_flight=self.snapshot.in_flight,
             lease_duration=self.options.lease_duration,
         )
 

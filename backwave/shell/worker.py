@@ -18,7 +18,7 @@ from backwave.core.policy import Strict
 from backwave.store.contract import Store, StoreError
 
 from .hints import HintListener
-from .health import HealthServer, group_status, overall_status
+from .health import HealthServer, group_status, process_status
 from .pump import HALTED, Pump
 from .registry import TaskRegistry
 
@@ -151,7 +151,7 @@ class Worker:
                     "throughput: %.0f jobs/s (%d done, %d running, %d store round-trips); pumps: %s",
                     rate,
                     done,
-                    sum(p.driver.executing for p in self.pumps),
+                    sum(p.snapshot.executing for p in self.pumps),
                     sum(p.round_trips for p in self.pumps),
                     ", ".join(p.health for p in self.pumps),
                 )
@@ -178,7 +178,9 @@ class Worker:
         return 1 if all(p.health == HALTED for p in self.pumps) else 0
 
     def health_snapshot(self) -> dict:
-        """This process's health: each pump, each group (halted only when all its pumps are)."""
+        """This process's health: each pump, each group (halted only when all its pumps are), and
+        the wake-up hint listener (dead: unhealthy; reconnecting: degraded). Reads only what the
+        pumps publish, never a driver: it runs on the endpoint's threads."""
         pumps = []
         for pump in self.pumps:
             row = pump.health_row()
@@ -187,12 +189,15 @@ class Worker:
                 "in_flight": row.in_flight, "alive": pump.alive,
             })
         groups = {group.name: group_status(p["status"] for p in pumps if p["group"] == group.name) for group in self.groups}
+        hints = self.hints.health() if self.hints is not None else None
+        hint_status = hints["status"] if hints is not None else None
         return {
-            "status": overall_status(groups.values()),
+            "status": process_status(groups.values(), unhealthy=hint_status == "dead", degraded=hint_status == "reconnecting"),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "groups": groups,
             "pumps": pumps,
+            "hints": hints,
         }
 
     def _refresh_halted(self) -> None:
@@ -210,11 +215,11 @@ class Worker:
 
     @property
     def jobs_done(self) -> int:
-        return sum(p.driver.stats.applied for p in self.pumps)
+        return sum(p.snapshot.applied for p in self.pumps)
 
     @property
     def idle(self) -> bool:
-        return all(p.driver.idle for p in self.pumps)
+        return all(p.snapshot.idle for p in self.pumps)
 
     def drain(self, timeout: float | None = None) -> None:
         for pump in self.pumps:
@@ -240,4 +245,4 @@ class Worker:
     @property
     def stragglers(self) -> int:
         """Handler threads still running for jobs the pumps gave up on (drain deadline passed)."""
-        return sum(p.driver.stats.abandoned for p in self.pumps)
+        return sum(p.snapshot.abandoned for p in self.pumps)

@@ -371,7 +371,10 @@ class World(Faults):
                 self.at(self.t + self._latency(), self._hint, pump)
 
     def _hint(self, pump: SimPump) -> None:
-        if pump.alive and pump.driver.free_slots:  # Pump.hint's pre-check
+        # Pump.hint's pre-check, on the snapshot it publishes after each event: here, the driver
+        # itself. Unlike Pump.hint, several hints may wait in the channel (duplicates are one of
+        # the injected faults): the driver has to cope with any number of them.
+        if pump.alive and pump.driver.free_slots:
             self._post(pump, ev.HintReceived)
 
 
