@@ -28,7 +28,11 @@ other pumps inherit its jobs, and the process keeps running.
 
 Health: the pump writes its row (``Pump`` model) when its lease opens, after each heartbeat that
 lands and whenever its status changes, never per job; a halted pump records its reason before
-its thread ends, and a pump that drains cleanly deletes its row.
+its thread ends, and a pump that drains cleanly deletes its row. A pump is *stalled* when no store
+call of its own has completed for longer than its lease, whatever the reason (every call failing
+transiently, a call that hangs, a thread that never gets back to its loop): it does no work and
+holds no lease, so the worker's health counts it unhealthy, and its row, no longer refreshed,
+goes stale for ``backwave_health`` and the admin.
 """
 
 from __future__ import annotations
@@ -203,6 +207,10 @@ class Pump:
         self._channel: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self._reports: dict[tuple[int, int], AttemptReport] = {}
         self._random = random.Random()
+        # When a store call of this pump last completed (its clock): written by the pump thread,
+        # read by the health endpoint. Counted from start, so a pump that never reached the
+        # database stalls too.
+        self._store_answered_at = clock()
         self._stop_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
@@ -212,6 +220,7 @@ class Pump:
     # ---- control from other threads -------------------------------------------------------------
 
     def start(self) -> None:
+        self._store_answered_at = self._clock()
         self._thread.start()
 
     def drain(self, timeout: float | None = None) -> None:
@@ -242,6 +251,16 @@ class Pump:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def seconds_since_store_call(self) -> float:
+        """Seconds since a store call of this pump last completed (or since it started)."""
+        return max(0.0, self._clock() - self._store_answered_at)
+
+    @property
+    def stalled(self) -> bool:
+        """Alive, not halted, and no store call has completed for longer than its lease."""
+        return self.alive and self.health != HALTED and self.seconds_since_store_call > self.options.lease_duration
 
     @property
     def round_trips(self) -> int:
@@ -280,7 +299,9 @@ class Pump:
         streak = 0
         while not self._stop_now.is_set():
             try:
-                return self._store_factory()
+                store = self._store_factory()
+                self._store_answered_at = self._clock()
+                return store
             except TransientStoreError as error:
                 self._degrade(error)
                 streak += 1
@@ -513,6 +534,8 @@ class Pump:
             self._report_health()
 
     def _recovered(self) -> None:
+        """A store call completed."""
+        self._store_answered_at = self._clock()
         if self.health == DEGRADED:
             logger.info("Pump %s recovered", self.worker_id)
             self.health = HEALTHY

@@ -179,20 +179,27 @@ class Worker:
 
     def health_snapshot(self) -> dict:
         """This process's health: each pump, each group (halted only when all its pumps are), and
-        the wake-up hint listener (dead: unhealthy; reconnecting: degraded). Reads only what the
-        pumps publish, never a driver: it runs on the endpoint's threads."""
+        the wake-up hint listener (dead: unhealthy; reconnecting: degraded). A stalled pump (no
+        store call completed for longer than its lease) makes the process unhealthy, whatever its
+        own status says. Reads only what the pumps publish, never a driver: it runs on the
+        endpoint's threads."""
         pumps = []
         for pump in self.pumps:
             row = pump.health_row()
             pumps.append({
                 "worker_id": row.worker_id, "group": row.group, "status": row.status, "reason": row.reason,
-                "in_flight": row.in_flight, "alive": pump.alive,
+                "in_flight": row.in_flight, "alive": pump.alive, "stalled": pump.stalled,
+                "seconds_since_store_call": round(pump.seconds_since_store_call, 3),
             })
         groups = {group.name: group_status(p["status"] for p in pumps if p["group"] == group.name) for group in self.groups}
         hints = self.hints.health() if self.hints is not None else None
         hint_status = hints["status"] if hints is not None else None
         return {
-            "status": process_status(groups.values(), unhealthy=hint_status == "dead", degraded=hint_status == "reconnecting"),
+            "status": process_status(
+                groups.values(),
+                unhealthy=hint_status == "dead" or any(p["stalled"] for p in pumps),
+                degraded=hint_status == "reconnecting",
+            ),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "groups": groups,

@@ -121,15 +121,20 @@ class Command(BaseCommand):
 def _sync_schedules(registry) -> None:
     """Write BACKWAVE["SCHEDULES"] to the Schedule table (ScheduleConfigError, a ValueError, when
     one cannot run). With the database unreachable the worker starts anyway on the rows of the
-    last sync: its pumps wait for the database like after any other fault."""
+    last sync: its pumps wait for the database like after any other fault. One it can never
+    connect to (no such database or role, bad credentials) starts it too: its pumps halt on that
+    refusal, with it as their reason, and the health endpoint answers 503."""
     from backwave.shell.schedules import sync_schedules
-    from backwave.store.contract import TransientStoreError
+    from backwave.store.contract import StoreError, TransientStoreError
 
     schedules = conf.get_setting("SCHEDULES")
     try:
         store = _store_factory()
     except TransientStoreError as error:
         logger.warning("Schedules not synced, the database is unreachable: %s", error)
+        return
+    except StoreError as error:
+        logger.error("Schedules not synced: %s", error)
         return
     try:
         sync_schedules(store, schedules, registry)
