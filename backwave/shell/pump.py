@@ -48,7 +48,8 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
@@ -66,12 +67,11 @@ logger = logging.getLogger("backwave.pump")
 HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
 
 
-@dataclass(frozen=True, slots=True)
-class PumpSnapshot:
+class PumpSnapshot(NamedTuple):
     """The driver's state as other threads may know it, published by the pump thread after each
-    event (replacing the reference is atomic; the object never changes)."""
+    event (replacing the reference is atomic; a tuple never changes). A NamedTuple: it is built
+    per event, on the hot path."""
 
-    state: State
     idle: bool
     executing: int
     in_flight: int  # claimed and not yet reported
@@ -82,10 +82,7 @@ class PumpSnapshot:
     @classmethod
     def of(cls, driver: NodeDriver) -> PumpSnapshot:
         stats = driver.stats
-        return cls(
-            state=driver.state, idle=driver.idle, executing=driver.executing, in_flight=driver.unreported,
-            free_slots=driver.free_slots, applied=stats.applied, abandoned=stats.abandoned,
-        )
+        return cls(driver.idle, driver.executing, driver.unreported, driver.free_slots, stats.applied, stats.abandoned)
 
 
 class _HintFlag:
