@@ -135,8 +135,10 @@ def running_worker():
     started = []
 
     def start(hints: HintListener) -> Worker:
-        group = WorkerGroupOptions(name="health", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600)
-        worker = Worker([group], store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.noop]), hints=hints, health_port=0)
+        group = WorkerGroupOptions(name="health", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, database="default")
+        worker = Worker(
+            [group], store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.noop]), hints={"default": hints}, health_port=0
+        )
         thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, name="worker-main")
         thread.start()
         started.append((worker, thread))
@@ -155,8 +157,9 @@ def test_a_listener_that_cannot_connect_is_degraded_not_a_503(listener, running_
     code, body = get(f"http://127.0.0.1:{worker.health_server.port}/")
     assert code == 200, body
     assert body["status"] == "degraded"
-    assert body["hints"]["status"] == "reconnecting" and body["hints"]["alive"] and not body["hints"]["connected"]
-    assert "Connection refused" in body["hints"]["last_error"]
+    hints = body["hints"]["default"]
+    assert hints["status"] == "reconnecting" and hints["alive"] and not hints["connected"]
+    assert "Connection refused" in hints["last_error"]
 
 
 class ListenerKilled(BaseException):
@@ -175,8 +178,9 @@ def test_the_health_endpoint_reports_a_dead_listener_as_unhealthy(running_worker
     code, body = get(f"http://127.0.0.1:{worker.health_server.port}/")
     assert code == 503, body
     assert body["status"] == "unhealthy" and body["groups"] == {"health": "healthy"}
-    assert body["hints"]["status"] == "dead" and not body["hints"]["alive"]
-    assert "ListenerKilled: the listener thread ends here" in body["hints"]["last_error"]
+    hints = body["hints"]["default"]
+    assert hints["status"] == "dead" and not hints["alive"]
+    assert "ListenerKilled: the listener thread ends here" in hints["last_error"]
 
 
 # ---- only the pump's thread touches its driver ----------------------------------------------------
@@ -213,7 +217,9 @@ def test_hints_idle_checks_and_health_never_touch_the_driver_off_the_pump_thread
     the health endpoint polled meanwhile: not one read of driver state from any of those threads
     (the deque a hint used to iterate is mutated by the pump thread at the same time)."""
     enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(300)])
-    group = WorkerGroupOptions(name="threads", policy=Strict("e2e"), pool_size=8, max_claim_batch=4, poll_interval=0.05, maintenance_interval=3600)
+    group = WorkerGroupOptions(
+        name="threads", policy=Strict("e2e"), pool_size=8, max_claim_batch=4, poll_interval=0.05, maintenance_interval=3600, database="default"
+    )
     worker = Worker([group], store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.noop]), health_port=0, log_every=0.05)
     (pump,) = worker.pumps
     stop, sent = threading.Event(), Counter()

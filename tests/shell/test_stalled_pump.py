@@ -86,8 +86,10 @@ class Switchable:
 
 def test_a_pump_whose_store_calls_all_fail_for_a_lease_is_unhealthy_until_it_recovers(admin_client):
     failing = threading.Event()
-    group = WorkerGroupOptions(name="stall", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, lease_duration=1.0, maintenance_interval=3600)
-    worker = Worker([group], store_factory=lambda: Switchable(failing), registry=TaskRegistry([worker_tasks.noop]), health_port=0)
+    group = WorkerGroupOptions(
+        name="stall", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, lease_duration=1.0, maintenance_interval=3600, database="default"
+    )
+    worker = Worker([group], store_factory=lambda alias: Switchable(failing), registry=TaskRegistry([worker_tasks.noop]), health_port=0)
     url = f"http://127.0.0.1:{worker.health_server.port}/"
     thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, name="worker-main")
     thread.start()
