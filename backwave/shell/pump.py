@@ -155,14 +155,18 @@ class WorkerPool:
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not self._STOP:
-            try:
-                report = self._run(job)
-            except BaseException:  # run_attempt never raises; this is the last line of defence
-                logger.exception("A worker thread failed outside its job")
-                self._free.release()
-                continue
+            self._run_one(job)
+
+    def _run_one(self, job) -> None:
+        # A frame of its own: the report is not kept alive by an idle thread waiting for its next job.
+        try:
+            report = self._run(job)
+        except BaseException:  # run_attempt never raises; this is the last line of defence
+            logger.exception("A worker thread failed outside its job")
             self._free.release()
-            self._done(job, report)
+            return
+        self._free.release()
+        self._done(job, report)
 
 
 class EventLoopThread:
