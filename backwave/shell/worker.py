@@ -179,7 +179,9 @@ class Worker:
         last_time, last_done = time.monotonic(), 0
         refresh_every = min(g.heartbeat_every for g in self.groups)
         last_refresh = last_time
-        while any(p.alive for p in self.pumps) or (self._all_halted_logged and not self._signals):
+        # Every pump halted is a state, not an event seen in the loop: pumps that halt on a
+        # refused connection may all be gone before the first check, and the process still stays.
+        while any(p.alive for p in self.pumps) or (all(p.health == HALTED for p in self.pumps) and not self._signals):
             time.sleep(min(0.2, self._log_every))
             now = time.monotonic()
             if now - last_time >= self._log_every:
@@ -201,7 +203,7 @@ class Worker:
                     pump.join(10)  # each records its halt before its thread ends
                 if until_idle or self._signals:
                     logger.error("Every pump is halted; the worker exits")
-                    return 1
+                    break  # through the listeners' stop below: the exit code is 1 (every pump halted)
                 # Fail-stop halts pumps, not the process: it stays up, its health endpoint
                 # answering 503 and its pump rows fresh, until an operator or orchestrator acts.
                 if not self._all_halted_logged:
