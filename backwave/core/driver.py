@@ -17,6 +17,15 @@ runs on one of the pool's ``pool_size`` threads, and a job claimed for that thre
 the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
 A drain never waits for abandoned handlers: their jobs are no longer the pump's.
 
+Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
+the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
+suspect. A ClaimedJob carries its ``forgiven_attempts``; the driver decides FAILED against
+``max_attempts`` and sizes a retry's backoff on ``counted_attempt`` (attempt - forgiven), never
+on the raw attempt number. Which jobs may share a pump (at most one suspect per lease) is the
+claim statement's rule, not the driver's: the store sees every row under the lease, those of a
+claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
+event, command or driver state exists for it.
+
 Lifecycle states and the events each accepts::
 
     state     | event            | what happens                                        | next
@@ -51,7 +60,10 @@ Lifecycle states and the events each accepts::
               | PumpsPurged      |                                                     |
     RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
               |                  | after a jittered backoff that doubles per fault in  |
-              |                  | a row (up to half a heartbeat)                      |
+              |                  | a row (up to half a heartbeat); a failed claim may  |
+              |                  | have committed: the next claim waits for a          |
+              |                  | ReconcileLease(known = (job, attempt) held)         |
+    RUNNING   | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
     RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
     DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
               | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
@@ -88,11 +100,7 @@ from . import commands as cmd
 from . import events as ev
 from .backoff import fault_delay, retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
-from .options import WorkerGroupOptions
-
-# A pump stops trusting its lease this far before the lease's nominal end (as seen from the last
-# renewal it sent), so it fences itself before another node could have expired the lease.
-SELF_FENCE_MARGIN = 0.1
+from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 
 # Rows one purge statement deletes at most; a full page means more are due, purged on the next
 # tick, so a large backlog never holds the pump (and its heartbeat) for long.
@@ -461,9 +469,9 @@ class NodeDriver:
         self._require(event, State.RUNNING, State.DRAINING)
         if not self._reconcile_in_flight:
             raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
-        held = set(self._executing) | {o.job_id for o in self._buffer} | {o.job_id for o in self._writing}
-        if event.released & held:
-            raise InvalidEvent(event, self.state, f"the store gave back jobs this pump holds: {sorted(event.released & held)}")
+        given_back_held = event.released & self._held_attempts()
+        if given_back_held:
+            raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
         self._reconcile_in_flight = False
         self._reconcile_needed = False
         self.stats.reconciled += len(event.released)
@@ -633,8 +641,7 @@ class NodeDriver:
             if self._reconcile_in_flight:
                 return []
             self._reconcile_in_flight = True
-            held = (*self._executing, *(o.job_id for o in self._buffer), *(o.job_id for o in self._writing))
-            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(held)))]
+            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(self._held_attempts())))]
         claims = self.options.policy.plan(limit, self._policy_state, skip)
         self._claims.extend(claims)
         if claims:
@@ -749,6 +756,12 @@ class NodeDriver:
         # Whatever a lost claim left under the old lease lapses with it.
         self._reconcile_needed = False
 
+    def _held_attempts(self) -> set[tuple[int, int]]:
+        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
+        held = {(job.id, job.attempt) for job in self._executing.values()}
+        held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
+        return held
+
     def _abandon_all(self) -> None:
         self.stats.abandoned += len(self._executing)
         # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
@@ -772,9 +785,11 @@ def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
         return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
     if event.result == "unroutable":
         return Outcome(**decided, kind=OutcomeKind.QUARANTINED)
-    if job.attempt >= job.max_attempts:
+    # Attempts forgiven after a lapse (the job may only have been beside a worker's death) count
+    # neither towards the limit nor towards the backoff.
+    if job.counted_attempt >= job.max_attempts:
         return Outcome(**decided, kind=OutcomeKind.FAILED)
-    delay = retry_delay(attempt=job.attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
+    delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
     return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=delay)
 
 

@@ -133,6 +133,14 @@ def waits_for_gate_on_first_attempt(context):
     return context.attempt
 
 
+@task(queue_name="e2e", takes_context=True, max_attempts=3, backoff_base=0, backoff_max=0)
+def retries_at_once(context):
+    """The first attempt fails, and the retry is due at once (no backoff)."""
+    if context.attempt == 1:
+        raise RuntimeError("the first attempt fails on purpose")
+    return context.attempt
+
+
 # For in-process pumps only: each attempt of the two tasks below records (job id, attempt) when
 # its handler starts, and ``hangs_until_released`` blocks its thread until the test sets RELEASE.
 STARTED: list[tuple[int, int]] = []

@@ -41,6 +41,19 @@ def test_a_budget_of_seeds_with_lost_replies_keeps_every_invariant():
     assert not failures, f"{len(failures)} of 80 seeds failed:\n\n" + "\n\n".join(failures[:3])
 
 
+def test_a_budget_of_seeds_with_jobs_that_kill_their_node_keeps_every_invariant():
+    """Some jobs end their process on every attempt (during the quiesce too): leases lapse with
+    every job beside them, no lease ever holds two suspects, and each crasher still ends failed
+    (the quiesce would report it stuck in a crash loop otherwise)."""
+    failures = []
+    for seed in range(80):
+        try:
+            run_seed(seed, Config(crashers=True))
+        except SimulationFailure as failure:
+            failures.append(str(failure))
+    assert not failures, f"{len(failures)} of 80 seeds failed:\n\n" + "\n\n".join(failures[:3])
+
+
 def test_a_seed_replays_the_same_full_event_log():
     first = run_seed(1234, keep_log=True)
     second = run_seed(1234, keep_log=True)

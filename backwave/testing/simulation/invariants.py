@@ -40,6 +40,7 @@ class Invariants:
         db = self.world.database
         per_lease: Counter[uuid.UUID] = Counter()
         per_queue: Counter[str] = Counter()
+        suspects: Counter[uuid.UUID] = Counter()
         for job_id in self.enqueued:
             job = db.jobs.get(job_id)
             if job is None:
@@ -58,12 +59,22 @@ class Invariants:
                     raise SimulationBug(f"job {job_id} runs under lease {job.lease_id}, which no longer exists: no one can ever free it (lost)")
                 per_lease[job.lease_id] += 1
                 per_queue[job.queue] += 1
-            if job.attempts > job.max_attempts:
-                raise SimulationBug(f"job {job_id} is at attempt {job.attempts} of {job.max_attempts}")
+            if job.attempts - job.forgiven_attempts > job.max_attempts:
+                raise SimulationBug(
+                    f"job {job_id} is at attempt {job.attempts} ({job.forgiven_attempts} forgiven) of {job.max_attempts}"
+                )
+            if not 0 <= job.forgiven_attempts <= job.attempts:
+                raise SimulationBug(f"job {job_id} has {job.forgiven_attempts} forgiven attempts of {job.attempts}")
+            if state == "running" and job.suspect:
+                suspects[job.lease_id] += 1
         for lease_id, running in per_lease.items():
             if running > self.pool_size:
                 owner = self.lease_owner.get(lease_id)
                 raise SimulationBug(f"{running} jobs run under the lease of {owner.name if owner else lease_id}, pool_size is {self.pool_size}")
+        for lease_id, running in suspects.items():
+            if running > 1:
+                owner = self.lease_owner.get(lease_id)
+                raise SimulationBug(f"{running} suspects run under the lease of {owner.name if owner else lease_id}: a second death would convict both")
         for queue, running in per_queue.items():
             limit = db.queues.get(queue, (None, False))[0]
             if limit is not None and running > limit:

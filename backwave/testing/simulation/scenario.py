@@ -16,6 +16,7 @@ from backwave.core.policy import Strict, Weighted
 QUEUES = ("q0", "q1", "q2")
 UNKNOWN_TASK = "sim.tasks.unknown"  # no handler: every attempt is unroutable
 TASK = "sim.tasks.work"
+CRASH_TASK = "sim.tasks.crash"  # every attempt kills its node (os._exit, a segfault, the OOM killer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,6 +25,7 @@ class Config:
 
     faults: bool = True  # inject faults during the fault phase
     ambiguous_faults: bool = False  # a statement may commit and still report a fault (lost reply)
+    crashers: bool = False  # some jobs kill their node on every attempt, during the quiesce too
     max_jobs: int = 30
     max_nodes: int = 3
     fault_phase: float = 20.0  # virtual seconds of faults (and enqueues) before the quiesce
@@ -112,7 +114,8 @@ class Scenario:
                 max_attempts=rng.randint(1, 4),
                 backoff_base=rng.choice((0.05, 0.2, 1.0)),
                 backoff_max=rng.choice((0.5, 2.0)),
-                task_path=UNKNOWN_TASK if rng.random() < 0.05 else TASK,
+                # (crashers first and only when asked: without them a seed draws what it always drew)
+                task_path=CRASH_TASK if config.crashers and rng.random() < 0.1 else UNKNOWN_TASK if rng.random() < 0.05 else TASK,
                 delay=rng.uniform(0, 3) if rng.random() < 0.2 else 0.0,
             )
             for _ in range(count)

@@ -38,7 +38,7 @@ from backwave.store.memory import InMemoryStore, MemoryDatabase
 from .faults import Faults
 from .invariants import Invariants, SimulationBug
 from .logbook import Logbook, fmt_command, fmt_event
-from .scenario import TASK, Config, Scenario
+from .scenario import CRASH_TASK, TASK, Config, Scenario
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -334,6 +334,10 @@ class World(Faults):
         lease = self.invariants.claimed_under[(job.id, job.attempt)]
         pump.running[job.id] = (job.attempt, lease)
         self.invariants.started(pump, job.id, lease, job.attempt)
+        if job.task_path == CRASH_TASK:
+            self.at(self.t + self.rng.expovariate(1 / 0.05), self._job_kills_its_node, pump, job, pump.node.incarnation)
+            self.kick(pump)
+            return
         if job.task_path != TASK:
             result, duration = "unroutable", 0.001
         else:
@@ -342,6 +346,16 @@ class World(Faults):
             duration = self.options.lease_duration * self.rng.uniform(1.0, 2.0) if long else self.rng.expovariate(1 / 0.1)
         self.at(self.t + duration, self._job_done, pump, job, result, pump.node.incarnation)
         self.kick(pump)
+
+    def _job_kills_its_node(self, pump: SimPump, job: ClaimedJob, incarnation: int) -> None:
+        """The handler ends its process: every pump of the node dies with every job it ran. The
+        process is restarted (a supervisor), during the quiesce too: this is the job, not a fault."""
+        node = pump.node
+        if not node.alive or node.incarnation != incarnation:
+            return
+        self.log.line(self.t, pump.name, f"job #{job.id} attempt {job.attempt} kills n{node.index}")
+        self._crash(node)
+        self.at(self.t + self.rng.uniform(0.2, 2.0), self._restart, node)
 
     def _job_done(self, pump: SimPump, job: ClaimedJob, result: str, incarnation: int) -> None:
         if not pump.node.alive or pump.node.incarnation != incarnation:
