@@ -6,7 +6,8 @@ one of its pumps is; one halted pump among live siblings makes it degraded. The 
 the endpoint (the pumps of one process) and ``manage.py backwave_health`` (every pump's row).
 
 A process is halted when one of its groups is, and unhealthy when a part of it has stopped
-working without halting: its wake-up hint listener's thread died. It is degraded when anything
+working without halting: a wake-up hint listener's thread died, or a pump has had no store call
+complete for longer than its lease (stalled, whatever the reason). It is degraded when anything
 is (a degraded pump, a listener reconnecting: polling covers for it).
 
 The endpoint (``backwave_worker --health-port N``) answers any GET with a JSON body: 200 while the
