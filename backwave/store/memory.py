@@ -8,8 +8,9 @@ such a database (several stores may share one, as several pumps share one Postgr
 
 Every operation mirrors its statement in ``queries.sql``, clause for clause; the comments name
 the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_params``,
-``insert_jobs_params``, ``_claim_statement``), so a value PostgreSQL would refuse is refused here
-with the same error, before anything changes. The contract tests in ``tests/store`` run against
+``insert_jobs_params``, ``_claim_statement``), and each JSON document is read as psycopg sends it
+and PostgreSQL's ``jsonb`` input reads it (``jsonb_input``), so a value PostgreSQL would refuse is
+refused here with the same error, before anything changes. The contract tests in ``tests/store`` run against
 both stores, so the two cannot drift.
 
 Operations are atomic (the lock is held for the whole operation), which is what PostgreSQL's
@@ -19,6 +20,7 @@ row locks, SKIP LOCKED and one-statement transactions give the real store.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -302,7 +304,7 @@ class InMemoryStore:
         """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids."""
         if not outcomes:
             return set()
-        rows = _outcome_rows(lease_id, outcomes)
+        rows = _outcome_rows(lease_id, outcomes, "write_outcomes_many")
         with self._operation() as (db, now):
             return self._write(db, now, lease_id, rows)
 
@@ -315,7 +317,7 @@ class InMemoryStore:
             return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        rows = _outcome_rows(lease_id, outcomes)
+        rows = _outcome_rows(lease_id, outcomes, "write_outcomes_then_claim")
         with self._operation() as (db, now):  # one transaction: both statements see one now()
             applied = self._write(db, now, lease_id, rows)
             return applied, self._claim(db, now, claim[1])
@@ -353,7 +355,7 @@ class InMemoryStore:
         if not jobs:
             return []
         (document,) = insert_jobs_params(jobs)
-        rows = json.loads(document)
+        rows = jsonb_input(document, "enqueue_many")
         for row in rows:
             if not -_MAX_PRIORITY <= row["priority"] <= _MAX_PRIORITY:
                 raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_priority_range"')
@@ -628,9 +630,59 @@ def _refund(job: JobRow, now: datetime) -> None:
         job.started_at = None
 
 
-def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> list[dict[str, Any]]:
+def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], operation: str) -> list[dict[str, Any]]:
     """The batch exactly as write_outcomes_many's SQL receives it (validated the same way)."""
-    return json.loads(_outcome_params(lease_id, outcomes)["outcomes"])
+    return jsonb_input(_outcome_params(lease_id, outcomes)["outcomes"], operation)
+
+
+def jsonb_input(document: str, operation: str) -> Any:
+    """``document`` as a ``%s::jsonb`` parameter reaches PostgreSQL, or the error it meets there.
+
+    psycopg encodes the text as UTF-8 first, so a raw lone surrogate raises UnicodeEncodeError
+    (a ValueError) in the client. The server's jsonb input then refuses the tokens NaN and
+    Infinity and an escaped lone surrogate (22P02), and a \\u0000 escape (22P05), which Python's
+    json module all accept; a valid surrogate pair is one character to both.
+    """
+    document.encode("utf-8")
+    try:
+        value = json.loads(document, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise StoreError(f"{operation} failed [22P02]: invalid input syntax for type json\nDETAIL:  {error.msg}.") from None
+    except _RefusedToken as token:
+        raise StoreError(f'{operation} failed [22P02]: invalid input syntax for type json\nDETAIL:  Token "{token}" is invalid.') from None
+    for text in _strings(value):
+        if "\x00" in text:
+            raise StoreError(f"{operation} failed [22P05]: unsupported Unicode escape sequence\nDETAIL:  \\u0000 cannot be converted to text.")
+        if _LONE_SURROGATE.search(text):
+            raise StoreError(
+                f"{operation} failed [22P02]: invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate."
+            )
+    return value
+
+
+# json.loads joins an escaped surrogate pair into one character: any surrogate left was alone.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _RefusedToken(Exception):
+    pass
+
+
+def _refuse_constant(token: str):
+    raise _RefusedToken(token)
+
+
+def _strings(value: Any):
+    """Every string of a decoded JSON document, object keys included, in document order."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def _pg_text(moment: datetime) -> str:
