@@ -9,4 +9,8 @@ def __getattr__(name):
         from backwave import tasks_api
 
         return getattr(tasks_api, name)
+    if name == "UnstorableResult":
+        from backwave.store.storable import UnstorableResult
+
+        return UnstorableResult
     raise AttributeError(f"module 'backwave' has no attribute {name!r}")

@@ -13,9 +13,12 @@ Page cost is bounded however large the job table grows: no page counts the whole
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, F, IntegerField, Value, When
 from django.db.models.functions import Now
@@ -29,6 +32,11 @@ from django.utils.text import Truncator
 from . import admin_stats, operations
 from .models import Attempt, Job, JobState, Pump, PumpStatus, Queue, Schedule
 
+MAX_ROW_ID = 2**63 - 1  # Job.id and Schedule.id are bigints
+# ASCII only: str.isdigit() also accepts "²" and "٣", which int() refuses or reads as another number.
+_ROW_ID_TEXT = re.compile(r"[0-9]{1,19}\Z")
+
+GONE_SHOWN = 10  # ids listed in the "no longer exists" message before "and N more"
 RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} left alone: try again once {they} finish{es}."
 
 
@@ -36,6 +44,14 @@ def _plural(n: int) -> dict:
     one = n == 1
     return {"n": n, "s": "" if one else "s", "are": "is" if one else "are", "were": "was" if one else "were",
             "they": "it" if one else "they", "es": "es" if one else ""}
+
+
+def parse_row_id(text) -> int | None:
+    """The id that ``text`` spells in ASCII digits, or None when it names no possible row."""
+    if not isinstance(text, str) or not _ROW_ID_TEXT.match(text):
+        return None
+    row_id = int(text)
+    return row_id if 1 <= row_id <= MAX_ROW_ID else None
 
 
 def report_job_action(request, result: operations.JobActionResult, *, done: str, allowed: str) -> None:
@@ -49,7 +65,11 @@ def report_job_action(request, result: operations.JobActionResult, *, done: str,
     if others:
         listed = ", ".join(f"{n} {state}" for state, n in sorted(others.items()))
         messages.warning(request, f"Only {allowed} jobs can be {done}; left alone: {listed}.")
-    if not changed and not result.refused:
+    if result.gone:
+        shown = ", ".join(map(str, result.gone[:GONE_SHOWN])) + (f" and {len(result.gone) - GONE_SHOWN} more" if len(result.gone) > GONE_SHOWN else "")
+        one = len(result.gone) == 1
+        messages.warning(request, f"Job{'' if one else 's'} {shown} no longer exist{'s' if one else ''} (deleted since the page was loaded, e.g. by the retention purge).")
+    if not changed and not result.refused and not result.gone:
         messages.warning(request, "No such job.")
 
 
@@ -115,6 +135,24 @@ class RefuseUnpermittedActions:
     def change_view(self, request, object_id, form_url="", extra_context=None):
         refuse_unpermitted_action(self, request, admin.ActionLocation.CHANGE_FORM)
         return super().change_view(request, object_id, form_url, extra_context)
+
+
+class BigintIds:
+    """ModelAdmin mixin for rows keyed by a bigint id: only ASCII digits name one, in its URL and
+    in an action's selection. Django's own lookup reads "٣" as 3, and an action's filter fails
+    on "²" or "abc" with a 500."""
+
+    def get_object(self, request, object_id, from_field=None):
+        if from_field in (None, "id", "pk") and parse_row_id(object_id) is None:
+            return None  # Django's usual "... doesn't exist", as for any other missing row
+        return super().get_object(request, object_id, from_field)
+
+    def response_action(self, request, queryset, action_location=admin.ActionLocation.CHANGE_LIST):
+        for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            if parse_row_id(text) is None:
+                messages.error(request, f"{text!r} is not a {self.opts.verbose_name} id; nothing was changed.")
+                return None
+        return super().response_action(request, queryset, action_location)
 
 
 class _StatisticsMixin:
@@ -193,7 +231,7 @@ class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
+class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Jobs"
     list_display = ("id", "task_name", "queue", "state_badge", "attempts_shown", "enqueued", "run_at_shown", "finished")
     list_display_links = ("id", "task_name")
@@ -240,8 +278,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         term = search_term.strip().lstrip("#")
         if not term:
             return queryset, False
-        if term.isdigit():
-            return (queryset.filter(id=int(term)) if len(term) < 19 else queryset.none()), False
+        if term.isascii() and term.isdigit():
+            job_id = parse_row_id(term)
+            return (queryset.filter(id=job_id) if job_id is not None else queryset.none()), False
         return queryset.filter(task_path__icontains=term), False
 
     @admin.display(description="task", ordering="task_path")
@@ -302,8 +341,8 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         attempts = []
-        if object_id and object_id.isdigit():
-            for attempt in Attempt.objects.filter(job_id=int(object_id)).order_by("number"):
+        if (job_id := parse_row_id(object_id)) is not None:
+            for attempt in Attempt.objects.filter(job_id=job_id).order_by("number"):
                 duration = None
                 if attempt.started_at and attempt.finished_at:
                     duration = (attempt.finished_at - attempt.started_at).total_seconds()
@@ -318,13 +357,26 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
     # --- actions --------------------------------------------------------------------------------
 
+    @staticmethod
+    def _ticked_job_ids(request) -> list[int] | None:
+        """The ids the operator ticked, or None when the action covers every job the filters
+        match ("select all"). Ticked jobs are acted on by id, not through the filters, so one
+        that changed meanwhile is reported in its new state, and one purged meanwhile as gone."""
+        if forms.BooleanField(required=False).to_python(request.POST.get("select_across")):
+            return None
+        return [parse_row_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
+
     @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
-        report_job_action(request, operations.retry_jobs(queryset), done="retried", allowed="failed or quarantined")
+        ids = self._ticked_job_ids(request)
+        result = operations.retry_jobs(queryset) if ids is None else operations.retry_job_ids(ids)
+        report_job_action(request, result, done="retried", allowed="failed or quarantined")
 
     @admin.action(description="Cancel (ready or scheduled jobs)", permissions=["cancel"], location=BOTH_LOCATIONS)
     def cancel(self, request, queryset):
-        report_job_action(request, operations.cancel_jobs(queryset), done="cancelled", allowed="ready or scheduled")
+        ids = self._ticked_job_ids(request)
+        result = operations.cancel_jobs(queryset) if ids is None else operations.cancel_job_ids(ids)
+        report_job_action(request, result, done="cancelled", allowed="ready or scheduled")
 
 
 @admin.register(Queue)
@@ -407,10 +459,7 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
 
     @admin.action(description="Set concurrency limit (blank: unlimited)", permissions=["limit"])
     def set_limit(self, request, names):
-        raw = request.POST.get("limit", "").strip()
-        if raw and not raw.isdigit():
-            raise ValueError(f"Invalid concurrency limit {raw!r}: use a whole number >= 1, or leave it blank for unlimited.")
-        limit = int(raw) if raw else None
+        limit = operations.parse_concurrency_limit(request.POST.get("limit", ""), unlimited="leave it blank")
         n = operations.limit_queues(names, limit)
         shown = "unlimited" if limit is None else f"at most {limit} running at once"
         messages.success(request, f"{n} queue{'' if n == 1 else 's'} now {shown}: {', '.join(sorted(names))}.")
@@ -475,7 +524,7 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
+class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Schedules"
     list_display = ("name", "task_path", "cron", "queue", "next_run", "last_slot", "enabled")
     list_filter = ("enabled", "queue")

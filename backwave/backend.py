@@ -6,7 +6,8 @@
 
 Because the INSERT runs on the Django connection of the backend's ``DATABASE`` alias, an enqueue
 inside ``transaction.atomic()`` commits or rolls back with the caller's own writes: a worker can
-never see a job whose data is not committed yet, and a rolled-back request leaves no job.
+never see a job whose data is not committed yet, and a rolled-back request leaves no job. Workers
+serve the database of every backend that declares their groups' queues (``databases.py``).
 
 ``task_enqueued`` is sent once the INSERT has run, as Django's own backends do, i.e. before the
 caller's transaction commits.
@@ -37,7 +38,8 @@ from django.utils.module_loading import import_string
 from . import conf
 from .store.contract import NewJob
 from .store.enqueue import insert_jobs
-from .tasks_api import QUEUE_NAME_RE, BackWaveTask, TaskCall, coerce_calls, encode_payload, validate_backwave_options, validate_django_options
+from .queue_rules import QUEUE_NAME_RULE, is_queue_name
+from .tasks_api import BackWaveTask, TaskCall, coerce_calls, encode_payload, validate_backwave_options, validate_django_options
 
 MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
 MAX_JOB_ID = 2**63 - 1  # bigint
@@ -198,9 +200,9 @@ class BackWaveBackend(BaseTaskBackend):
                 id="backwave.E102",
             )
         for queue in sorted(map(str, self.queues)):
-            if not QUEUE_NAME_RE.match(queue):
+            if not is_queue_name(queue):
                 yield checks.Error(
-                    f"Queue name {queue!r} in TASKS[{self.alias!r}]['QUEUES'] must be 1 to 64 letters, digits, '_', '.' or '-'.",
+                    f"Queue name {queue!r} in TASKS[{self.alias!r}]['QUEUES'] must be {QUEUE_NAME_RULE}.",
                     obj=self.alias,
                     id="backwave.E103",
                 )

@@ -5,6 +5,7 @@ backwave.E002  settings.BACKWAVE has an unknown key (the message suggests the cl
 backwave.E003  a BACKWAVE value has the wrong kind (the message says what is allowed)
 backwave.E004  a TASK_MODULES entry names no importable module
 backwave.E005  a SCHEDULES entry names a task that cannot be imported as a django.tasks Task
+backwave.W001  a BackWave backend enqueues into a database that no worker group serves
 
 Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
 """
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from . import conf
 
@@ -78,3 +80,36 @@ def _module_exists(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+@checks.register()
+def check_served_databases(app_configs=None, **kwargs):
+    """Warn about each BackWave backend whose database none of the configured worker groups
+    serves (``backwave/databases.py``): its jobs would wait for a worker that never comes."""
+    from backwave.core.options import validate_groups
+    from backwave.databases import place_groups, unserved_backends
+    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
+
+    try:
+        raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
+        groups = validate_groups(group_from_mapping(raw) for raw in raw_groups)
+        placed = place_groups(groups)
+    except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
+        return []  # backwave.E003 or the worker's start-up says what is wrong with the groups
+    warnings = []
+    for backend in unserved_backends(placed):
+        queues = ", ".join(sorted(backend.queues)) or "any queue"
+        warnings.append(
+            checks.Warning(
+                f"TASKS[{backend.alias!r}] enqueues into database {backend.database!r}, which no worker group in "
+                "BACKWAVE['WORKER_GROUPS'] serves: its jobs would never run.",
+                hint=(
+                    f"Add a worker group whose queues include one of {backend.alias!r}'s QUEUES ({queues}), or give a group "
+                    f"'database': {backend.database!r}. If another worker serves it (backwave_worker --database "
+                    f"{backend.database}), silence backwave.W001."
+                ),
+                obj=backend.alias,
+                id="backwave.W001",
+            )
+        )
+    return warnings

@@ -25,21 +25,29 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .queue_rules import MAX_CONCURRENCY_LIMIT, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
+
 DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,  # the {"args", "kwargs"} JSON, encoded
+    # A task's return value, as JSON: a larger one fails its attempt (backwave.UnstorableResult),
+    # since every outcome write carries it and every result read loads it.
+    "MAX_RESULT_BYTES": 1024 * 1024,
     "DEFAULT_MAX_ATTEMPTS": 3,  # see the module docstring
     "DEFAULT_BACKOFF_BASE": 1.0,  # seconds before the first retry; doubles per attempt
     "DEFAULT_BACKOFF_MAX": 3600.0,  # cap on one retry's delay, seconds
     "TASK_MODULES": [],  # extra modules the worker imports to discover tasks
     "WORKER_GROUPS": [],  # list of dicts, validated by the worker (WorkerGroupOptions)
     "MAX_TRACEBACK_CHARS": 16_000,  # a stored traceback keeps its last this-many characters
+    # Seconds a worker's handler thread keeps a Django connection open between attempts when its
+    # DATABASES entry leaves CONN_MAX_AGE at Django's default 0. A handler thread is not a web
+    # request: closing after every attempt would open one PostgreSQL session per job.
+    "WORKER_CONN_MAX_AGE": 600.0,
     # The worker's own bookkeeping (claims, outcomes, leases) commits without waiting for the
     # WAL flush. Only a crash of the PostgreSQL server itself can lose the last few hundred
     # milliseconds of it, and what it loses is re-run (at-least-once) and still fenced
@@ -161,8 +169,8 @@ def _schedule_problem(name, spec) -> str | None:
         return f"{where}['args'] must be a list, got {args!r}."
     if not isinstance(kwargs, Mapping):
         return f"{where}['kwargs'] must be a dict, got {kwargs!r}."
-    if "queue" in spec and (not isinstance(spec["queue"], str) or not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", spec["queue"])):
-        return f"{where}['queue'] must be 1 to 64 letters, digits, '_', '.' or '-', got {spec['queue']!r}."
+    if "queue" in spec and not is_queue_name(spec["queue"]):
+        return f"{where}['queue'] must be {QUEUE_NAME_RULE}, got {spec['queue']!r}."
     if "priority" in spec and (not _is_int(spec["priority"]) or not -100 <= spec["priority"] <= 100):
         return f"{where}['priority'] must be an integer from -100 to 100, got {spec['priority']!r}."
     if "max_attempts" in spec and (not _is_int(spec["max_attempts"]) or spec["max_attempts"] < 1):
@@ -186,8 +194,8 @@ def _queues(value) -> str | None:
         return "a dict of queue settings by queue name, e.g. {'reports': {'concurrency_limit': 2, 'paused': False}}"
     for name, spec in value.items():
         where = f"['QUEUES'][{name!r}]"  # value_problem puts the setting's name in front
-        if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", name):
-            return Sentence(f"['QUEUES'] has the queue name {name!r}; use 1 to 64 letters, digits, '_', '.' or '-'.")
+        if not is_queue_name(name):
+            return Sentence(f"['QUEUES'] has the queue name {name!r}; use {QUEUE_NAME_RULE}.")
         if not isinstance(spec, Mapping):
             return Sentence(f"{where} must be a dict with 'concurrency_limit' and/or 'paused', got {spec!r}.")
         unknown = set(spec) - {"concurrency_limit", "paused"}
@@ -196,8 +204,8 @@ def _queues(value) -> str | None:
             hint = "Did you mean 'concurrency_limit'? " if "limit" in str(key) else ""
             return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: concurrency_limit, paused.")
         limit = spec.get("concurrency_limit")
-        if limit is not None and (not _is_int(limit) or limit < 1):
-            return Sentence(f"{where}['concurrency_limit'] must be a whole number >= 1 or None (unlimited), got {limit!r}.")
+        if limit is not None and not is_concurrency_limit(limit):
+            return Sentence(f"{where}['concurrency_limit'] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}.")
         if "paused" in spec and not isinstance(spec["paused"], bool):
             return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
     return None
@@ -207,12 +215,14 @@ def _queues(value) -> str | None:
 # Sentence about the value when that says more (a nested key of SCHEDULES or RETENTION).
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "MAX_PAYLOAD_BYTES": _int_at_least(1),
+    "MAX_RESULT_BYTES": _int_at_least(1),
     "DEFAULT_MAX_ATTEMPTS": _int_at_least(1),
     "DEFAULT_BACKOFF_BASE": _seconds,
     "DEFAULT_BACKOFF_MAX": _seconds,
     "TASK_MODULES": _list_of(str, "dotted module paths (strings)"),
     "WORKER_GROUPS": _list_of(dict, "dicts (one per worker group)"),
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
+    "WORKER_CONN_MAX_AGE": _seconds,
     "WORKER_SYNCHRONOUS_COMMIT": lambda value: None if isinstance(value, bool) else "True or False",
     "SCHEDULES": _schedules,
     "QUEUES": _queues,

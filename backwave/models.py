@@ -24,6 +24,8 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models.functions import Now
 
+from .queue_rules import QUEUE_NAME_DATABASE_REGEX, QUEUE_NAME_PATTERN, QUEUE_NAME_RULE
+
 
 class JobState(models.TextChoices):
     READY = "ready", "Ready"
@@ -48,7 +50,7 @@ class Queue(models.Model):
     name = models.CharField(
         max_length=64,
         primary_key=True,
-        validators=[RegexValidator(r"^[A-Za-z0-9_.-]{1,64}\Z", "Use 1 to 64 letters, digits, '_', '.' or '-'.")],
+        validators=[RegexValidator(QUEUE_NAME_PATTERN.pattern, f"Use {QUEUE_NAME_RULE}.")],
     )
     concurrency_limit = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)],
@@ -60,7 +62,7 @@ class Queue(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(name__regex=r"^[A-Za-z0-9_.-]{1,64}$"), name="backwave_queue_name_valid"),
+            models.CheckConstraint(condition=models.Q(name__regex=QUEUE_NAME_DATABASE_REGEX), name="backwave_queue_name_valid"),
             models.CheckConstraint(
                 condition=models.Q(concurrency_limit__isnull=True) | models.Q(concurrency_limit__gte=1),
                 name="backwave_queue_limit_positive",

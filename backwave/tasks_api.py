@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -26,7 +25,8 @@ from asgiref.sync import sync_to_async
 from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # also bounded by Job.queue (64)
+from .queue_rules import QUEUE_NAME_RULE, is_queue_name
+
 MAX_TASK_PATH_LENGTH = 255  # Job.task_path
 MAX_TAGS = 16
 MAX_TAG_LENGTH = 64  # Job.tags is varchar(64)[]
@@ -106,10 +106,8 @@ def validate_django_options(task, *, queues: Iterable[str], alias: str) -> None:
             "for a delay use .using(run_after=timezone.now() + timedelta(...))."
         )
     queue = task.queue_name
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
-        raise InvalidTask(
-            f"queue_name of task {path!r} must be 1 to 64 letters, digits, '_', '.' or '-', got {queue!r}."
-        )
+    if not is_queue_name(queue):
+        raise InvalidTask(f"queue_name of task {path!r} must be {QUEUE_NAME_RULE}, got {queue!r}.")
     queues = sorted(queues, key=str)
     if queues and queue not in queues:
         from difflib import get_close_matches

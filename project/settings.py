@@ -4,6 +4,8 @@ from pathlib import Path
 
 import environ
 
+from project.secret_key import secret_key_from_file
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env(
@@ -11,7 +13,9 @@ env = environ.Env(
     ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]"]),
 )
 
-SECRET_KEY = env("SECRET_KEY", default="backwave-demo-insecure-key-change-me-in-production")
+# Never a default in the source (run tokens are signed with it): the environment's, else one
+# generated for this checkout on first use and kept in a git-ignored file (project/secret_key.py).
+SECRET_KEY = env.str("SECRET_KEY", default="") or secret_key_from_file(env.str("SECRET_KEY_FILE", default=str(BASE_DIR / ".secret_key")))
 DEBUG = env("DEBUG")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 

@@ -1,12 +1,32 @@
-"""Test settings: the project's, plus the task modules the worker tests run."""
+"""Test settings: the project's, plus the task modules the worker tests run, and a second
+database ("other", on the same server) with a backend ("remote") that enqueues there."""
 
+import copy
 import os
 
-from project.settings import *  # noqa: F401,F403
-from project.settings import BACKWAVE, DATABASES, TASKS
+# The tests' own key, before the project's settings load: otherwise they would generate one into
+# the checkout's .secret_key. Worker subprocesses of the tests inherit it.
+os.environ.setdefault("SECRET_KEY", "backwave-tests-only-key-never-served-" + "x" * 20)
 
-BACKWAVE = {**BACKWAVE, "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"]}
-TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]}}
+from project.settings import *  # noqa: E402,F401,F403
+from project.settings import BACKWAVE, DATABASES, TASKS  # noqa: E402
+
+# Its own database on the same server; only tests that declare it (django_db(databases=[...]))
+# get a test database for it, and its NAME outside tests names no database anyone uses.
+DATABASES["other"] = {**copy.deepcopy(DATABASES["default"]), "NAME": f"{DATABASES['default']['NAME']}_other"}
+
+BACKWAVE = {
+    **BACKWAVE,
+    "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"],
+    "WORKER_GROUPS": [*BACKWAVE["WORKER_GROUPS"], {"name": "remote", "queues": ["remote"]}],
+}
+# Worker subprocesses of the connection tests (tests/shell/test_connections.py) set their own.
+if os.environ.get("BACKWAVE_TEST_WORKER_CONN_MAX_AGE"):
+    BACKWAVE["WORKER_CONN_MAX_AGE"] = float(os.environ["BACKWAVE_TEST_WORKER_CONN_MAX_AGE"])
+TASKS = {
+    "default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults"]},
+    "remote": {"BACKEND": "backwave.backend.BackWaveBackend", "QUEUES": ["remote"], "OPTIONS": {"DATABASE": "other"}},
+}
 
 # Worker subprocesses of the fault tests (tests/faults) get test-only fault injection.
 if os.environ.get("BACKWAVE_TEST_FAULTS"):
@@ -16,11 +36,13 @@ if os.environ.get("BACKWAVE_TEST_FAULTS"):
     BACKWAVE = settings_for(BACKWAVE)
     INSTALLED_APPS = [*INSTALLED_APPS, "tests.faults.apps.FaultsConfig"]
 
-# A worker subprocess started by a test must use the test database pytest-django created.
+# A worker subprocess started by a test must use the test databases pytest-django created.
 if os.environ.get("BACKWAVE_TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["BACKWAVE_TEST_DATABASE_NAME"]
+    DATABASES["other"]["NAME"] = os.environ.get("BACKWAVE_TEST_OTHER_DATABASE_NAME") or f"{DATABASES['default']['NAME']}_other"
 else:
-    # One test database per pytest process, so two runs on one server never trample each other.
-    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
+    # One test database per alias and pytest process, so two runs on one server never trample each other.
+    for settings_dict in DATABASES.values():
+        settings_dict["TEST"] = {"NAME": f"test_{settings_dict['NAME']}_{os.getpid()}"}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -29,8 +29,9 @@ Lifecycle states and the events each accepts::
               |                  | lease presumed lapsed: self-fence                   | OPENING
     RUNNING   | HintReceived     | bring the poll forward (one pending-poll slot)      | RUNNING
     RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
-    RUNNING   | JobFinished      | decide outcome, buffer; flush when the batch is     | RUNNING
-              |                  | full or nothing executes: WriteOutcomes + ClaimJobs |
+    RUNNING   | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
+              |                  | buffer; flush when the batch is full or nothing     |
+              |                  | executes: WriteOutcomes + ClaimJobs                 |
     RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
     RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all, OpenLease         | RUNNING/OPENING
     RUNNING   | JobsPurged       | a full page: purge again on the next tick           | RUNNING
@@ -50,6 +51,12 @@ Lifecycle states and the events each accepts::
 
     * after a LeaseOpened that was already in flight, the lease is released first.
     any*: every state but NEW.
+
+Reports: a JobFinished may carry the shell's report of the attempt, which the driver never looks
+into. It rides on the Outcome it decides, through the buffer and into WriteOutcomes, where the
+shell takes it back to write the record and signal the result. Whatever drops an outcome (a lost
+lease clears the buffer, a claim makes a buffered one obsolete) drops its report with it, and a
+JobFinished of an abandoned attempt leaves nothing behind, so the shell needs no map of reports.
 
 Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
 landed was sent. Past that the driver sends no claim and no outcome write under it; the next
@@ -740,14 +747,15 @@ class NodeDriver:
 
 
 def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
+    decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
     if event.result == "succeeded":
-        return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED)
+        return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
     if event.result == "unroutable":
-        return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.QUARANTINED)
+        return Outcome(**decided, kind=OutcomeKind.QUARANTINED)
     if job.attempt >= job.max_attempts:
-        return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.FAILED)
+        return Outcome(**decided, kind=OutcomeKind.FAILED)
     delay = retry_delay(attempt=job.attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
-    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.RETRY, retry_delay=delay)
+    return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=delay)
 
 
 _HANDLERS = {

@@ -4,7 +4,7 @@ monotonic clock in seconds, because the driver reads no clock of its own."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .jobs import ClaimedJob
@@ -49,12 +49,18 @@ JobResult = Literal["succeeded", "failed", "unroutable"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobFinished(Event):
-    """An attempt ended. ``jitter`` in [0, 1) is the shell's random draw for a retry's backoff."""
+    """An attempt ended. ``jitter`` in [0, 1) is the shell's random draw for a retry's backoff.
+
+    ``report`` is the shell's own account of the attempt (return value, error text, what to tell
+    Django's signals), opaque to the driver: it rides on the Outcome into WriteOutcomes, so it
+    lives exactly as long as the outcome does, and the shell keeps no map of its own.
+    """
 
     job_id: int
     attempt: int
     result: JobResult
     jitter: float = 0.0
+    report: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -45,3 +45,6 @@ class Outcome:
     attempt: int
     kind: OutcomeKind
     retry_delay: float | None = None  # seconds from the write, by the database clock; RETRY only
+    # The JobFinished's report, handed back to the shell with the WriteOutcomes; never looked
+    # into here, and left out of equality and repr so traces stay what they were.
+    report: object = field(default=None, compare=False, repr=False)

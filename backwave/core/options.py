@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .policy import DispatchPolicy, Strict
-
-QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")  # \Z, not $: $ also matches before a trailing newline
 
 
 class WorkerGroupConfigError(ValueError):
@@ -67,6 +64,10 @@ class WorkerGroupOptions:
     heartbeat_interval: float | None = None  # None: lease_duration / 3
     maintenance_interval: float = 30.0
     drain_timeout: float = 30.0
+    # The Django DATABASES alias whose jobs this group's pumps claim. None: the databases of the
+    # backends that declare its queues (the worker places the group on each, see
+    # backwave/databases.py). A plain name here: the core never opens a database.
+    database: str | None = None
     retention: Retention = field(default_factory=Retention)  # cluster-wide: set from BACKWAVE["RETENTION"]
 
     @property

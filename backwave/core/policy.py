@@ -26,6 +26,12 @@ class DispatchPolicy:
         round-robin memory, kept by the driver; ``skip`` are queues found empty this pass."""
         raise NotImplementedError
 
+    def only(self, queues) -> DispatchPolicy:
+        """The same policy over the subset of its queues that are in ``queues`` (kept in the
+        policy's own order, with their weights): how a group whose queues live in several
+        databases gets one policy per database."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be restricted to some of its queues")
+
 
 def _check_queue_names(kind: str, queues) -> None:
     if not queues:
@@ -49,6 +55,10 @@ class Strict(DispatchPolicy):
 
     def __repr__(self):
         return f"Strict({', '.join(repr(q) for q in self.queues)})"
+
+    def only(self, queues) -> Strict:
+        keep = set(queues)
+        return Strict(*(q for q in self.queues if q in keep))
 
     def plan(self, limit: int, state: dict[str, int], skip: frozenset[str] = frozenset()) -> list[Claim]:
         queues = tuple(q for q in self.queues if q not in skip)
@@ -75,6 +85,10 @@ class Weighted(DispatchPolicy):
 
     def __repr__(self):
         return f"Weighted({dict(self.weights)!r})"
+
+    def only(self, queues) -> Weighted:
+        keep = set(queues)
+        return Weighted({q: w for q, w in self.weights.items() if q in keep})
 
     def plan(self, limit: int, state: dict[str, int], skip: frozenset[str] = frozenset()) -> list[Claim]:
         weights = {q: w for q, w in self.weights.items() if q not in skip}

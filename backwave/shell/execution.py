@@ -1,15 +1,26 @@
 """Running one attempt: route it through the registry, call the task inside its scope, and
-describe what happened. Shared by the production pump and the deterministic test pump."""
+describe what happened. Shared by the production pump and the deterministic test pump.
+
+Whatever the task hands back is made storable here, inside the attempt, so it can only ever cost
+this attempt: a return value PostgreSQL cannot store, or one over MAX_RESULT_BYTES, fails the
+attempt with ``backwave.UnstorableResult`` (retried under the task's normal rules), and the error
+class and traceback are cleaned and cut to what their columns hold (``backwave/store/storable.py``).
+
+Django's ``task_started`` is sent here, as the attempt starts; ``task_finished`` is not: the pump
+sends it (``send_finished``) once the attempt's outcome is written, and only if the fence let it
+through, so a receiver never hears of an outcome that did not stick.
+"""
 
 from __future__ import annotations
 
 import json
-from inspect import iscoroutinefunction
 import logging
+import math
 import time
 import traceback as traceback_module
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -17,14 +28,19 @@ from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
+from backwave.conf import DEFAULTS
 from backwave.core.events import JobResult
-from backwave.core.jobs import ClaimedJob
+from backwave.core.jobs import ClaimedJob, Outcome
 from backwave.results import task_result_for_attempt
+from backwave.store.contract import OutcomeRecord
+from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
 
 from .registry import TaskRegistry
 from .scope import enter_attempt, leave_attempt
 
 logger = logging.getLogger("backwave.execution")
+
+DEFAULT_MAX_RESULT_BYTES = DEFAULTS["MAX_RESULT_BYTES"]
 
 
 class Unroutable(Exception):
@@ -42,19 +58,24 @@ class AttemptReport:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0
+    # For task_finished, sent once the outcome is written: the attempt's TaskResult (None for an
+    # unroutable job, which never started) and the backend class it is sent from.
+    task_result: TaskResult | None = field(default=None, compare=False, repr=False)
+    sender: type | None = field(default=None, compare=False, repr=False)
 
 
 class _Attempt:
     """One routed attempt between its start and its report: the parts sync and async share."""
 
-    __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars")
+    __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes")
 
-    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int):
+    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int):
         self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
         self.result = _running_result(job, task, worker_id)
         self.sender = sender
         self.started = started
         self.max_traceback_chars = max_traceback_chars
+        self.max_result_bytes = max_result_bytes
 
     def announce(self) -> None:
         task_started.send(sender=self.sender, task_result=self.result)
@@ -64,27 +85,32 @@ class _Attempt:
             return [TaskContext(task_result=self.result), *self.args], self.kwargs
         return self.args, self.kwargs
 
+    def storable(self, value: Any) -> Any:
+        return _json_value(value, max_bytes=self.max_result_bytes)
+
     def failed(self, error: BaseException) -> AttemptReport:
         duration = time.monotonic() - self.started
-        error_class = f"{type(error).__module__}.{type(error).__qualname__}"
-        text = "".join(traceback_module.format_exception(error))
-        if len(text) > self.max_traceback_chars:
-            text = "…(truncated)\n" + text[-self.max_traceback_chars :]
+        error_class = _error_class(error)
+        text = _traceback_text(error, error_class, self.max_traceback_chars)
         object.__setattr__(self.result, "status", TaskResultStatus.FAILED)
         self.result.errors.append(TaskError(exception_class_path=error_class, traceback=text))
-        _send_finished(self.sender, self.result)
         job = self.job
-        return AttemptReport(job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration)
+        return AttemptReport(
+            job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration,
+            task_result=self.result, sender=self.sender,
+        )
 
     def succeeded(self, encoded) -> AttemptReport:
         object.__setattr__(self.result, "status", TaskResultStatus.SUCCESSFUL)
         object.__setattr__(self.result, "_return_value", encoded)
-        _send_finished(self.sender, self.result)
         job = self.job
-        return AttemptReport(job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started)
+        return AttemptReport(
+            job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started,
+            task_result=self.result, sender=self.sender,
+        )
 
 
-def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, backend_class) -> _Attempt | AttemptReport:
+def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int, backend_class) -> _Attempt | AttemptReport:
     """Route the job: an _Attempt ready to run, or the report of an unroutable (quarantined) one."""
     started = time.monotonic()
     try:
@@ -100,7 +126,10 @@ def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_tracebac
             duration=time.monotonic() - started,
         )
     sender = backend_class or registry.sender(task)
-    return _Attempt(job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started, max_traceback_chars=max_traceback_chars)
+    return _Attempt(
+        job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started,
+        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+    )
 
 
 def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
@@ -115,6 +144,7 @@ def run_attempt(
     registry: TaskRegistry,
     worker_id: str,
     max_traceback_chars: int,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     backend_class: type | None = None,
     enter: Callable[[], None] = enter_attempt,
     leave: Callable[[], None] = leave_attempt,
@@ -122,7 +152,7 @@ def run_attempt(
     """Run ``job`` once and describe the outcome. Never raises: a handler's exception (SystemExit
     included) is the attempt's outcome, not the pump's problem. ``enter`` and ``leave`` wrap the
     handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection."""
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, backend_class)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class)
     if isinstance(attempt, AttemptReport):
         return attempt
     try:
@@ -130,7 +160,7 @@ def run_attempt(
         try:
             attempt.announce()
             args, kwargs = attempt.arguments()
-            encoded = _json_value(attempt.task.call(*args, **kwargs))
+            encoded = attempt.storable(attempt.task.call(*args, **kwargs))
         finally:
             leave()
     except BaseException as error:
@@ -144,12 +174,13 @@ async def run_attempt_async(
     registry: TaskRegistry,
     worker_id: str,
     max_traceback_chars: int,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     enter: Callable[[], None] = enter_attempt,
     leave: Callable[[], None] = leave_attempt,
 ) -> AttemptReport:
     """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
     runs through sync_to_async, as Django's ASGI handler does around a request."""
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, None)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None)
     if isinstance(attempt, AttemptReport):
         return attempt
     try:
@@ -157,7 +188,7 @@ async def run_attempt_async(
         try:
             attempt.announce()
             args, kwargs = attempt.arguments()
-            encoded = _json_value(await attempt.task.acall(*args, **kwargs))
+            encoded = attempt.storable(await attempt.task.acall(*args, **kwargs))
         finally:
             await sync_to_async(leave)()
     except BaseException as error:
@@ -180,14 +211,31 @@ def route(job: ClaimedJob, registry: TaskRegistry):
     return task, args, kwargs
 
 
-def _json_value(value: Any) -> Any:
-    """The return value as it will be stored: JSON, or the attempt fails with a clear error."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+def _json_value(value: Any, *, max_bytes: int) -> Any:
+    """The return value as it will be stored (its JSON round trip), or UnstorableResult: raised
+    inside the attempt, so it fails this attempt and nothing else."""
+    if value is None or value is True or value is False:
         return value
+    # The common scalars cannot be unstorable: no encoding needed (ints far below the digit limit).
+    if (type(value) is int and value.bit_length() < 64) or (type(value) is float and math.isfinite(value)):
+        return value
+    return json.loads(encode_result(value, max_bytes=max_bytes))
+
+
+def _error_class(error: BaseException) -> str:
+    """The exception's dotted path, as backwave_attempt.error_class holds it."""
+    kind = type(error)
+    return error_class_text(f"{kind.__module__}.{kind.__qualname__}")
+
+
+def _traceback_text(error: BaseException, error_class: str, max_chars: int) -> str:
+    """The traceback as the attempt row keeps it: a NUL or a lone surrogate (a file name decoded
+    with surrogateescape) shown escaped, then cut to ``max_chars``, marker included."""
     try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"the task returned a {type(value).__name__}, which is not JSON-serialisable: {error}") from error
+        text = "".join(traceback_module.format_exception(error))
+    except Exception as formatting:  # the attempt's report must never fail to be made
+        text = f"{error_class}: (its traceback could not be formatted: {type(formatting).__name__})\n"
+    return cut_tail(clean_text(text), max_chars)
 
 
 def _running_result(job: ClaimedJob, task, worker_id: str) -> TaskResult:
@@ -205,8 +253,40 @@ def _running_result(job: ClaimedJob, task, worker_id: str) -> TaskResult:
     )
 
 
-def _send_finished(sender, task_result: TaskResult) -> None:
+def outcome_record(outcome: Outcome) -> OutcomeRecord:
+    """The outcome as the store writes it: the driver's verdict plus the report that rode on it
+    (if its JobFinished carried one: the simulator's carry none)."""
+    report = outcome.report
+    if report is None:
+        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay)
+    return OutcomeRecord(
+        job_id=outcome.job_id,
+        attempt=outcome.attempt,
+        kind=outcome.kind,
+        retry_delay=outcome.retry_delay,
+        return_value=report.return_value,
+        error_class=report.error_class,
+        traceback=report.traceback,
+        duration=report.duration,
+    )
+
+
+def send_finished(report: AttemptReport, written: OutcomeRecord | None = None) -> None:
+    """Django's task_finished for an attempt whose outcome the store applied: sent once, after the
+    write landed, from the pump's thread. ``written`` is the record the store wrote in place of
+    the attempt's own when it could not store that one (backwave.UnstorableResult): the signal
+    then says what was stored, a failure. A receiver that raises is logged; the others still run,
+    and neither the batch nor the pump ever hears of it."""
+    result = report.task_result
+    if result is None:
+        return  # an unroutable job never started: no task_started, no task_finished
     try:
-        task_finished.send(sender=sender, task_result=task_result)
+        if written is not None:
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "_return_value", None)
+            result.errors.append(TaskError(exception_class_path=written.error_class, traceback=written.traceback))
+        # send_robust: every receiver runs, and each one's exception is logged by Django
+        # ("django.dispatch", with its traceback) instead of raised into the pump.
+        task_finished.send_robust(sender=report.sender, task_result=result)
     except Exception:
-        logger.exception("A task_finished receiver failed for job %s", task_result.id)
+        logger.exception("task_finished could not be sent for job %s", result.id)

@@ -13,6 +13,12 @@ next event. Handlers run on the pool, never on the loop.
 A ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one pipelined round-trip: the write
 lands first, then the claim, which is how a pump at steady state spends one round-trip per batch.
 
+Reports: a worker thread posts each attempt's report inside its ``JobFinished``; it rides on the
+driver's Outcome and comes back with the ``WriteOutcomes``, so the pump keeps no map of reports
+and one dropped with its outcome (a lost lease, an abandoned attempt) is simply gone. Once a
+write lands, Django's ``task_finished`` is sent here, on this thread, once per outcome the store
+applied (never for one the fence refused), with the status that was stored.
+
 Faults: a transient store fault marks the pump degraded and is reported to the driver as
 ``StoreFailed`` (it retries on a later tick after a jittered backoff; the store reconnects on
 that call, and the outcome buffer survives the reconnect). Anything else (an event the driver
@@ -46,7 +52,7 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import OutcomeRecord, PumpHealth, Store, StoreError, TransientStoreError
 
-from .execution import AttemptReport, is_async, run_attempt, run_attempt_async
+from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
 from .maintenance import run_maintenance
 from .registry import TaskRegistry
 
@@ -115,6 +121,7 @@ class Pump:
         store_factory: Callable[[], Store],
         registry: TaskRegistry,
         max_traceback_chars: int = 16_000,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.options = options
@@ -127,9 +134,9 @@ class Pump:
         self._store: Store | None = None
         self._registry = registry
         self._max_traceback_chars = max_traceback_chars
+        self._max_result_bytes = max_result_bytes
         self._clock = clock
         self._channel: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
-        self._reports: dict[tuple[int, int], AttemptReport] = {}
         self._random = random.Random()
         self._stop_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
@@ -296,9 +303,8 @@ class Pump:
             jitter = self._random.random()
             return [ev.StoreFailed(now=now, command=write, jitter=jitter), ev.StoreFailed(now=now, command=claim, jitter=jitter)]
         self._recovered()
-        self._forget(write.outcomes)
+        self._settled(write.outcomes, applied)
         now = self._clock()
-        self._note_refused(write.outcomes, applied)
         return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
 
     def _call_store(self, command: cmd.Command) -> ev.Event:
@@ -309,8 +315,7 @@ class Pump:
                 return ev.ClaimReturned(now=self._clock(), jobs=tuple(jobs))
             case cmd.WriteOutcomes():
                 applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
-                self._forget(command.outcomes)
-                self._note_refused(command.outcomes, applied)
+                self._settled(command.outcomes, applied)
                 return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied))
             case cmd.OpenLease():
                 lease_id = uuid.uuid4()
@@ -354,11 +359,15 @@ class Pump:
     # ---- jobs -------------------------------------------------------------------------------------
 
     def _run_job(self, job) -> None:
-        self._finished(job, run_attempt(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars))
+        self._finished(job, run_attempt(job, **self._attempt_arguments()))
 
     async def _run_async_job(self, job) -> None:
-        report = await run_attempt_async(job, registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars)
-        self._finished(job, report)
+        self._finished(job, await run_attempt_async(job, **self._attempt_arguments()))
+
+    def _attempt_arguments(self) -> dict:
+        return dict(
+            registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars, max_result_bytes=self._max_result_bytes
+        )
 
     def _event_loop(self) -> EventLoopThread:
         # Started on the first async job: a pump that runs only sync tasks never has one. The
@@ -368,32 +377,21 @@ class Pump:
         return self._loop
 
     def _finished(self, job, report: AttemptReport) -> None:
-        self._reports[(job.id, job.attempt)] = report
         self._channel.put(
-            ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random())
+            ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report)
         )
 
     def _records(self, outcomes) -> list[OutcomeRecord]:
-        records = []
-        for outcome in outcomes:
-            report = self._reports.get((outcome.job_id, outcome.attempt))
-            records.append(
-                OutcomeRecord(
-                    job_id=outcome.job_id,
-                    attempt=outcome.attempt,
-                    kind=outcome.kind,
-                    retry_delay=outcome.retry_delay,
-                    return_value=report.return_value if report else None,
-                    error_class=report.error_class if report else "",
-                    traceback=report.traceback if report else "",
-                    duration=report.duration if report else 0.0,
-                )
-            )
-        return records
+        return [outcome_record(outcome) for outcome in outcomes]
 
-    def _forget(self, outcomes) -> None:
+    def _settled(self, outcomes, applied) -> None:
+        """The write landed: tell Django's task_finished of each outcome it applied, and say so
+        when the fence refused some."""
+        replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
         for outcome in outcomes:
-            self._reports.pop((outcome.job_id, outcome.attempt), None)
+            if outcome.job_id in applied and outcome.report is not None:
+                send_finished(outcome.report, replaced.get(outcome.job_id))
+        self._note_refused(outcomes, applied)
 
     # ---- health -----------------------------------------------------------------------------------
 

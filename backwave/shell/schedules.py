@@ -84,10 +84,18 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
     return definitions
 
 
-def sync_schedules(store: Store, schedules: Mapping[str, Mapping], registry: TaskRegistry) -> list[str]:
+def sync_schedules(store: Store, schedules: Mapping[str, Mapping], registry: TaskRegistry, *, database: str | None = None) -> list[str]:
     """Write the declared schedules to the store; returns the names of rows no longer declared
-    (now disabled). Raises ScheduleConfigError before writing anything when one is unusable."""
+    (now disabled). Raises ScheduleConfigError before writing anything when one is unusable.
+
+    ``database``: the store's Django alias; only the schedules whose task's backend enqueues into
+    it are written there (a minted job lands where its backend's jobs live), and the others
+    count as not declared in it. None writes them all (a store outside Django's databases)."""
     definitions = definitions_from_settings(schedules, registry)
+    if database is not None:
+        from backwave.databases import backend_database
+
+        definitions = [d for d in definitions if backend_database(d.backend) == database]
     disabled = store.sync_schedules(schedules=definitions)
     if definitions:
         logger.info("Schedules: %s", ", ".join(f"{d.name} ({d.cron}{'' if d.enabled else ', disabled'})" for d in definitions))

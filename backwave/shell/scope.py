@@ -1,9 +1,18 @@
 """The per-attempt scope: what Django's request cycle does around a view, done around a job.
 
-Before the handler: drop connections that are unusable or past CONN_MAX_AGE
-(``close_old_connections``, exactly as Django does at a request's start). After it, whatever the
-handler did: roll back a transaction it left open or broken and close the connection if it cannot
-be trusted, then ``close_old_connections`` again. The next attempt on this thread starts clean.
+Before the handler: drop connections that are unusable or past their maximum age
+(``close_old_connections``, as Django does at a request's start). After it, whatever the handler
+did: roll back a transaction it left open or broken and close the connection if it cannot be
+trusted, then ``close_old_connections`` again. The next attempt on this thread starts clean.
+
+A handler thread is not a web request, though. With Django's default ``CONN_MAX_AGE = 0`` a
+request closes its connection when it ends; a worker doing that would open a new PostgreSQL
+session for every job that touches the ORM (a fork of a backend per job, and a few hundred ORM
+jobs a second at best). So a connection of an entry left at 0 lives for
+``BACKWAVE["WORKER_CONN_MAX_AGE"]`` seconds on its thread instead, still closed at once when it
+is unusable, in a broken transaction or past that age. An entry with a CONN_MAX_AGE of its own
+keeps it, and one with Django's connection pool (``OPTIONS["pool"]``) is handed back to the pool
+after every attempt, as Django does: the pool already makes that cheap.
 """
 
 from __future__ import annotations
@@ -14,7 +23,6 @@ from django.db import close_old_connections, connections
 
 logger = logging.getLogger("backwave.scope")
 
-
 def enter_attempt() -> None:
     """Call before the handler (plain functions, not a context manager: this is the hot path)."""
     close_old_connections()
@@ -24,7 +32,26 @@ def leave_attempt() -> None:
     """Call after the handler, in a ``finally``."""
     for connection in connections.all(initialized_only=True):
         _leave_clean(connection)
+        _keep_for_the_thread(connection)
     close_old_connections()
+
+
+def _keep_for_the_thread(connection) -> None:
+    """Give a connection opened under CONN_MAX_AGE = 0 the worker's maximum age instead.
+
+    Django stamps ``close_at`` when it connects (connect time + CONN_MAX_AGE, so "now" for 0);
+    moving it once per raw connection keeps the age counted from the connect.
+    """
+    raw = connection.connection
+    if raw is None or connection.close_at is None or getattr(connection, "_backwave_kept", None) is raw:
+        return
+    settings_dict = connection.settings_dict
+    if settings_dict.get("CONN_MAX_AGE") != 0 or (settings_dict.get("OPTIONS") or {}).get("pool"):
+        return
+    from backwave import conf
+
+    connection._backwave_kept = raw
+    connection.close_at += conf.get_setting("WORKER_CONN_MAX_AGE")
 
 
 def _leave_clean(connection) -> None:

@@ -1,4 +1,5 @@
-"""A worker process: the configured groups' pumps, signals, graceful drain, throughput log."""
+"""A worker process: the configured groups' pumps (on every database they serve), signals,
+graceful drain, throughput log."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
+from functools import partial
 from typing import Any
 
-from backwave.core.options import QUEUE_NAME_PATTERN, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
+from django.db import DEFAULT_DB_ALIAS
+
+from backwave.core.options import WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
+from backwave.queue_rules import QUEUE_NAME_RULE, is_queue_name
 from backwave.store.contract import Store, StoreError
 
+from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status
 from .pump import HALTED, Pump
@@ -28,6 +34,9 @@ logger = logging.getLogger("backwave.worker")
 _OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
 _FLOAT_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
+
+# The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
+IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
 
 
 def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
@@ -55,10 +64,8 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
             raise WorkerGroupConfigError(f"Worker Group '{name}': 'queues' must be a list of queue names, got {queues!r}")
         options["policy"] = Strict(*queues)
     for queue_name in options["policy"].queues:
-        if not isinstance(queue_name, str) or not QUEUE_NAME_PATTERN.match(queue_name):
-            raise WorkerGroupConfigError(
-                f"Worker Group '{name}': queue name {queue_name!r} is invalid; use 1 to 64 letters, digits, '_', '.' or '-'."
-            )
+        if not is_queue_name(queue_name):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': queue name {queue_name!r} is invalid; use {QUEUE_NAME_RULE}.")
     for key in _INT_OPTIONS & raw.keys():
         value = raw[key]
         if key == "max_outcome_batch" and value is None:
@@ -77,42 +84,69 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a positive number of seconds, got {value!r}")
         options[key] = float(value)
+    if "database" in raw:
+        database = raw["database"]
+        if database is not None and (not isinstance(database, str) or not database):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': database must be a DATABASES alias (a string) or None, got {database!r}")
+        options["database"] = database
     return WorkerGroupOptions(**options)
 
 
 class Worker:
-    """Runs every pump of the given groups until drained or stopped."""
+    """Runs every pump of the given groups until drained or stopped.
+
+    Each group names the database its pumps serve (``WorkerGroupOptions.database``, set by
+    ``backwave.databases.place_groups``); a group serving two databases comes as two entries with
+    the same name. ``store_factory(alias)`` opens a store on a database; ``hints`` has one
+    listener per database, and a pump hears only its own database's hints.
+    """
 
     def __init__(
         self,
         groups: Iterable[WorkerGroupOptions],
         *,
-        store_factory: Callable[[], Store],
+        store_factory: Callable[[str], Store],
         registry: TaskRegistry,
         max_traceback_chars: int = 16_000,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         log_every: float = 10.0,
-        hints: HintListener | None = None,
+        hints: Mapping[str, HintListener] | None = None,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
     ):
-        self.groups = validate_groups(groups)
+        groups = list(groups)
+        for group in groups:
+            if group.database is None:
+                raise WorkerGroupConfigError(f"Worker Group '{group.name}' names no database; place it first (backwave.databases.place_groups).")
+        # Names are unique per database: a group placed on two databases is one group.
+        self.groups = [g for alias in dict.fromkeys(g.database for g in groups) for g in validate_groups(g for g in groups if g.database == alias)]
+        self.databases = list(dict.fromkeys(g.database for g in self.groups))
         # The endpoint binds first, so a port in use fails the command before any thread starts.
         self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
-        self.pumps = [
-            Pump(group, index, store_factory=store_factory, registry=registry, max_traceback_chars=max_traceback_chars)
-            for group in self.groups
-            for index in range(group.pumps)
-        ]
+        self.pumps = []
+        numbered: dict[str, int] = {}
+        for group in self.groups:
+            for _ in range(group.pumps):
+                # Numbered across the group's databases, so its pump names stay distinct.
+                index = numbered[group.name] = numbered.get(group.name, -1) + 1
+                self.pumps.append(
+                    Pump(
+                        group, index, store_factory=partial(store_factory, group.database), registry=registry,
+                        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+                    )
+                )
         self._log_every = log_every
-        self.hints = hints
-        if hints is not None:
-            for pump in self.pumps:
-                hints.subscribe(pump.options.policy.queues, pump.hint)
+        self.hints = dict(hints or {})
+        if hints is not None and (missing := [alias for alias in self.databases if alias not in self.hints]):
+            raise ValueError(f"no hint listener for database(s) {', '.join(missing)}")
+        for pump in self.pumps:
+            if pump.options.database in self.hints:
+                self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint)
         self._signals = 0
         self._all_halted_logged = False
         self._done = threading.Event()
         self._store_factory = store_factory
-        self._health_store: Store | None = None
+        self._health_stores: dict[str, Store] = {}
 
     def run(self, *, install_signal_handlers: bool = True, until_idle: bool = False) -> int:
         """Start the pumps and block until they stop. Returns the process exit code."""
@@ -123,17 +157,21 @@ class Worker:
             self.health_server.start()
         for pump in self.pumps:
             pump.start()
-        if self.hints is not None:
-            self.hints.start()
-        names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}] pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
+        for listener in self.hints.values():
+            listener.start()
+        names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}]{self._on(g.database)} pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
         logger.info("BackWave worker started: %s", names)
         try:
             return self._watch(until_idle)
         finally:
             if self.health_server is not None:
                 self.health_server.close()
-            if self._health_store is not None:
-                self._health_store.close()
+            for store in self._health_stores.values():
+                store.close()
+
+    def _on(self, database: str) -> str:
+        """Where a group runs, for the log: said whenever it is not simply the default database."""
+        return "" if self.databases == [DEFAULT_DB_ALIAS] else f" on {database}"
 
     def _watch(self, until_idle: bool) -> int:
         """Log throughput, drain when idle (if asked), keep halted pumps' health rows fresh, and
@@ -172,9 +210,14 @@ class Worker:
             if now - last_refresh >= refresh_every:
                 last_refresh = now
                 self._refresh_halted()
-        if self.hints is not None:
-            self.hints.stop()
-        logger.info("BackWave worker stopped after %d job(s) and %d store round-trips", self.jobs_done, sum(p.round_trips for p in self.pumps))
+        for listener in self.hints.values():
+            listener.stop()
+        logger.info(
+            "BackWave worker stopped after %d job(s) and %d store round-trips%s",
+            self.jobs_done,
+            sum(p.round_trips for p in self.pumps),
+            "; wake-up hints received: " + ", ".join(f"{alias} {listener.hints_received}" for alias, listener in self.hints.items()) if self.hints else "",
+        )
         return 1 if all(p.health == HALTED for p in self.pumps) else 0
 
     def health_snapshot(self) -> dict:
@@ -183,10 +226,18 @@ class Worker:
         for pump in self.pumps:
             row = pump.health_row()
             pumps.append({
-                "worker_id": row.worker_id, "group": row.group, "status": row.status, "reason": row.reason,
-                "in_flight": row.in_flight, "alive": pump.alive,
+                "worker_id": row.worker_id, "group": row.group, "database": pump.options.database, "status": row.status,
+                "reason": row.reason, "in_flight": row.in_flight, "alive": pump.alive,
             })
-        groups = {group.name: group_status(p["status"] for p in pumps if p["group"] == group.name) for group in self.groups}
+        # A group is halted on a database once its pumps there all are: its pumps elsewhere cannot
+        # take those jobs over, so the group reads halted too.
+        groups = {
+            name: overall_status(
+                group_status(p["status"] for p in pumps if p["group"] == name and p["database"] == g.database)
+                for g in self.groups if g.name == name
+            )
+            for name in dict.fromkeys(g.name for g in self.groups)
+        }
         return {
             "status": overall_status(groups.values()),
             "hostname": socket.gethostname(),
@@ -198,15 +249,16 @@ class Worker:
     def _refresh_halted(self) -> None:
         """Keep the health rows of halted pumps fresh while this process lives, so they are not
         forgotten as silent; best effort, one statement for all of them."""
-        halted = [p.health_row() for p in self.pumps if p.health == HALTED and not p.alive]
-        if not halted:
-            return
-        try:
-            if self._health_store is None:
-                self._health_store = self._store_factory()
-            self._health_store.record_pumps_many(pumps=halted)
-        except StoreError as error:
-            logger.debug("Could not refresh the health of halted pumps: %s", error)
+        for alias in self.databases:
+            halted = [p.health_row() for p in self.pumps if p.options.database == alias and p.health == HALTED and not p.alive]
+            if not halted:
+                continue
+            try:
+                if alias not in self._health_stores:
+                    self._health_stores[alias] = self._store_factory(alias)
+                self._health_stores[alias].record_pumps_many(pumps=halted)
+            except StoreError as error:
+                logger.debug("Could not refresh the health of halted pumps on %s: %s", alias, error)
 
     @property
     def jobs_done(self) -> int:

@@ -18,7 +18,16 @@ from backwave.core.jobs import ClaimedJob, OutcomeKind
 
 
 class StoreError(Exception):
-    """A store operation failed in a way the shell cannot classify as transient."""
+    """A store operation failed in a way the shell cannot classify as transient.
+
+    ``sqlstate`` is the server's error code when the server answered one, and ``statement`` the
+    name of the statement it refused (a pipelined operation runs several).
+    """
+
+    def __init__(self, message: str = "", *, sqlstate: str | None = None, statement: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.statement = statement
 
 
 class TransientStoreError(StoreError):
@@ -54,6 +63,19 @@ class OutcomeRecord:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0  # seconds the attempt ran, measured on the worker's monotonic clock
+
+
+class Applied(set):
+    """What an outcome write returns: the ids of the jobs whose outcome the fence let through.
+
+    ``replaced`` maps each of those whose record could not be stored as given to the record
+    written in its place: a failed attempt with error class backwave.UnstorableResult and a text
+    saying why (see write_outcomes_many).
+    """
+
+    def __init__(self, ids=(), replaced: dict[int, OutcomeRecord] | None = None):
+        super().__init__(ids)
+        self.replaced: dict[int, OutcomeRecord] = dict(replaced or {})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,18 +153,31 @@ class Store(Protocol):
         when fewer are ready, and empty when the lease is gone or lapsed (no job is ever put under
         a lease that maintenance could not expire)."""
 
-    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> set[int]:
+    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """Apply outcomes, each fenced: a row changes only if it is still running under this live
         lease at this attempt. Inserts one Attempt row per applied outcome. Returns applied ids.
         A SUCCEEDED outcome stores its return value as JSON (None becomes JSON null); other kinds
-        store no return value (SQL NULL)."""
+        store no return value (SQL NULL). Texts are stored as text can hold them (a NUL or a lone
+        surrogate escaped, error_class cut to 255 characters).
+
+        One row's data never fails the batch. A record that cannot be encoded (a return value
+        that is not JSON, NaN, a NUL) is replaced before anything is sent; a batch the server
+        refuses for its data (SQLSTATE class 22) is bisected until the refused rows stand alone.
+        Each such row is written in its place as a failed attempt with error class
+        backwave.UnstorableResult and a text saying why: a SUCCEEDED outcome becomes FAILED (the
+        job is not run again: its task already ran to the end, and a re-run would return the same
+        value), a RETRY, FAILED or QUARANTINED keeps its kind, with its own error text (escaped
+        to ASCII) below the reason; if that is refused too, the job is FAILED with the reason
+        alone. One round-trip when nothing is refused; a refused row costs about 2·log2(batch)
+        more. ``Applied.replaced`` names the rows written that way."""
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
-    ) -> tuple[set[int], list[ClaimedJob]]:
+    ) -> tuple[Applied, list[ClaimedJob]]:
         """write_outcomes_many, then claim_jobs, in ONE round-trip, the claim strictly after the
         write; if the write fails the claim does not run. How a pump at steady state spends one
-        round-trip per batch."""
+        round-trip per batch. When the server refuses the write for a row's data, the outcomes
+        are written as write_outcomes_many isolates them, and the claim runs after them."""
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""

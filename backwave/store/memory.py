@@ -7,11 +7,13 @@ per operation, as a statement sees one ``now()``. Each ``InMemoryStore`` is one 
 such a database (several stores may share one, as several pumps share one PostgreSQL).
 
 Every operation mirrors its statement in ``queries.sql``, clause for clause; the comments name
-the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_params``,
-``insert_jobs_params``, ``_claim_statement``), and each JSON document is read as psycopg sends it
-and PostgreSQL's ``jsonb`` input reads it (``jsonb_input``), so a value PostgreSQL would refuse is
-refused here with the same error, before anything changes. The contract tests in ``tests/store`` run against
-both stores, so the two cannot drift.
+the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_batch``,
+``insert_jobs_params``, ``_claim_statement``), so a value PostgreSQL would refuse is refused here
+with the same error, before anything changes. What the server itself refuses in an outcome batch
+(a lone surrogate in jsonb, a number past numeric, a time past timestamptz) is refused here with
+the server's SQLSTATE, and isolated by the same bisection (``write_isolating``); a document taken
+whole (an enqueue's) is read as psycopg sends it and jsonb's input reads it (``jsonb_input``).
+The contract tests in ``tests/store`` run against both stores, so the two cannot drift.
 
 Operations are atomic (the lock is held for the whole operation), which is what PostgreSQL's
 row locks, SKIP LOCKED and one-statement transactions give the real store.
@@ -20,7 +22,7 @@ row locks, SKIP LOCKED and one-statement transactions give the real store.
 from __future__ import annotations
 
 import json
-import re
+import math
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -30,13 +32,15 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob
 
-from .contract import DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
+from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
 from .enqueue import insert_jobs_params
-from .postgres import _claim_statement, _outcome_params, _seconds, _text
+from .postgres import _applied, _claim_statement, _outcome_batch, _seconds, _text, is_refused_data, write_isolating
+from .storable import NUMERIC_MAX_DIGITS, text_problem
 
 _TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
 _ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed"}
 _MAX_PRIORITY = 100
+_LOG2_10 = math.log2(10)
 _FINISHED = ("succeeded", "failed", "cancelled", "quarantined")
 
 
@@ -300,27 +304,38 @@ class InMemoryStore:
         with self._operation() as (db, now):
             return self._claim(db, now, claim[1])
 
-    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> set[int]:
-        """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids."""
+    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
+        """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids.
+        A row whose data cannot be stored costs that row alone, as in PostgresStore."""
         if not outcomes:
-            return set()
-        rows = _outcome_rows(lease_id, outcomes, "write_outcomes_many")
-        with self._operation() as (db, now):
-            return self._write(db, now, lease_id, rows)
+            return Applied()
+        return write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes)
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
-    ) -> tuple[set[int], list[ClaimedJob]]:
+    ) -> tuple[Applied, list[ClaimedJob]]:
         """Write outcomes, then claim, as one operation; the claim sees the write's effects."""
         claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if not outcomes:
-            return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+            return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        rows = _outcome_rows(lease_id, outcomes, "write_outcomes_then_claim")
-        with self._operation() as (db, now):  # one transaction: both statements see one now()
+        rows, replaced = _outcome_rows(lease_id, outcomes)
+        try:
+            with self._operation() as (db, now):  # one transaction: both statements see one now()
+                applied = self._write(db, now, lease_id, rows)
+                return _applied([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim[1])
+        except StoreError as error:
+            if not is_refused_data(error):
+                raise
+            applied = write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes, refused=error)
+            return applied, self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+
+    def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
+        rows, replaced = _outcome_rows(lease_id, outcomes)
+        with self._operation() as (db, now):
             applied = self._write(db, now, lease_id, rows)
-            return applied, self._claim(db, now, claim[1])
+        return _applied([(job_id,) for job_id in applied], replaced)
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
@@ -563,6 +578,10 @@ class InMemoryStore:
 
     @staticmethod
     def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]]) -> set[int]:
+        # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
+        for row in rows:
+            if row["boxed"] is not None and (refusal := _jsonb_refusal(row["boxed"])):
+                raise _refused(*refusal)
         if not _live(db, lease_id, now):
             return set()
         # The fence: this lease's token, still running, at this attempt. Checked for the whole
@@ -573,25 +592,27 @@ class InMemoryStore:
             if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == row["attempt"]:
                 if (job.id, row["attempt"]) in db.attempts:
                     raise StoreError(
-                        'write_outcomes_many failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"'
+                        'write_outcomes_many failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"',
+                        sqlstate="23505", statement="write_outcomes_many",
                     )
-                applied.append((job, row))
-        for job, row in applied:
+                kind = row["kind"]
+                run_at = _later(now, row["retry_delay"]) if kind == "retry" else job.run_at
+                finished_at = _later(job.last_attempted_at or now, row["duration"])
+                applied.append((job, row, run_at, finished_at))
+        for job, row, run_at, finished_at in applied:
             kind = row["kind"]
             value = None if row["boxed"] is None else json.dumps(row["boxed"].get("v"))
             job.state = _TERMINAL_STATE[kind]
-            if kind == "retry":
-                job.run_at = now + timedelta(seconds=max(row["retry_delay"] or 0.0, 0.0))
+            job.run_at = run_at
             job.finished_at = None if kind == "retry" else now
             job.return_value_json = value
             job.lease_id = None
-            started = job.last_attempted_at
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
                 job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
-                started_at=started, finished_at=(started or now) + timedelta(seconds=max(row["duration"], 0.0)),
+                started_at=job.last_attempted_at, finished_at=finished_at,
                 error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
             )
-        return {job.id for job, _ in applied}
+        return {job.id for job, *_ in applied}
 
 
 class _Operation:
@@ -630,9 +651,48 @@ def _refund(job: JobRow, now: datetime) -> None:
         job.started_at = None
 
 
-def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], operation: str) -> list[dict[str, Any]]:
-    """The batch exactly as write_outcomes_many's SQL receives it (validated the same way)."""
-    return jsonb_input(_outcome_params(lease_id, outcomes)["outcomes"], operation)
+def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[list[dict[str, Any]], dict[int, OutcomeRecord]]:
+    """The batch exactly as write_outcomes_many's SQL receives it (validated, and its unencodable
+    records replaced, the same way), and those replacements."""
+    params, replaced = _outcome_batch(lease_id, outcomes)
+    return json.loads(params["outcomes"]), replaced
+
+
+def _jsonb_refusal(value: Any) -> tuple[str, str] | None:
+    """(SQLSTATE, message) of what PostgreSQL's jsonb input refuses in this decoded value: a lone
+    surrogate (json.loads gives one back from its escape) or a number past numeric's digits."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            texts = [item]
+        elif isinstance(item, dict):
+            texts = list(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            texts = []
+            stack.extend(item)
+        else:
+            if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > NUMERIC_MAX_DIGITS * _LOG2_10:
+                return "22003", "value overflows numeric format"
+            continue
+        for text in texts:
+            if (problem := text_problem(text)) and "surrogate" in problem:
+                return "22P02", "invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate."
+    return None
+
+
+def _later(moment: datetime, seconds: float) -> datetime:
+    """``moment + make_interval(secs => greatest(seconds, 0))``, or timestamptz's 22008 (Python's
+    datetime ends at year 9999, PostgreSQL's at 294276: the in-memory store refuses sooner)."""
+    try:
+        return moment + timedelta(seconds=max(seconds or 0.0, 0.0))
+    except OverflowError:
+        raise _refused("22008", "timestamp out of range") from None
+
+
+def _refused(sqlstate: str, message: str) -> StoreError:
+    return StoreError(f"write_outcomes_many failed [{sqlstate}]: {message}", sqlstate=sqlstate, statement="write_outcomes_many")
 
 
 def jsonb_input(document: str, operation: str) -> Any:
@@ -647,21 +707,19 @@ def jsonb_input(document: str, operation: str) -> Any:
     try:
         value = json.loads(document, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
-        raise StoreError(f"{operation} failed [22P02]: invalid input syntax for type json\nDETAIL:  {error.msg}.") from None
+        raise _refused_input(operation, "22P02", f"invalid input syntax for type json\nDETAIL:  {error.msg}.") from None
     except _RefusedToken as token:
-        raise StoreError(f'{operation} failed [22P02]: invalid input syntax for type json\nDETAIL:  Token "{token}" is invalid.') from None
+        raise _refused_input(operation, "22P02", f'invalid input syntax for type json\nDETAIL:  Token "{token}" is invalid.') from None
     for text in _strings(value):
-        if "\x00" in text:
-            raise StoreError(f"{operation} failed [22P05]: unsupported Unicode escape sequence\nDETAIL:  \\u0000 cannot be converted to text.")
-        if _LONE_SURROGATE.search(text):
-            raise StoreError(
-                f"{operation} failed [22P02]: invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate."
-            )
+        if problem := text_problem(text):  # json.loads joins an escaped pair: a surrogate left was alone
+            if "surrogate" in problem:
+                raise _refused_input(operation, "22P02", "invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate.")
+            raise _refused_input(operation, "22P05", "unsupported Unicode escape sequence\nDETAIL:  \\u0000 cannot be converted to text.")
     return value
 
 
-# json.loads joins an escaped surrogate pair into one character: any surrogate left was alone.
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+def _refused_input(operation: str, sqlstate: str, message: str) -> StoreError:
+    return StoreError(f"{operation} failed [{sqlstate}]: {message}", sqlstate=sqlstate, statement=operation)
 
 
 class _RefusedToken(Exception):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,9 +30,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
+from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
 from .enqueue import insert_jobs
 from .queries import QUERIES
+from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 DEFAULT_APPLICATION_NAME = "backwave"
 DEFAULT_CONNECT_TIMEOUT = 10  # seconds (libpq's connect_timeout)
@@ -159,26 +160,40 @@ class PostgresStore:
         _, claimed = self._pipeline("claim_jobs", [_lock_statement(claim), claim])
         return [_claimed_job(row) for row in claimed]
 
-    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> set[int]:
-        """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids."""
+    def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
+        """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids.
+        A row whose data cannot be stored costs that row alone (see the Storage Contract)."""
         if not outcomes:
-            return set()
-        return {row[0] for row in self._execute("write_outcomes_many", _outcome_params(lease_id, outcomes))}
+            return Applied()
+        return write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes)
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
-    ) -> tuple[set[int], list[ClaimedJob]]:
+    ) -> tuple[Applied, list[ClaimedJob]]:
         """Write outcomes, then claim, in one round-trip; the claim sees the write's effects."""
         claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if not outcomes:
-            return set(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+            return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        written, _, claimed = self._pipeline(
-            "write_outcomes_then_claim",
-            [("write_outcomes_many", _outcome_params(lease_id, outcomes)), _lock_statement(claim), claim],
-        )
-        return {row[0] for row in written}, [_claimed_job(row) for row in claimed]
+        params, replaced = _outcome_batch(lease_id, outcomes)
+        try:
+            written, _, claimed = self._pipeline(
+                "write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim]
+            )
+        except StoreError as error:
+            if not is_refused_data(error):
+                raise
+            # The claim never ran: the outcomes go as write_outcomes_many isolates a refused row,
+            # then the claim, which still sees every outcome written.
+            applied = write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes, refused=error)
+            return applied, self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        return _applied(written, replaced), [_claimed_job(row) for row in claimed]
+
+    def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
+        """One write_outcomes_many statement (one round-trip)."""
+        params, replaced = _outcome_batch(lease_id, outcomes)
+        return _applied(self._execute("write_outcomes_many", params), replaced)
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
         """Run the named statements in order in one round-trip and one transaction.
@@ -188,19 +203,31 @@ class PostgresStore:
         message up to that Sync and the earlier ones roll back with it: the first error is raised
         here and nothing is half-done.
         """
-        with self._guard(operation) as conn:
-            self.round_trips += 1
-            try:
-                with conn.pipeline():
-                    cursors = [conn.execute(QUERIES[name], params) for name, params in statements]
-            except psycopg.Error:
-                # psycopg records a statement as prepared when it queues its Parse; in an aborted
-                # pipeline the server skips that Parse, and the cache would name a statement that
-                # does not exist ("prepared statement _pg3_N does not exist" on the next call).
-                # Only a fresh connection is certain to be clean; this is the error path only.
-                self._drop_connection()
-                raise
-            return [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
+        refused: str | None = None
+        try:
+            with self._guard(operation) as conn:
+                self.round_trips += 1
+                cursors: list[psycopg.Cursor] = []
+                try:
+                    with conn.pipeline():
+                        for name, params in statements:
+                            cursors.append(conn.execute(QUERIES[name], params))
+                except psycopg.Error:
+                    # The statement refused is the first without an answer: earlier ones have
+                    # their results, the server skipped the later ones.
+                    answered = sum(1 for cursor in cursors if cursor.pgresult is not None)
+                    refused = statements[min(answered, len(statements) - 1)][0]
+                    # psycopg records a statement as prepared when it queues its Parse; in an
+                    # aborted pipeline the server skips that Parse, and the cache would name a
+                    # statement that does not exist ("prepared statement _pg3_N does not exist"
+                    # on the next call). Only a fresh connection is certain to be clean; this is
+                    # the error path only.
+                    self._drop_connection()
+                    raise
+                return [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
+        except StoreError as error:
+            error.statement = refused
+            raise
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
@@ -321,7 +348,7 @@ class PostgresStore:
                 self._conn = None  # the next call reconnects
             error = TransientStoreError if is_transient(exc, connection_broken=broken) else StoreError
             detail = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-            raise error(f"{operation} failed{detail}: {exc}".strip()) from exc
+            raise error(f"{operation} failed{detail}: {exc}".strip(), sqlstate=exc.sqlstate, statement=operation) from exc
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -378,42 +405,75 @@ def _claimed_job(row: tuple) -> ClaimedJob:
 
 
 def _outcome_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
-    """The parameters of write_outcomes_many: the batch as one JSON array.
+    """The parameters of write_outcomes_many (see _outcome_batch)."""
+    return _outcome_batch(lease_id, outcomes)[0]
+
+
+def _outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[dict[str, Any], dict[int, OutcomeRecord]]:
+    """The parameters of write_outcomes_many (the batch as one JSON array), and the records put
+    in place of those that could not be encoded, by job id.
 
     A SUCCEEDED outcome's return value travels boxed as ``{"v": value}``, so a task that returned
     None stores JSON ``null`` (a value); every other kind stores SQL NULL (no value at all).
-    A return value PostgreSQL could not store (not JSON, NaN, a NUL character) is refused here,
-    before anything is sent, naming the job: one bad value would otherwise fail the whole batch.
+    A record whose row cannot be encoded (a return value that is not JSON, NaN, an int too long
+    for text) or that carries a NUL escape jsonb refuses is replaced here, before anything is
+    sent, by the failed attempt that says why (``unstorable_replacement``): one bad value would
+    otherwise fail the whole batch.
     """
     if len({o.job_id for o in outcomes}) != len(outcomes):
         seen: set[int] = set()
         duplicate = next(o.job_id for o in outcomes if o.job_id in seen or seen.add(o.job_id))
         raise ValueError(f"job {duplicate} has two outcomes in one batch; a batch holds one outcome per job")
-    succeeded = OutcomeKind.SUCCEEDED
-    rows = [
-        {
-            "job_id": o.job_id,
-            "attempt": o.attempt,
-            "kind": o.kind.value,
-            "retry_delay": float(o.retry_delay or 0.0),
-            "boxed": {"v": o.return_value} if o.kind is succeeded else None,
-            "error_class": _text(o.error_class),
-            "traceback": _text(o.traceback),
-            "duration": float(o.duration),
-        }
-        for o in outcomes
-    ]
+    rows = [_outcome_row(o) for o in outcomes]
+    replaced: dict[int, OutcomeRecord] = {}
     # One encode for the whole batch on the hot path; only when it fails, or when a NUL escape
-    # shows up, is each return value checked alone to name the job at fault.
+    # shows up, is each row encoded alone, to find the ones at fault.
     try:
         encoded = json.dumps(rows, allow_nan=False)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         encoded = None
     if encoded is None or _JSON_NUL.search(encoded):
+        rows = []
         for outcome in outcomes:
-            _check_return_value(outcome)
+            problem = _row_problem(outcome)
+            if problem is not None:
+                outcome = replaced[outcome.job_id] = _encodable(unstorable_replacement(outcome, problem))
+            rows.append(_outcome_row(outcome))
         encoded = json.dumps(rows, allow_nan=False)
-    return {"lease_id": lease_id, "outcomes": encoded}
+    return {"lease_id": lease_id, "outcomes": encoded}, replaced
+
+
+def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
+    return {
+        "job_id": o.job_id,
+        "attempt": o.attempt,
+        "kind": o.kind.value,
+        "retry_delay": float(o.retry_delay or 0.0),
+        "boxed": {"v": o.return_value} if o.kind is OutcomeKind.SUCCEEDED else None,
+        "error_class": error_class_text(o.error_class),
+        "traceback": clean_text(o.traceback),
+        "duration": float(o.duration),
+    }
+
+
+def _row_problem(outcome: OutcomeRecord) -> str | None:
+    """Why this outcome's row cannot be encoded for jsonb, or None."""
+    try:
+        encoded = json.dumps(_outcome_row(outcome), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        if outcome.kind is OutcomeKind.SUCCEEDED:
+            return f"its return value cannot be stored: {result_problem(outcome.return_value) or error}"
+        return f"its outcome cannot be encoded as JSON: {error}"
+    if _JSON_NUL.search(encoded):
+        return f"its return value cannot be stored: {result_problem(outcome.return_value) or 'it holds a NUL character'}"
+    return None
+
+
+def _encodable(replacement: OutcomeRecord) -> OutcomeRecord:
+    """The replacement, or when even it cannot be encoded (its retry delay is NaN), the last one."""
+    if _row_problem(replacement) is None:
+        return replacement
+    return unstorable_replacement(replacement, "its retry delay or duration is not a finite number", keep_decision=False)
 
 
 # A \u0000 escape in JSON text, not preceded by an escaped backslash of the string's own.
@@ -421,17 +481,91 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _text(value: str) -> str:
-    """PostgreSQL text cannot hold NUL; an exception message that carries one is shown escaped."""
-    return value.replace("\x00", "\\x00")
+    """Text as a text column holds it (a NUL or a lone surrogate escaped: see storable.clean_text)."""
+    return clean_text(value)
 
 
-def _check_return_value(outcome: OutcomeRecord) -> None:
-    """Raise ValueError naming the job when its return value cannot be stored as jsonb."""
-    if outcome.kind is not OutcomeKind.SUCCEEDED:
-        return
-    try:
-        encoded = json.dumps(outcome.return_value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"job {outcome.job_id}: the return value is not JSON-serialisable ({exc}); return JSON types only") from exc
-    if _JSON_NUL.search(encoded):
-        raise ValueError(f"job {outcome.job_id}: the return value contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+def _applied(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) -> Applied:
+    """The ids a write's RETURNING gave back, with the replacements among them."""
+    ids = {row[0] for row in rows}
+    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids})
+
+
+# -- the second wall: a batch the server refuses for one row's data ----------------------------
+
+
+def is_refused_data(error: StoreError) -> bool:
+    """Whether the outcome write was refused for the data it carried (SQLSTATE class 22: a
+    jsonb escape, a number or a timestamp out of range, a character the encoding lacks)."""
+    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement == "write_outcomes_many"
+
+
+def write_isolating(
+    write: Callable[[Sequence[OutcomeRecord]], Applied], outcomes: Sequence[OutcomeRecord], *, refused: StoreError | None = None
+) -> Applied:
+    """``write(outcomes)`` (one statement), and when the server refuses it for a row's data, the
+    same write bisected until each refused row stands alone; that row is then written as its
+    replacement (``unstorable_replacement``). ``refused``: the batch was already refused once.
+
+    Bisection because the server names no row: one refused row among n costs about 2·log2(n)
+    statements more, and only ever when the attempt's own checks missed something. Shared by
+    every store, so they isolate, and count round-trips, alike.
+    """
+    if refused is None:
+        try:
+            return write(outcomes)
+        except StoreError as error:
+            if not is_refused_data(error):
+                raise
+            refused = error
+    if len(outcomes) == 1:
+        return _write_replacement(write, outcomes[0], refused)
+    middle = len(outcomes) // 2
+    first, second = write_isolating(write, outcomes[:middle]), write_isolating(write, outcomes[middle:])
+    return Applied(first | second, {**first.replaced, **second.replaced})
+
+
+def _write_replacement(write: Callable[[Sequence[OutcomeRecord]], Applied], outcome: OutcomeRecord, refused: StoreError) -> Applied:
+    reason = f"PostgreSQL refused it [{refused.sqlstate}]: {_server_reason(refused)}"
+    replacement = unstorable_replacement(outcome, reason)
+    for keep_decision in (True, False):
+        if not keep_decision:
+            replacement = unstorable_replacement(outcome, reason, keep_decision=False)
+        try:
+            applied = write([replacement])
+        except StoreError as again:
+            if not is_refused_data(again) or not keep_decision:
+                raise
+            reason += f"; written as it was decided ({outcome.kind.value}), it was refused again [{again.sqlstate}]: {_server_reason(again)}"
+            continue
+        return Applied(applied, {outcome.job_id: replacement} if outcome.job_id in applied else {})
+    raise AssertionError("unreachable: the last replacement is written or raises")
+
+
+def unstorable_replacement(outcome: OutcomeRecord, reason: str, *, keep_decision: bool = True) -> OutcomeRecord:
+    """The failed attempt written in place of an outcome whose data cannot be stored.
+
+    A SUCCEEDED outcome cannot stand (its value is what could not be stored): it becomes FAILED,
+    not a retry, since the task already ran to the end and would return the same value again.
+    RETRY, FAILED and QUARANTINED keep their kind and delay, with their own error text, escaped
+    to plain ASCII, below the reason; ``keep_decision=False`` (that was refused too) fails the
+    job with the reason alone. The error class is always backwave.UnstorableResult.
+    """
+    if outcome.kind is OutcomeKind.SUCCEEDED or not keep_decision:
+        what = "the task returned, but" if outcome.kind is OutcomeKind.SUCCEEDED else f"the attempt ended ({outcome.kind.value}), but"
+        text = f"{UNSTORABLE_RESULT}: {what} {ascii_text(reason)}. The job is failed without another attempt; retry it from the admin once that is fixed.\n"
+        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=OutcomeKind.FAILED, error_class=UNSTORABLE_RESULT, traceback=text)
+    own = "\n".join(part for part in (ascii_text(outcome.error_class), ascii_text(outcome.traceback)) if part)
+    text = f"{UNSTORABLE_RESULT}: this attempt's outcome could not be stored as it was: {ascii_text(reason)}.\n\nIts own error, escaped:\n{own}\n"
+    return OutcomeRecord(
+        job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
+        error_class=UNSTORABLE_RESULT, traceback=text, duration=outcome.duration,
+    )
+
+
+def _server_reason(error: StoreError) -> str:
+    """The server's message and detail (the context line quotes the refused data: left out)."""
+    message = str(error).split("]: ", 1)[-1]
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    kept = [line for line in lines if not line.startswith(("CONTEXT:", "unnamed portal", "LINE ", "^", "HINT:"))]
+    return " ".join(kept) or "(no message)"

@@ -20,6 +20,10 @@ same options it makes the same scheduling decisions. What differs is the shell a
   open a new one, exactly as a pump that slept that long would; nothing is held between calls,
   so nothing is lost by it.
 * Store errors are raised in the test (a worker would retry a transient one on a later tick).
+
+As in a worker, an attempt's report rides on its outcome through the driver (no map of reports
+is kept), and Django's ``task_finished`` is sent once per outcome the store applied, after the
+write, with the status that was stored; ``task_started`` is sent as the attempt starts.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict
-from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async
+from backwave.shell.execution import AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
 from backwave.shell.registry import TaskRegistry
 from backwave.store.contract import OutcomeRecord
 
@@ -109,7 +113,7 @@ class DeterministicPump:
         **overrides,
     ):
         self.registry = _registry(tasks)
-        self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides)
+        self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database)
         self.clock = VirtualClock()
         self.store = DjangoConnectionStore(database, clock=self.clock)
         self.driver = NodeDriver(self.options)
@@ -118,7 +122,6 @@ class DeterministicPump:
         self._database = database
         self._random = random.Random(seed)  # backoff jitter and lease ids: the same run every time
         self._channel: deque[ev.Event] = deque()
-        self._reports: dict[tuple[int, int], AttemptReport] = {}
         self._scope = _InlineScope(database)
         self._counts: dict[str, int] = {}
         self._busy = False
@@ -155,13 +158,16 @@ class DeterministicPump:
             return DrainResult(**self._counts, attempts=tuple(self.attempts[first:]))
 
     def _start(self) -> None:
-        """What a worker does at start: write BACKWAVE["SCHEDULES"] and ["QUEUES"] to their
-        tables, then start the driver."""
+        """What a worker does at start: write this database's share of BACKWAVE["SCHEDULES"] and
+        ["QUEUES"] to its tables, then start the driver."""
         from backwave import operations
+        from backwave.databases import queues_in
         from backwave.shell.schedules import sync_schedules
 
-        sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry)
-        operations.apply_queue_settings(conf.get_setting("QUEUES"))
+        sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry, database=self._database)
+        settings_queues = conf.get_setting("QUEUES")
+        here = set(queues_in(self._database, settings_queues)) | set(self.options.policy.queues)
+        operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=self._database)
         self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:
@@ -211,7 +217,7 @@ class DeterministicPump:
         applied, jobs = self.store.write_outcomes_then_claim(
             lease_id=write.lease_id, worker_id=self.worker_id, outcomes=self._records(write.outcomes), queues=claim.queues, limit=claim.limit
         )
-        self._count(write.outcomes, applied)
+        self._settled(write.outcomes, applied)
         now = self.clock.monotonic()
         return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
 
@@ -223,7 +229,7 @@ class DeterministicPump:
                 return ev.ClaimReturned(now=now, jobs=tuple(jobs))
             case cmd.WriteOutcomes():
                 applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
-                self._count(command.outcomes, applied)
+                self._settled(command.outcomes, applied)
                 return ev.OutcomesWritten(now=now, applied=frozenset(applied))
             case cmd.OpenLease():
                 lease_id = uuid.UUID(int=self._random.getrandbits(128), version=4)
@@ -246,7 +252,12 @@ class DeterministicPump:
         return run_maintenance(store, command, clock=self.clock.monotonic)
 
     def _run_job(self, job) -> None:
-        arguments = dict(registry=self.registry, worker_id=self.worker_id, max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"))
+        arguments = dict(
+            registry=self.registry,
+            worker_id=self.worker_id,
+            max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
+            max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
+        )
         if is_async(job, self.registry):
             from asgiref.sync import async_to_sync
 
@@ -254,27 +265,26 @@ class DeterministicPump:
         else:
             report = run_attempt(job, **arguments, enter=self._scope.enter, leave=self._scope.leave)
         self.attempts.append(report)
-        self._reports[(job.id, job.attempt)] = report
         self._channel.append(
-            ev.JobFinished(now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random())
+            ev.JobFinished(
+                now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report
+            )
         )
 
     def _records(self, outcomes) -> list[OutcomeRecord]:
-        records = []
-        for outcome in outcomes:
-            report = self._reports.pop((outcome.job_id, outcome.attempt), None)
-            records.append(OutcomeRecord(
-                job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
-                return_value=report.return_value if report else None, error_class=report.error_class if report else "",
-                traceback=report.traceback if report else "", duration=report.duration if report else 0.0,
-            ))
-        return records
+        return [outcome_record(outcome) for outcome in outcomes]
 
-    def _count(self, outcomes, applied) -> None:
+    def _settled(self, outcomes, applied) -> None:
+        """Count what the store applied (as it was written) and send task_finished for each."""
+        replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
         for outcome in outcomes:
-            if outcome.job_id in applied:
-                field = _KIND_FIELD[outcome.kind]
-                self._counts[field] = self._counts.get(field, 0) + 1
+            if outcome.job_id not in applied:
+                continue
+            written = replaced.get(outcome.job_id)
+            field = _KIND_FIELD[(written or outcome).kind]
+            self._counts[field] = self._counts.get(field, 0) + 1
+            if outcome.report is not None:
+                send_finished(outcome.report, written)
 
     def _turn(self):
         if self._busy:
@@ -357,7 +367,7 @@ def _registry(tasks) -> TaskRegistry:
     return TaskRegistry(found)
 
 
-def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> WorkerGroupOptions:
+def _options(registry: TaskRegistry, *, queues, group, options, overrides, database) -> WorkerGroupOptions:
     if options is not None and group is not None:
         raise ValueError("pass options= or group=, not both")
     if group is not None:
@@ -369,7 +379,7 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> Wo
         options = group_from_mapping(configured[group])
     retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
-        names = queues if queues is not None else _known_queues(registry)
+        names = queues if queues is not None else _known_queues(registry, database)
         options = WorkerGroupOptions(
             name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, lease_duration=TEST_LEASE_DURATION, retention=retention
         )
@@ -380,17 +390,18 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides) -> Wo
     return replace(options, **overrides) if overrides else options
 
 
-def _known_queues(registry: TaskRegistry) -> list[str]:
-    """Every queue of the BackWave backends in TASKS (in the order of their QUEUES), then those of
-    the registered tasks: the order a Strict policy claims them in."""
-    from django.tasks import task_backends
+def _known_queues(registry: TaskRegistry, database: str) -> list[str]:
+    """Every queue of the BackWave backends in TASKS that enqueue into ``database`` (in the order
+    of their QUEUES), then those of the registered tasks whose jobs live there: the order a
+    Strict policy claims them in."""
+    from backwave.databases import backwave_backends, queue_databases
 
-    from backwave.backend import BackWaveBackend
-
+    backends = backwave_backends()
     names: dict[str, None] = {}
-    for alias in settings.TASKS:
-        backend = task_backends[alias]
-        if isinstance(backend, BackWaveBackend):
-            names.update(dict.fromkeys(map(str, settings.TASKS[alias].get("QUEUES", ()))))
-    names.update(dict.fromkeys(sorted(task.queue_name for task in registry.values())))
+    for backend in backends:
+        if backend.database == database:
+            names.update(dict.fromkeys(map(str, settings.TASKS[backend.alias].get("QUEUES", ()))))
+    on_database = {b.alias for b in backends if b.database == database}
+    for name in sorted(task.queue_name for task in registry.values() if task.backend in on_database or database in queue_databases(task.queue_name, backends)):
+        names[name] = None
     return list(names) or ["default"]

@@ -35,7 +35,7 @@ from psycopg.types.json import JsonbLoader
 from backwave.core.jobs import ClaimedJob
 from backwave.store.contract import NewJob, OutcomeRecord, StoreError, TransientStoreError
 from backwave.store.enqueue import INSERT_JOBS_SQL, insert_jobs_params
-from backwave.store.postgres import PostgresStore, _claim_statement, _claimed_job, _outcome_params, is_transient
+from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
 
 from .clock import VirtualClock
@@ -112,14 +112,19 @@ class DjangoConnectionStore(PostgresStore):
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
         """PostgresStore sends these down one pipeline; Django cannot pipeline, so they run one
         after another in one transaction, all at one now() (counted as one operation)."""
-        with self._cursor(operation) as cursor:
-            cursor.execute(f"SELECT statement_timestamp() + %({_OFFSET})s::interval", self._with_clock({}))
-            now = {_FIXED_NOW: cursor.fetchone()[0]}
-            results = []
-            for name, params in statements:
-                cursor.execute(_statement(name, fixed=True), {**params, **now})
-                results.append(cursor.fetchall() if cursor.description is not None else [])
-            return results
+        running: str | None = None
+        try:
+            with self._cursor(operation) as cursor:
+                cursor.execute(f"SELECT statement_timestamp() + %({_OFFSET})s::interval", self._with_clock({}))
+                now = {_FIXED_NOW: cursor.fetchone()[0]}
+                results = []
+                for running, params in statements:
+                    cursor.execute(_statement(running, fixed=True), {**params, **now})
+                    results.append(cursor.fetchall() if cursor.description is not None else [])
+                return results
+        except StoreError as error:
+            error.statement = running  # the statement refused, as PostgresStore's pipeline names it
+            raise
 
     def _with_clock(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return {**params, _OFFSET: self.clock.offset if self.clock is not None else timedelta(0)}
@@ -142,4 +147,6 @@ class DjangoConnectionStore(PostgresStore):
             transient = broken or (cause is not None and is_transient(cause))
             sqlstate = getattr(cause, "sqlstate", None)
             detail = f" [{sqlstate}]" if sqlstate else ""
-            raise (TransientStoreError if transient else StoreError)(f"{operation} failed{detail}: {error}".strip()) from error
+            raise (TransientStoreError if transient else StoreError)(
+                f"{operation} failed{detail}: {error}".strip(), sqlstate=sqlstate, statement=operation
+            ) from error

@@ -74,6 +74,28 @@ def test_search_by_id_and_by_task(admin_client):
     assert listed_ids(admin_client.get(CHANGELIST, {"q": "9" * 25})) == []
 
 
+ARABIC_INDIC_DIGITS = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+FULLWIDTH_DIGITS = str.maketrans("0123456789", "０１２３４５６７８９")
+
+
+@pytest.mark.parametrize("term", ["²", "#²", "¹²", "⑦"])
+def test_search_for_a_digit_int_refuses_finds_nothing_instead_of_failing(admin_client, term):
+    # str.isdigit() is true for superscripts and circled digits, which int() refuses.
+    make_job()
+    response = admin_client.get(CHANGELIST, {"q": term})
+    assert response.status_code == 200
+    assert listed_ids(response) == []
+
+
+def test_search_for_a_non_ascii_number_is_no_job_id(admin_client):
+    # int() reads Arabic-Indic digits as a number: only ASCII digits name a job.
+    job = make_job(task_path="project.demo.tasks.email_job")
+    for digits in (ARABIC_INDIC_DIGITS, FULLWIDTH_DIGITS):
+        term = str(job.pk).translate(digits)
+        assert listed_ids(admin_client.get(CHANGELIST, {"q": term})) == []
+    assert listed_ids(admin_client.get(CHANGELIST, {"q": str(job.pk)})) == [job.pk]
+
+
 def test_the_count_is_bounded_and_then_estimated(admin_client, monkeypatch):
     monkeypatch.setattr(admin_stats.EstimatedCountPaginator, "cap", 5)
     for _ in range(8):
@@ -126,6 +148,32 @@ def test_detail_page_of_a_running_job_shows_the_attempt_in_progress(admin_client
     assert "it can be retried or cancelled only once it has finished" in content
 
 
+@pytest.mark.parametrize("object_id", ["²", "⑦", "9" * 25, "-1", "0x1f"])
+def test_a_job_url_with_a_bad_id_is_not_found(admin_client, object_id):
+    make_job()
+    response = admin_client.get(reverse("admin:backwave_job_change", args=[object_id]), follow=True)
+    assert response.status_code == 200
+    assert [m for m in messages_of(response) if "doesn’t exist" in m]
+
+
+def test_a_job_url_with_a_non_ascii_number_is_not_that_job(admin_client):
+    job = make_job()
+    url = reverse("admin:backwave_job_change", args=[str(job.pk).translate(ARABIC_INDIC_DIGITS)])
+    response = admin_client.get(url, follow=True)
+    assert [m for m in messages_of(response) if "doesn’t exist" in m]
+    assert "attempt_rows" not in response.context
+
+
+@pytest.mark.parametrize("selected", ["²", "abc", "9" * 25])
+def test_an_action_on_a_bad_id_says_so_and_changes_nothing(operator_client, selected):
+    failed = make_job(state="failed")
+    data = {"action": "retry_now", "_selected_action": [str(failed.pk), selected], "index": 0}
+    response = operator_client.post(CHANGELIST, data, follow=True)
+    assert response.status_code == 200
+    assert f"{selected!r} is not a job id" in " ".join(messages_of(response))
+    assert Job.objects.get(pk=failed.pk).state == "failed"
+
+
 # --- actions -----------------------------------------------------------------------------------
 
 
@@ -173,6 +221,39 @@ def test_cancel_cancels_ready_and_scheduled_jobs_only(operator_client):
     states = dict(Job.objects.values_list("pk", "state"))
     assert states == {due.pk: "cancelled", later.pk: "cancelled", running.pk: "running", failed.pk: "failed"}
     assert Job.objects.get(pk=due.pk).finished_at is not None
+
+
+def test_a_job_deleted_since_the_page_loaded_is_reported_gone(operator_client):
+    failed, purged = make_job(state="failed"), make_job(state="failed")
+    Job.objects.filter(pk=purged.pk).delete()  # the retention purge, between the listing and the click
+
+    response = run_action(operator_client, "retry_now", failed, purged)
+
+    assert messages_of(response) == ["Retried 1 job.", f"Job {purged.pk} no longer exists (deleted since the page was loaded, e.g. by the retention purge)."]
+
+
+def test_ticked_jobs_are_reported_in_their_state_now_even_past_the_filter(operator_client):
+    failed = make_job(state="failed")
+    url = CHANGELIST + "?state=failed"
+    page = operator_client.get(url)
+    assert listed_ids(page) == [failed.pk]
+    Job.objects.filter(pk=failed.pk).update(state="ready")  # another operator retried it meanwhile
+
+    data = {"action": "retry_now", "_selected_action": [failed.pk], "index": 0}
+    response = operator_client.post(url, data, follow=True)
+
+    assert messages_of(response) == ["Only failed or quarantined jobs can be retried; left alone: 1 ready."]
+
+
+def test_select_all_acts_on_every_job_the_filters_match(operator_client):
+    failed = [make_job(state="failed", queue="emails") for _ in range(3)]
+    other = make_job(state="failed", queue="reports")
+    data = {"action": "retry_now", "_selected_action": [failed[0].pk], "select_across": "1", "index": 0}
+
+    response = operator_client.post(CHANGELIST + "?queue=emails", data, follow=True)
+
+    assert messages_of(response) == ["Retried 3 jobs."]
+    assert Job.objects.get(pk=other.pk).state == "failed"
 
 
 def test_retry_from_the_detail_page(operator_client):

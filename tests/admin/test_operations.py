@@ -35,12 +35,6 @@ def test_cancel_leaves_running_jobs_to_their_lease():
     assert Job.objects.get(pk=running.pk).state == "running"
 
 
-def test_a_job_claimed_meanwhile_is_reported_as_running():
-    # The statement's snapshot saw it ready; the UPDATE's re-check found it running.
-    assert operations._refused_state("ready", operations.CANCELLABLE_STATES) == "running"
-    assert operations._refused_state("succeeded", operations.CANCELLABLE_STATES) == "succeeded"
-
-
 def test_queue_operations_create_rows_and_touch_only_their_column():
     operations.limit_queues(["emails"], 5)
     operations.pause_queues(["emails", "reports"])
@@ -57,10 +51,21 @@ def test_invalid_queue_names_are_refused(name):
     assert not Queue.objects.exists()
 
 
-@pytest.mark.parametrize("limit", [0, -1, 1.5, "3", True])
+@pytest.mark.parametrize("limit", [0, -1, 1.5, "3", True, 2**31, 10**30])
 def test_invalid_limits_are_refused(limit):
     with pytest.raises(ValueError, match="Invalid concurrency limit"):
         operations.limit_queues(["emails"], limit)
+
+
+def test_the_largest_limit_the_column_holds_is_accepted():
+    operations.limit_queues(["emails"], 2**31 - 1)
+    assert Queue.objects.get(name="emails").concurrency_limit == 2**31 - 1
+
+
+def test_a_job_asked_for_by_id_that_no_longer_exists_is_reported_gone():
+    failed = make_job(state="failed")
+    result = operations.retry_job_ids([failed.pk, 10**12])
+    assert (result.changed, dict(result.refused), result.gone) == ((failed.pk,), {}, (10**12,))
 
 
 def test_the_database_refuses_a_bad_row_too():
@@ -90,6 +95,9 @@ def test_command_pause_resume_limit_and_list(capsys):
         (["pause", "no way"], "Invalid queue name 'no way'"),
         (["limit", "emails", "0"], "Invalid concurrency limit '0'"),
         (["limit", "emails", "lots"], "Invalid concurrency limit 'lots'"),
+        (["limit", "emails", "2147483648"], "Invalid concurrency limit '2147483648': use a whole number from 1 to 2,147,483,647"),
+        (["limit", "emails", "²"], "Invalid concurrency limit '²'"),
+        (["limit", "emails", "٣"], "Invalid concurrency limit '٣'"),
     ],
 )
 def test_command_errors_name_the_mistake(args, message):

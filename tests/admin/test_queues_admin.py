@@ -142,6 +142,9 @@ def test_pause_resume_and_limit_from_the_page(operator_client):
     [
         ({"action": "set_limit", "limit": "0", "_selected_action": ["emails"]}, "Invalid concurrency limit"),
         ({"action": "set_limit", "limit": "-3", "_selected_action": ["emails"]}, "Invalid concurrency limit"),
+        ({"action": "set_limit", "limit": "2147483648", "_selected_action": ["emails"]}, "Invalid concurrency limit '2147483648': use a whole number from 1 to 2,147,483,647"),
+        ({"action": "set_limit", "limit": "9" * 40, "_selected_action": ["emails"]}, "Invalid concurrency limit"),
+        ({"action": "set_limit", "limit": "²", "_selected_action": ["emails"]}, "Invalid concurrency limit '²'"),
         ({"action": "pause", "_selected_action": ["bad name!"]}, "Invalid queue name 'bad name!'"),
         ({"action": "pause"}, "Select one or more queues first."),
         ({"action": "nonsense", "_selected_action": ["emails"]}, "Choose an action."),

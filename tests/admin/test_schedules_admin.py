@@ -41,6 +41,23 @@ def test_disable_then_enable(operator_client):
     assert set(Schedule.objects.values_list("enabled", "next_run")) == {(True, None)}
 
 
+@pytest.mark.parametrize("selected", ["²", "abc", "9" * 25])
+def test_a_toggle_on_a_bad_id_says_so_and_changes_nothing(operator_client, selected):
+    nightly = make_schedule("nightly")
+    data = {"action": "disable", "_selected_action": [str(nightly.pk), selected], "index": 0}
+    response = operator_client.post(SCHEDULES, data, follow=True)
+    assert response.status_code == 200
+    assert f"{selected!r} is not a schedule id; nothing was changed." in [str(m) for m in response.context["messages"]]
+    assert Schedule.objects.get().enabled
+
+
+def test_a_schedule_url_with_a_non_ascii_number_is_not_that_schedule(admin_client):
+    nightly = make_schedule("nightly")
+    url = reverse("admin:backwave_schedule_change", args=[str(nightly.pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))])
+    response = admin_client.get(url, follow=True)
+    assert [m for m in response.context["messages"] if "doesn’t exist" in str(m)]
+
+
 def test_toggling_needs_its_permission(readonly_client):
     schedule = make_schedule("nightly")
     assert 'name="action"' not in readonly_client.get(SCHEDULES).content.decode()

@@ -84,3 +84,39 @@ def test_bad_option_values(settings, options):
 def test_backend_checks_run_through_djangos_check_framework(settings):
     with_backend(settings, QUEUES=["bad queue"])
     assert "backwave.E103" in [message.id for message in checks.run_checks()]
+
+
+# ---- backwave.W001: a backend's database that no worker group serves ----------------------------
+
+
+def test_a_backends_database_no_worker_group_serves_warns(settings):
+    from backwave.checks import check_served_databases
+
+    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "local", "queues": ["default", "e2e"]}]}
+    (warning,) = check_served_databases()
+    assert warning.id == "backwave.W001"
+    assert warning.obj == "remote"
+    assert "TASKS['remote'] enqueues into database 'other', which no worker group in BACKWAVE['WORKER_GROUPS'] serves" in warning.msg
+    assert "'remote'" in warning.hint and "'database': 'other'" in warning.hint
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        [{"name": "local", "queues": ["default"]}, {"name": "remote", "queues": ["remote"]}],  # its queue maps there
+        [{"name": "both", "queues": ["default", "remote"]}],  # one group spanning both databases
+        [{"name": "local", "queues": ["default"]}, {"name": "pinned", "queues": ["default"], "database": "other"}],
+    ],
+)
+def test_a_database_some_group_serves_does_not_warn(settings, groups):
+    from backwave.checks import check_served_databases
+
+    settings.BACKWAVE = {"WORKER_GROUPS": groups}
+    assert check_served_databases() == []
+
+
+def test_without_worker_groups_the_implicit_default_group_serves_only_default(settings):
+    from backwave.checks import check_served_databases
+
+    settings.BACKWAVE = {}
+    assert [(w.id, w.obj) for w in check_served_databases()] == [("backwave.W001", "remote")]

@@ -9,6 +9,7 @@ from backwave import conf
 def test_defaults_apply_when_backwave_does_not_set_them(settings):
     settings.BACKWAVE = {}
     assert conf.get_setting("MAX_PAYLOAD_BYTES") == 1024 * 1024
+    assert conf.get_setting("MAX_RESULT_BYTES") == 1024 * 1024
     assert conf.get_setting("DEFAULT_MAX_ATTEMPTS") == 3
     assert conf.get_setting("DEFAULT_BACKOFF_BASE") == 1.0
     assert conf.get_setting("DEFAULT_BACKOFF_MAX") == 3600.0
@@ -93,3 +94,10 @@ def test_worker_only_settings_cannot_be_backend_options():
 def test_asking_for_an_unknown_setting_is_an_error():
     with pytest.raises(ImproperlyConfigured, match="Did you mean 'MAX_PAYLOAD_BYTES'"):
         conf.get_setting("MAX_PAYLOAD_BYTE")
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "1MiB", True])
+def test_max_result_bytes_must_be_a_positive_integer(settings, value):
+    settings.BACKWAVE = {"MAX_RESULT_BYTES": value}
+    with pytest.raises(ImproperlyConfigured, match=r"BACKWAVE\['MAX_RESULT_BYTES'\] must be an integer >= 1"):
+        conf.get_setting("MAX_RESULT_BYTES")

@@ -12,6 +12,7 @@ from backwave.models import Queue
     [
         ({"bad name!": {}}, "queue name 'bad name!'"),
         ({"reports": {"concurrency_limit": 0}}, "concurrency_limit'] must be a whole number >= 1"),
+        ({"reports": {"concurrency_limit": 2**31}}, "concurrency_limit'] must be a whole number >= 1 (at most 2,147,483,647)"),
         ({"reports": {"paused": "yes"}}, "paused'] must be True or False"),
         ({"reports": {"limit": 2}}, "Did you mean 'concurrency_limit'?"),
         (["reports"], "a dict of queue settings"),

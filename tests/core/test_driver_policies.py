@@ -95,3 +95,10 @@ def test_all_queues_short_means_wait_for_the_poll():
 def test_weighted_rejects_bad_weights(bad):
     with pytest.raises(ValueError, match="Weighted"):
         Weighted(bad)
+
+
+def test_a_policy_restricted_to_some_queues_keeps_their_order_and_weights():
+    assert Strict("a", "b", "c").only({"c", "a", "elsewhere"}) == Strict("a", "c")
+    assert Weighted({"a": 3, "b": 1, "c": 2}).only(["c", "b"]) == Weighted({"b": 1, "c": 2})
+    with pytest.raises(ValueError, match="at least one queue"):
+        Strict("a").only(["b"])

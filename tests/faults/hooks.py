@@ -11,7 +11,7 @@ the patches once the app registry is ready. Keys:
 * ``no_heartbeat``: the pump never renews its lease (a blocked heartbeat).
 * ``halt_on_task``: a pump that claims a first attempt of this task feeds its driver an event
   the driver must refuse (an outcome write that was never sent): an invariant violation.
-* ``worker_groups`` / ``schedules``: BACKWAVE['WORKER_GROUPS'] / BACKWAVE['SCHEDULES'].
+* ``worker_groups`` / ``schedules`` / ``queues``: BACKWAVE['WORKER_GROUPS'] / ['SCHEDULES'] / ['QUEUES'].
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def settings_for(backwave: dict) -> dict:
         backwave["WORKER_GROUPS"] = spec["worker_groups"]
     if "schedules" in spec:
         backwave["SCHEDULES"] = spec["schedules"]
+    if "queues" in spec:
+        backwave["QUEUES"] = spec["queues"]
     return backwave
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +25,7 @@ class WorkerProcess:
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "BACKWAVE_TEST_DATABASE_NAME": connection.settings_dict["NAME"],
+            "BACKWAVE_TEST_OTHER_DATABASE_NAME": connections["other"].settings_dict["NAME"],
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }

@@ -157,3 +157,44 @@ def test_a_health_port_in_use_stops_the_worker_before_it_starts():
 def test_one_health_port_cannot_serve_several_processes():
     with pytest.raises(CommandError, match="--health-port 8081 serves one worker process"):
         call_command("backwave_worker", "--processes", "2", "--health-port", "8081")
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_pumps_of_other_databases_are_read_with_database_and_judged_per_database():
+    pump("h:1:g:0", group="g")
+    Pump.objects.using("other").create(worker_id="h:1:g:1", group="g", hostname="h", pid=1, status="halted", reason="boom", lease_duration=30.0)
+    code, out = run_health()
+    assert code == 0 and "h:1:g:1" not in out, "default only, unless told"
+    code, out = run_health("--database", "default", "--database", "other")
+    assert code == 1, out
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["DATABASE", "GROUP"]
+    assert lines[1].split()[:3] == ["other", "g", "h:1:g:1"], "halted first"
+    # Its pumps on "default" cannot take the jobs of "other" over: halted there is halted.
+    assert "group 'g' is halted (every pump is on 'other')" in out
+    with pytest.raises(CommandError, match=r"--database 'othr' is not in DATABASES \(default, other\)\. Did you mean 'other'\?"):
+        call_command("backwave_health", "--database", "othr")
+
+
+def test_a_group_whose_pumps_on_one_of_its_databases_all_halted_reads_halted():
+    from backwave.core.options import WorkerGroupOptions
+    from backwave.core.policy import Strict
+    from backwave.shell.registry import TaskRegistry
+    from backwave.shell.worker import Worker
+
+    placed = [
+        WorkerGroupOptions(name="g", policy=Strict("local"), pool_size=1, database="default"),
+        WorkerGroupOptions(name="g", policy=Strict("remote"), pool_size=1, database="other"),
+    ]
+    worker = Worker(placed, store_factory=lambda alias: pytest.fail("nothing opens a store here"), registry=TaskRegistry())
+    try:
+        assert [pump.worker_id.split(":")[3] for pump in worker.pumps] == ["0", "1"], "numbered across the group's databases"
+        assert worker.health_snapshot()["groups"] == {"g": HEALTHY}
+        worker.pumps[1].health = HALTED
+        snapshot = worker.health_snapshot()
+        # The pump on "default" cannot take the jobs of "other" over: the group is halted.
+        assert (snapshot["status"], snapshot["groups"]) == (HALTED, {"g": HALTED})
+        assert [(p["database"], p["status"]) for p in snapshot["pumps"]] == [("default", HEALTHY), ("other", HALTED)]
+    finally:
+        for pump in worker.pumps:
+            pump._pool.shutdown()

@@ -1,6 +1,7 @@
 """Tasks the worker tests run (discovered through BACKWAVE['TASK_MODULES'] in tests/settings.py)."""
 
 import os
+import threading
 import time
 
 from django.db import transaction
@@ -68,3 +69,65 @@ async def async_double(n):
 @task(queue_name="e2e", max_attempts=1)
 async def async_fails():
     raise KeyError("async failure")
+
+
+@task(queue_name="e2e")
+def backend_pid():
+    """One ORM query, and which PostgreSQL session served it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+@task(backend="remote", queue_name="remote")
+def remote_echo(n=0):
+    """A task of the backend whose jobs live in the 'other' database."""
+    return {"n": n}
+
+
+# A file name as os.listdir() gives it for bytes that are not UTF-8: the byte 0xE9 becomes the
+# lone surrogate U+DCE9 (PEP 383), which no UTF-8 text and no jsonb string can hold.
+SURROGATE_ESCAPED_NAME = b"/data/caf\xe9.csv".decode("utf-8", "surrogateescape")
+
+UNSTORABLE_RESULTS = {
+    "nan": lambda: {"rows": [1.0, 2.0, 3.0, float("nan")]},
+    "inf": lambda: [float("inf")],
+    "nul": lambda: {"name": "a\x00b"},
+    "surrogate": lambda: {"files": [SURROGATE_ESCAPED_NAME]},
+    "huge_int": lambda: 10**4999,  # 5,000 digits: past Python's int-to-text limit (4,300)
+    "set": lambda: {1, 2},
+    "too_big": lambda: "x" * (2 * 1024 * 1024),  # 2 MiB, over the default MAX_RESULT_BYTES (1 MiB)
+}
+
+
+@task(queue_name="e2e", max_attempts=1)
+def returns_unstorable(kind):
+    """Returns a value PostgreSQL cannot store (or that is over the size limit)."""
+    return UNSTORABLE_RESULTS[kind]()
+
+
+@task(queue_name="e2e", max_attempts=1)
+def raises_strange_text(kind):
+    """Raises with a message no text column can hold as it is."""
+    if kind == "surrogate":
+        raise FileNotFoundError(f"no such file: {SURROGATE_ESCAPED_NAME}")
+    if kind == "nul":
+        raise ValueError("bad byte \x00 in the input")
+    raise type("E" * 300, (Exception,), {})("an exception class whose name is longer than the error_class column")
+
+
+# Opened by the in-process pump tests to let attempts that wait for it finish.
+GATE = threading.Event()
+ENTERED = []  # job ids whose gated attempt has started, in order
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=3)
+def waits_for_gate_on_first_attempt(context):
+    """The first attempt waits for GATE (so a test can take its lease away meanwhile); later
+    attempts return at once."""
+    if context.attempt == 1:
+        ENTERED.append(int(context.task_result.id))
+        GATE.wait(timeout=60)
+    return context.attempt

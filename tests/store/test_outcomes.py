@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 
 from backwave.core.jobs import OutcomeKind
 from backwave.store import queries
@@ -155,25 +156,148 @@ def test_two_outcomes_for_one_job_are_refused_before_sending(store, lease, rows)
     assert store.round_trips == before
 
 
-def test_a_return_value_that_is_not_json_is_refused_before_sending(store, lease, rows):
-    rows.make_jobs(1)
-    (job,) = claim(store, lease)
-    with pytest.raises(ValueError, match="not JSON-serialisable"):
-        store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, return_value={1, 2})])
-    assert rows.states([job.id]) == {job.id: "running"}
+# -- the second wall: a row whose data cannot be stored costs that row alone -----------------
+#
+# The attempt already makes a return value storable (backwave/shell/execution.py); these records
+# are what it would have refused, handed to the store directly.
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ({"name": "a\x00b"}, "NUL character"),
-    (float("nan"), "not JSON-serialisable"),
-])
-def test_a_return_value_postgresql_cannot_store_is_refused_before_sending(store, lease, value, message, rows):
+def _written_as_unstorable(rows, job_id, reason, state="failed"):
+    (attempt,) = [a for a in rows.attempts() if a.job_id == job_id]
+    assert (rows.job(job_id).state, attempt.state, attempt.error_class) == (state, "failed", "backwave.UnstorableResult")
+    assert reason in attempt.traceback, attempt.traceback
+    assert rows.job(job_id).return_value is None
+    return attempt
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ({1, 2}, "the return value is a set, which is not JSON-serialisable"),
+    ({"name": "a\x00b"}, "the return value holds a NUL character at ['name']"),
+    ({"rows": [1.0, float("nan")]}, "the return value holds NaN at ['rows'][1]"),
+    (10**5000, "the return value is an int of 5,001 digits"),
+], ids=["set", "nul", "nan", "huge_int"])
+def test_a_value_json_cannot_encode_fails_that_job_alone_in_the_same_round_trip(store, lease, value, reason, rows):
+    rows.make_jobs(3)
+    before, bad, after = claim(store, lease)
+    trips = store.round_trips
+
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(before, return_value=1), outcome(bad, return_value=value), outcome(after, return_value=2),
+    ])
+
+    assert applied == {before.id, bad.id, after.id}
+    assert store.round_trips == trips + 1  # found and replaced before anything was sent
+    assert (rows.job(before.id).return_value, rows.job(after.id).return_value) == (1, 2)
+    _written_as_unstorable(rows, bad.id, reason)
+    assert "the task returned, but its return value cannot be stored" in applied.replaced[bad.id].traceback
+    assert set(applied.replaced) == {bad.id}
+
+
+def test_a_row_postgresql_refuses_is_isolated_by_bisection_and_the_rest_written(store, lease, rows):
+    rows.make_jobs(8)
+    jobs = claim(store, lease)
+    bad = jobs[5]
+    # A lone surrogate: json.dumps writes it as the escape \ud800, which jsonb refuses (22P02).
+    outcomes = [outcome(job, return_value="\ud800" if job is bad else job.id) for job in jobs]
+    trips = store.round_trips
+
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=outcomes)
+
+    assert applied == {job.id for job in jobs}
+    # The batch (refused), then halves down to the row: [0:4] written, [4:8] refused, [4:6]
+    # refused, [4] written, [5] refused and its replacement written, [6:8] written.
+    assert store.round_trips == trips + 8
+    assert {job.id: rows.job(job.id).return_value for job in jobs if job is not bad} == {job.id: job.id for job in jobs if job is not bad}
+    _written_as_unstorable(rows, bad.id, "PostgreSQL refused it [22P02]")
+    assert set(applied.replaced) == {bad.id}
+
+
+def test_a_refused_row_keeps_the_claim_that_rode_on_the_write(store, lease, rows):
+    rows.make_jobs(2)
+    good, bad = claim(store, lease, limit=2)
+    fresh = rows.make_jobs(3)
+
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=3,
+        outcomes=[outcome(good, return_value="ok"), outcome(bad, return_value=["\udc00"])],
+    )
+
+    assert applied == {good.id, bad.id}
+    assert [job.id for job in claimed] == [job.pk for job in fresh]
+    assert rows.job(good.id).return_value == "ok"
+    _written_as_unstorable(rows, bad.id, "PostgreSQL refused it [22P02]")
+
+
+def test_a_refused_retry_delay_fails_the_job_saying_why(store, lease, rows):
+    rows.make_jobs(2, max_attempts=3)
+    doomed, mate = claim(store, lease, limit=2)
+
+    # A delay past timestamptz's range (22008): the replacement keeps the decision (and the
+    # delay), is refused too, and the job fails instead.
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(doomed, OutcomeKind.RETRY, retry_delay=1e300, error_class="app.Boom"), outcome(mate),
+    ])
+
+    assert applied == {doomed.id, mate.id}
+    assert rows.job(mate.id).state == "succeeded"
+    _written_as_unstorable(rows, doomed.id, "[22008]")
+    assert applied.replaced[doomed.id].kind is OutcomeKind.FAILED
+
+
+@pytest.mark.stores("postgres", "django")  # a trigger on the real table
+def test_a_text_the_database_cannot_hold_is_written_escaped_and_the_retry_kept(store, lease, rows):
+    rows.make_jobs(2, max_attempts=3)
+    retry, mate = claim(store, lease, limit=2)
+    # What a LATIN1 database answers for a character it has no equivalent for (22021).
+    with connection.cursor() as cursor:
+        cursor.execute(_REFUSE_NON_ASCII_TEXT)
+    try:
+        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
+            outcome(retry, OutcomeKind.RETRY, retry_delay=0, error_class="app.Boom", traceback="app.Boom: no caf\u00e9 \U0001f600"),
+            outcome(mate),
+        ])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER refuse_non_ascii ON backwave_attempt; DROP FUNCTION refuse_non_ascii()")
+
+    assert applied == {retry.id, mate.id}
+    assert rows.job(mate.id).state == "succeeded"
+    kept = _written_as_unstorable(rows, retry.id, "PostgreSQL refused it [22021]", state="ready")  # still a retry
+    assert "app.Boom: no caf\\xe9 \\U0001f600" in kept.traceback  # the attempt's own error, escaped
+    assert applied.replaced[retry.id].kind is OutcomeKind.RETRY
+
+
+_REFUSE_NON_ASCII_TEXT = """
+CREATE FUNCTION refuse_non_ascii() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.traceback ~ '[^[:ascii:]]' THEN
+        RAISE EXCEPTION 'character has no equivalent in encoding "LATIN1"' USING ERRCODE = '22021';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_non_ascii BEFORE INSERT ON backwave_attempt FOR EACH ROW EXECUTE FUNCTION refuse_non_ascii();
+"""
+
+
+def test_a_lone_surrogate_in_an_error_text_is_stored_escaped(store, lease, rows):
     rows.make_jobs(1)
     (job,) = claim(store, lease)
-    before = store.round_trips
-    with pytest.raises(ValueError, match=message):
-        store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, return_value=value)])
-    assert store.round_trips == before
+    trips = store.round_trips
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(job, OutcomeKind.FAILED, error_class="app.Bad\udce9Error", traceback="reading caf\udce9.csv"),
+    ])
+    assert applied == {job.id} and not applied.replaced
+    assert store.round_trips == trips + 1
+    (attempt,) = rows.attempts()
+    assert (attempt.error_class, attempt.traceback) == ("app.Bad\\udce9Error", "reading caf\\udce9.csv")
+
+
+def test_an_error_class_is_cut_to_its_column(store, lease, rows):
+    rows.make_jobs(1)
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.FAILED, error_class="app." + "E" * 400)])
+    (attempt,) = rows.attempts()
+    assert attempt.error_class == "…" + ("app." + "E" * 400)[-254:]  # 255 characters: the class's own name is kept
 
 
 def test_a_nul_in_an_error_text_is_stored_escaped(store, lease, rows):

@@ -77,3 +77,14 @@ def calls_back():
 @task
 async def async_add(a, b):
     return a + b
+
+
+@task(backend="remote", queue_name="remote")
+def remote_add(a, b):
+    """A task of the backend whose jobs live in the 'other' database."""
+    return a + b
+
+
+@task(max_attempts=1)
+def returns_nan():
+    return {"score": float("nan")}

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from backwave.core.driver import State
-from backwave.models import Attempt, Job, Queue
+from backwave.models import Attempt, Job, Queue, Schedule
 from backwave.testing import DeterministicPump, PumpStuck
 
 from . import tasks
@@ -244,3 +244,77 @@ def test_retention_purges_finished_jobs_on_virtual_time(pump, settings):
     pump.drain()
     assert not Job.objects.filter(pk=result.id).exists()
     pump.close()
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_a_pump_on_another_database_runs_that_backends_jobs_with_that_databases_settings(settings):
+    settings.BACKWAVE = {
+        **settings.BACKWAVE,
+        "QUEUES": {"remote": {"concurrency_limit": 2}, "emails": {"paused": True}},
+        "SCHEDULES": {
+            "remote-sum": {"task": tasks.remote_add.module_path, "cron": "* * * * *", "args": [2, 3]},
+            "local-sum": {"task": tasks.add.module_path, "cron": "* * * * *", "args": [1, 2]},
+        },
+    }
+    result = tasks.remote_add.enqueue(20, 1)
+    assert Job.objects.using("other").filter(pk=result.id).exists()
+    with DeterministicPump(tasks=[tasks], database="other") as pump:
+        assert pump.options.policy.queues == ("remote",)  # the queues of the backends on "other"
+        assert pump.drain().succeeded == 1
+        result.refresh()
+        assert result.return_value == 21
+        pump.advance(60)
+        assert pump.drain().succeeded == 1  # the remote schedule's slot, minted on "other"
+    # Each database got the schedules and queue settings of its own backends' queues, and only those.
+    assert list(Schedule.objects.using("other").values_list("name", flat=True)) == ["remote-sum"]
+    assert dict(Queue.objects.using("other").values_list("name", "concurrency_limit")) == {"remote": 2}
+    assert not Schedule.objects.exists() and not Queue.objects.exists()
+    assert [job.return_value for job in Job.objects.using("other").filter(schedule__name="remote-sum")] == [5]
+
+
+def test_task_finished_is_sent_per_applied_attempt_after_its_write_as_in_a_worker(pump):
+    from django.tasks.signals import task_finished
+
+    seen = []
+
+    def record(sender, task_result, **kwargs):
+        written = Attempt.objects.filter(job_id=int(task_result.id)).count()
+        seen.append((task_result.attempts, task_result.status.name, written))
+
+    task_finished.connect(record, weak=False)
+    try:
+        tasks.flaky.enqueue(succeed_on=2)
+        assert pump.drain().retried == 1
+        pump.advance(2)
+        assert pump.drain().succeeded == 1
+    finally:
+        task_finished.disconnect(record)
+
+    # Once per applied outcome, each once its attempt row was written.
+    assert seen == [(1, "FAILED", 1), (2, "SUCCESSFUL", 2)]
+
+
+def test_a_value_jsonb_cannot_store_fails_its_attempt_not_the_batch(pump):
+    nan = tasks.returns_nan.enqueue()
+    fine = tasks.add.enqueue(1, 2)
+
+    drained = pump.drain()
+
+    assert (drained.succeeded, drained.failed) == (1, 1)
+    assert state_of(fine) == "succeeded"
+    attempt = Attempt.objects.get(job_id=nan.id)
+    assert attempt.error_class == "backwave.UnstorableResult"
+    assert "the return value holds NaN at ['score']" in attempt.traceback
+
+
+def test_max_result_bytes_bounds_a_return_value(pump, settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "MAX_RESULT_BYTES": 10}
+    short, long = tasks.add.enqueue(1, 2), tasks.send_email.enqueue("someone@example.com")
+
+    drained = pump.drain()
+
+    # The task's retry rules apply to an unstorable result as to any failure: it runs again.
+    assert (drained.succeeded, drained.retried, state_of(short), state_of(long)) == (1, 1, "succeeded", "ready")
+    attempt = Attempt.objects.get(job_id=long.id)
+    assert attempt.error_class == "backwave.UnstorableResult"
+    assert "the return value is 29 bytes of JSON, over BACKWAVE['MAX_RESULT_BYTES'] (10 bytes)" in attempt.traceback

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from backwave import operations
 from backwave.models import Queue
+from backwave.queue_rules import MAX_CONCURRENCY_LIMIT
 
 
 class Command(BaseCommand):
@@ -29,7 +30,7 @@ class Command(BaseCommand):
             command.add_argument("names", nargs="+", metavar="NAME", help="Queue name(s).")
         limit = sub.add_parser("limit", help="Set the queue's cluster-wide concurrency limit; without N, unlimited.")
         limit.add_argument("names", nargs=1, metavar="NAME")
-        limit.add_argument("limit", nargs="?", default=None, metavar="N", help="A whole number >= 1; leave out (or 'none') for unlimited.")
+        limit.add_argument("limit", nargs="?", default=None, metavar="N", help=f"A whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}; leave out (or 'none') for unlimited.")
         sub.add_parser("list", help="Show every queue row: limit and paused.")
 
     def handle(self, *args, action, **options):
@@ -55,12 +56,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _parse_limit(raw):
-        if raw is None or raw.lower() in ("none", "unlimited"):
-            return None
-        try:
-            return operations.validate_concurrency_limit(int(raw))
-        except ValueError:
-            raise ValueError(f"Invalid concurrency limit {raw!r}: use a whole number >= 1, or leave it out for unlimited.") from None
+        return operations.parse_concurrency_limit(raw or "", unlimited="leave it out")
 
     def _list(self):
         rows = list(Queue.objects.order_by("name"))

@@ -1,4 +1,9 @@
-"""manage.py backwave_worker: run BackWave's worker groups in this process."""
+"""manage.py backwave_worker: run BackWave's worker groups in this process.
+
+Every group serves the databases its queues live in (``backwave/databases.py``), or the one its
+``database`` option or ``--database`` names. Start-up writes each served database's own
+schedules and queue settings, and opens one store per pump and one hint listener per database.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf, operations
-from backwave.core.options import Retention, WorkerGroupConfigError
+from backwave.core.options import Retention, WorkerGroupConfigError, validate_groups
+from backwave.databases import database_problem, place_groups, queues_in
 from backwave.shell.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
-from backwave.shell.worker import Worker, group_from_mapping
+from backwave.shell.worker import IMPLICIT_GROUPS, Worker, group_from_mapping
 
 logger = logging.getLogger("backwave.worker")
 
@@ -24,6 +30,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--queues", help="Comma-separated queues for a one-off group (instead of BACKWAVE['WORKER_GROUPS']).")
+        parser.add_argument(
+            "--database", default=None,
+            help="Serve only this DATABASES alias, for every group (default: the databases of the backends that declare each group's queues).",
+        )
         parser.add_argument("--group", default=None, help="Run only this configured group, or name the one-off group (default 'cli').")
         parser.add_argument("--pool-size", type=int, help="Worker threads per pump.")
         parser.add_argument("--pumps", type=int, help="Pumps (claim loops) per group.")
@@ -54,16 +64,20 @@ class Command(BaseCommand):
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
+            databases = list(dict.fromkeys(group.database for group in groups))
             registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
-            _sync_schedules(registry)
-            operations.apply_queue_settings(conf.get_setting("QUEUES"))
+            for database in databases:
+                _sync_schedules(registry, database)
+            for database in databases:
+                _apply_queue_settings(database, groups)
             worker = Worker(
                 groups,
                 store_factory=_store_factory,
                 registry=registry,
                 max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
+                max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
                 log_every=options["log_every"],
-                hints=None if options["no_hints"] else _hint_listener(),
+                hints=None if options["no_hints"] else {database: _hint_listener(database) for database in databases},
                 health_port=options["health_port"],
                 health_host=options["health_host"],
             )
@@ -109,44 +123,58 @@ class Command(BaseCommand):
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
             raw_groups = [{"name": options["group"] or "cli", "queues": queues}]
         else:
-            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or [{"name": "default", "queues": ["default"]}]
+            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
             if options["group"]:
                 raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
                 if not raw_groups:
                     raise CommandError(f"No worker group named {options['group']!r} in BACKWAVE['WORKER_GROUPS']")
+        database = options["database"]
+        if database is not None and (problem := database_problem(database)):
+            raise CommandError(f"--database {database!r} {problem}")
         retention = Retention(**conf.retention())
-        return [replace(group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups]
+        groups = validate_groups(replace(group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
+        return place_groups(groups, database=database)
 
 
-def _sync_schedules(registry) -> None:
-    """Write BACKWAVE["SCHEDULES"] to the Schedule table (ScheduleConfigError, a ValueError, when
-    one cannot run). With the database unreachable the worker starts anyway on the rows of the
-    last sync: its pumps wait for the database like after any other fault."""
+def _sync_schedules(registry, database: str) -> None:
+    """Write the schedules of BACKWAVE["SCHEDULES"] whose backend enqueues into ``database`` to
+    its Schedule table (ScheduleConfigError, a ValueError, when any one cannot run). With the
+    database unreachable the worker starts anyway on the rows of the last sync: its pumps wait
+    for the database like after any other fault."""
     from backwave.shell.schedules import sync_schedules
     from backwave.store.contract import TransientStoreError
 
     schedules = conf.get_setting("SCHEDULES")
     try:
-        store = _store_factory()
+        store = _store_factory(database)
     except TransientStoreError as error:
-        logger.warning("Schedules not synced, the database is unreachable: %s", error)
+        logger.warning("Schedules not synced, database %r is unreachable: %s", database, error)
         return
     try:
-        sync_schedules(store, schedules, registry)
+        sync_schedules(store, schedules, registry, database=database)
     except TransientStoreError as error:
-        logger.warning("Schedules not synced, the database is unreachable: %s", error)
+        logger.warning("Schedules not synced, database %r is unreachable: %s", database, error)
     finally:
         store.close()
 
 
-def _hint_listener():
+def _apply_queue_settings(database: str, groups) -> None:
+    """Write BACKWAVE["QUEUES"] for the queues that live in ``database`` or that a group claims
+    there, into that database's Queue rows."""
+    settings_queues = conf.get_setting("QUEUES")
+    claimed = {queue for group in groups if group.database == database for queue in group.policy.queues}
+    here = set(queues_in(database, settings_queues)) | claimed
+    operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+
+
+def _hint_listener(database: str):
     from backwave.shell.hints import HintListener
     from backwave.store.postgres import django_conninfo
 
-    return HintListener(django_conninfo(settings.DATABASES["default"]))
+    return HintListener(django_conninfo(settings.DATABASES[database]))
 
 
-def _store_factory():
+def _store_factory(database: str):
     from backwave.store.postgres import PostgresStore
 
-    return PostgresStore.from_django()
+    return PostgresStore.from_django(database)

@@ -1,0 +1,36 @@
+"""What a queue name and a queue's concurrency limit may be: one rule each, in one place.
+
+Every way a queue name comes in uses these: a task's definition and its enqueue
+(``tasks_api``, ``backend``), the settings (``conf``: QUEUES, SCHEDULES; the backend's check of
+TASKS QUEUES), the worker's groups (``shell.worker``), the admin's queue actions and
+``manage.py backwave_queue`` (``operations``), and the Queue table's own check constraint
+(``models``). The module imports nothing but ``re``, so each of them (the settings layer
+included, which Django loads early) can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_QUEUE_NAME_LENGTH = 64  # Job.queue and Queue.name are varchar(64)
+
+# \Z, never $: Python's $ also matches before a trailing newline, so "emails\n" would pass.
+QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+# The same rule for PostgreSQL's check constraint, where $ is the end of the string (no newline
+# exception). Its text is part of migration 0003: changing it needs a new migration.
+QUEUE_NAME_DATABASE_REGEX = r"^[A-Za-z0-9_.-]{1,64}$"
+QUEUE_NAME_RULE = f"1 to {MAX_QUEUE_NAME_LENGTH} letters, digits, '_', '.' or '-'"
+
+MAX_CONCURRENCY_LIMIT = 2**31 - 1  # Queue.concurrency_limit is a PostgreSQL integer
+CONCURRENCY_LIMIT_RULE = f"a whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}"
+
+
+def is_queue_name(value) -> bool:
+    """True when ``value`` is a string BackWave accepts as a queue name."""
+    return isinstance(value, str) and QUEUE_NAME_PATTERN.match(value) is not None
+
+
+def is_concurrency_limit(value) -> bool:
+    """True when ``value`` is a concurrency limit the Queue table can hold (None, unlimited, is
+    the caller's to allow)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CONCURRENCY_LIMIT
