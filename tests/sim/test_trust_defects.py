@@ -1,6 +1,8 @@
 """The defects of the issue "Trust: no task's result, no lost reply and no misconfiguration may
 strand, fail or hide a job", each pinned by the first seed that found it. Each is also covered
-by a direct test where it is fixed; these pins keep the simulator able to find it.
+by a direct test where it is fixed; these pins keep the simulator able to find it. Those of
+defects 1, 6 and 8 pass since their fixes landed (with them, 2,000 seeds of each widening find
+nothing); those of 2, 3, 5 and 9 fail until theirs do.
 
 Every seed runs under CLASSIC plus the one widening that finds its defect, so that the failure
 is that defect and no other. Counts were measured on the code before the fixes: "found by seed
@@ -37,10 +39,13 @@ everything on the others fail first: no seed of 2,000 shows it there.
 
 6. task_finished is sent inside the attempt, before the fenced write: receivers see outcomes the
    fence refuses, and those of attempts given up with a lost lease. --observers: found by seed 6
-   (7 seeds; 663 of 2,000 fail).
+   (7 seeds; 663 of 2,000 fail). The simulator sends it where the pump does (World._answer:
+   after the write, since the fix; inside the attempt before).
 
 8. Pump._reports keeps the reports of abandoned attempts and dropped outcomes for ever.
-   --report-checks: found by seed 6 (7 seeds; 244 of 2,000 fail).
+   --report-checks: found by seed 6 (7 seeds; 244 of 2,000 fail), with the simulator's mirror of
+   that map. Since the fix a report rides on its outcome and the pump keeps no map; the check
+   now covers what the driver keeps of abandoned attempts.
 
 9. A job that kills its worker process takes its batch-mates' attempts with it: they end failed
    with only "lease lapsed" attempts. --crashing-jobs: found by seed 8 (9 seeds; 328 of 2,000).

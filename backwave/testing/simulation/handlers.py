@@ -5,9 +5,10 @@ worker process on every attempt. With ``Config.hostile_values`` a handler also h
 PostgreSQL cannot store, as a real task can: NaN and the infinities, strings with a NUL character
 or a lone surrogate (a file name decoded with ``surrogateescape``), integers past Python's
 4,300-digit ``str()`` limit, and error messages with NULs and lone surrogates in tracebacks of up
-to 200,000 characters. Each reaches the outcome write as it would from ``run_attempt``: a
-scalar return value as it is, a list or dict through its JSON round trip (which keeps NaN and
-lone surrogates), a traceback cut to ``MAX_TRACEBACK_CHARS`` as the shell cuts it.
+to 200,000 characters. Each goes to the outcome write as the handler made it, the traceback cut
+to ``MAX_TRACEBACK_CHARS`` as the shell cuts it: the attempt's own checks in front of the store
+(``encode_result``, ``clean_text`` in backwave/shell/execution.py) are not run, so what the
+simulator tests is the store's wall behind them, which must hold on its own.
 
 Every draw comes from the seed's random source; with the knob off nothing extra is drawn.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any
+
+from backwave.store.storable import cut_tail
 
 from .scenario import CRASH_TASK, TASK
 
@@ -74,7 +77,5 @@ def run_handler(rng: random.Random, *, job_id: int, attempt: int, task_path: str
             filler = "  File \"sim/tasks.py\", line 1, in work\n" * (rng.randint(20_000, 200_000) // 40)
             cut = rng.randrange(len(filler) + 1)
             message = filler[:cut] + message + filler[cut:]
-    text = f"Traceback (most recent call last):\n  File \"sim/tasks.py\", line 1, in work\nsim.tasks.Boom: {message}\n"
-    if len(text) > MAX_TRACEBACK_CHARS:
-        text = "…(truncated)\n" + text[-MAX_TRACEBACK_CHARS:]
+    text = cut_tail(f"Traceback (most recent call last):\n  File \"sim/tasks.py\", line 1, in work\nsim.tasks.Boom: {message}\n", MAX_TRACEBACK_CHARS)
     return Report(job_id=job_id, attempt=attempt, result=result, error_class="sim.tasks.Boom", traceback=text, duration=duration)

@@ -7,8 +7,8 @@ concurrency limits, one live lease per running attempt), the checks the widening
   their process (``process_killed_by``): a crash costs the job that crashed, not its batch-mates;
 - a task_finished receiver sees only outcomes that were applied, each once (``notified``,
   ``written``, ``over``);
-- once every job has finished and every pump is at rest, no pump keeps the report of an attempt
-  whose outcome it will never write (``at_rest``);
+- once every job has finished and every pump is at rest, no pump keeps anything of an attempt
+  it will never hear of again (``at_rest``);
 - and in world.py: a claimed job finds a free worker thread at once, only the pump's own thread
   reads its driver, and a statement the pump sends is never refused (a refusal halts the pump).
 """
@@ -167,13 +167,15 @@ class Invariants:
     # ---- the pumps at rest --------------------------------------------------------------------
 
     def at_rest(self) -> None:
-        """Every job finished, every live pump idle: whatever report a pump still keeps, it keeps for ever."""
+        """Every job finished, every live pump idle: whatever a pump still keeps of an attempt now,
+        it keeps for ever. The shell keeps nothing (a report rides on its outcome and goes with
+        it); the driver remembers each attempt it gave up until that attempt's handler returns."""
         for pump in self.world.pumps:
-            if pump.alive and pump.reports:
-                shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in sorted(pump.reports)[:8])
+            if pump.alive and (kept := pump.driver._abandoned):
+                shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in sorted(kept)[:8])
                 raise SimulationBug(
-                    f"{pump.name} is at rest and still keeps {len(pump.reports)} attempt report(s) it will never write ({shown}): "
-                    "reports of abandoned attempts and dropped outcomes pile up for ever"
+                    f"{pump.name} is at rest and still keeps {len(kept)} attempt(s) it will never hear of again ({shown}): "
+                    "what a pump keeps of abandoned attempts piles up for ever"
                 )
 
     def restless(self, deadline: float) -> None:

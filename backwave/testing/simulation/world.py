@@ -28,11 +28,11 @@ With ``Config.pool_threads`` each pump has exactly ``pool_size`` worker threads,
 keeps its thread until it returns, even after its pump gave its attempt up.
 
 The shell's side channel. Besides the driver, the simulated pump mirrors what the production
-pump keeps and does around it, where the shell-level defects live: the attempt reports it keeps
-until their outcomes are written (``Pump._reports``: ``_job_done``, ``_records``, ``_answer``),
-the task_finished signal a handler's attempt sends (``_send_task_finished``), and the hint
-listener's pre-check (``_hint``). These mirror backwave/shell/pump.py and execution.py line for
-line; when those change, change them here the same way.
+pump does around it, where the shell-level defects live: each attempt's report rides on its
+JobFinished and Outcome into the write (``_job_done``, ``_records``); Django's task_finished is
+sent once the write has landed, for each outcome the store applied (``_answer``,
+``_send_task_finished``); and the hint listener's pre-check (``_hint``). These mirror
+backwave/shell/pump.py and execution.py; when those change, change them here the same way.
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 # Job ids of database k start past k * JOB_ID_STRIDE, so that an id names one job in the whole run.
 JOB_ID_STRIDE = 1_000_000
 
-# Whether the driver carries the attempt's report itself (JobFinished.report, Outcome.report):
-# then the pump keeps none of its own.
-_EVENT_CARRIES_REPORT = "report" in {f.name for f in fields(ev.JobFinished)}
-
 
 class Node:
     """A worker process: its pumps share its clock and die with it."""
@@ -87,7 +83,7 @@ class SimPump:
 
     __slots__ = (
         "name", "node", "driver", "worker_id", "channel", "pending", "busy", "paused_until", "step_scheduled",
-        "wake_at", "stopped", "handlers", "store", "begun", "database", "reports", "cut_off_until",
+        "wake_at", "stopped", "handlers", "store", "begun", "database", "cut_off_until",
     )
 
     def __init__(self, name: str, node: Node, driver: NodeDriver | OwnedDriver, store: InMemoryStore, database: int):
@@ -108,7 +104,6 @@ class SimPump:
         # (job id, attempt, lease) of each handler running on the pool: one per busy worker thread,
         # including the handlers of attempts the driver gave up with a lost lease.
         self.handlers: list[tuple[int, int, uuid.UUID]] = []
-        self.reports: dict[tuple[int, int], Report] = {}  # Pump._reports: kept until the outcome is written
         self.cut_off_until = 0.0  # a network partition between this pump and its database
 
     @property
@@ -362,10 +357,11 @@ class World(Faults):
             return
         pump.busy = False
         if results[0][0] is ev.OutcomesWritten:
-            # Pump._forget: the write landed, its reports are done with. After a failed one they
-            # stay, for the write that tries again.
-            for outcome in results[0][1]["outcomes"]:
-                pump.reports.pop((outcome.job_id, outcome.attempt), None)
+            # Pump._settled: the write landed (a failed one tells nothing: it is written again).
+            write, applied = results[0][1]["write"], results[0][1]["applied"]
+            for outcome in write.outcomes:
+                if outcome.job_id in applied and outcome.report is not None:
+                    self._send_task_finished(pump, outcome, write.lease_id)
         now = self.node_now(pump.node)
         if results[0][0] is ev.StoreFailed and isinstance(results[0][1]["command"], cmd.WriteOutcomes):
             # As the production pump: the claims that follow a failed write were sized for the
@@ -374,7 +370,7 @@ class World(Faults):
                 results = [*results, (ev.StoreFailed, {**results[-1][1], "command": pump.pending.popleft()})]
         for kind, values in results:
             if kind is ev.OutcomesWritten:
-                values = {name: value for name, value in values.items() if name != "outcomes"}
+                values = {name: value for name, value in values.items() if name != "write"}
             self.handle(pump, kind(now=now, **values))
             if pump.stopped:
                 return
@@ -391,7 +387,7 @@ class World(Faults):
             self._written(command, applied)
             self._claimed(pump, claim, jobs)
             return [
-                (ev.OutcomesWritten, {"applied": frozenset(applied), "outcomes": command.outcomes}),
+                (ev.OutcomesWritten, {"applied": frozenset(applied), "write": command}),
                 (ev.ClaimReturned, {"jobs": tuple(jobs)}),
             ]
         match command:
@@ -402,7 +398,7 @@ class World(Faults):
             case cmd.WriteOutcomes():
                 applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(pump, command.outcomes))
                 self._written(command, applied)
-                return [(ev.OutcomesWritten, {"applied": frozenset(applied), "outcomes": command.outcomes})]
+                return [(ev.OutcomesWritten, {"applied": frozenset(applied), "write": command})]
             case cmd.OpenLease():
                 lease_id = uuid.UUID(int=self.rng.getrandbits(128), version=4)
                 store.open_lease(lease_id=lease_id, worker_id=pump.worker_id, group="sim", hostname=f"n{pump.node.index}", pid=1,
@@ -441,10 +437,14 @@ class World(Faults):
             self.invariants.written(outcome.job_id, outcome.attempt, write.lease_id, outcome.job_id in applied)
 
     def _records(self, pump: SimPump, outcomes) -> list[OutcomeRecord]:
-        """Pump._records: each outcome with the report of its attempt, as the pump sends it."""
+        """Pump._records (execution.outcome_record): each outcome with the report that rode on it.
+
+        The report's values go to the store as the handler made them: the attempt's own checks
+        (execution.encode_result, clean_text) are Django-side, so what the simulator tests is the
+        store's wall behind them, which must stand alone."""
         records = []
         for outcome in outcomes:
-            report = getattr(outcome, "report", None) or pump.reports.get((outcome.job_id, outcome.attempt))
+            report = outcome.report
             records.append(OutcomeRecord(
                 job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
                 return_value=report.return_value if report else None, error_class=report.error_class if report else "",
@@ -492,18 +492,15 @@ class World(Faults):
             self._exit_process(pump, job)
             return
         with self.on_thread(f"worker thread of {pump.name}"):
-            if report.result != "unroutable":  # an unroutable job never reaches its task
-                self._send_task_finished(pump, job.id, job.attempt, lease, report)
-            # Pump._finished: the report waits for the outcome write; the driver hears of the end.
-            if not _EVENT_CARRIES_REPORT:
-                pump.reports[(job.id, job.attempt)] = report
-            carried = {"report": report} if _EVENT_CARRIES_REPORT else {}
-            self._post(pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=report.result, jitter=self.rng.random(), **carried)
+            # Pump._finished: the report rides on the JobFinished, and on the outcome after it.
+            self._post(pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=report.result, jitter=self.rng.random(), report=report)
 
-    def _send_task_finished(self, pump: SimPump, job_id: int, attempt: int, lease: uuid.UUID, report: Report) -> None:
-        """Django's task_finished, where backwave/shell/execution.py sends it: inside the
-        attempt, as the handler returns or raises (before its outcome is written, or refused)."""
-        self.invariants.notified(pump, job_id, attempt, lease, report.result)
+    def _send_task_finished(self, pump: SimPump, outcome, lease: uuid.UUID) -> None:
+        """Django's task_finished, where backwave/shell/execution.send_finished sends it: on the
+        pump's thread once the write landed, for an outcome the store applied; never for a job
+        that did not reach its task (unroutable)."""
+        if outcome.report.result != "unroutable":
+            self.invariants.notified(pump, outcome.job_id, outcome.attempt, lease, outcome.report.result)
 
     def _exit_process(self, pump: SimPump, job: ClaimedJob) -> None:
         """The handler called os._exit: its process dies with every pump and handler in it, and
