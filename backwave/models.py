@@ -135,8 +135,23 @@ class Job(models.Model):
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    attempts = models.IntegerField(default=0, help_text="Counted when the job is claimed, so a job that kills its worker still runs out of attempts.")
+    attempts = models.IntegerField(
+        default=0,
+        help_text="Counted when the job is claimed, so a job that kills its worker still runs out of attempts"
+        " (less forgiven_attempts: the limit is on attempts - forgiven_attempts).",
+    )
     max_attempts = models.IntegerField(default=1)
+    # A worker that dies takes every job under its lease down; only one of them may have caused
+    # it. So the first lapse since a job's last outcome is forgiven (not counted against
+    # max_attempts, the job marked suspect), and a suspect runs as the only suspect of its pump:
+    # a suspect whose lease lapses again pays (see expire_leases in store/queries.sql).
+    forgiven_attempts = models.IntegerField(
+        default=0, db_default=0, help_text="Attempts that lapsed with their worker and were not counted against max_attempts."
+    )
+    suspect = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Its last attempt lapsed with its worker and no outcome came since: never claimed beside another suspect.",
+    )
     backoff_base = models.FloatField(default=1.0, help_text="Seconds before the first retry; doubles on each further attempt.")
     backoff_max = models.FloatField(default=3600.0)
 
@@ -164,6 +179,19 @@ class Job(models.Model):
                 name="backwave_job_claim",
                 condition=models.Q(state="ready"),
             ),
+            # The claim's one suspect (at most one per claim, see claim_jobs_*): few rows, usually
+            # none, so looking for one costs a probe of an empty index, not a walk of the backlog.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_at",
+                "id",
+                name="backwave_job_claim_suspect",
+                condition=models.Q(state="ready", suspect=True),
+            ),
+            # The claim's check that its lease runs no suspect yet: a probe of an index that only
+            # holds running suspects.
+            models.Index(fields=["lease_id"], name="backwave_job_running_suspect", condition=models.Q(state="running", suspect=True)),
             # Lease expiry and release find a lease's running jobs without touching the rest.
             models.Index(fields=["lease_id"], name="backwave_job_running_lease", condition=models.Q(state="running")),
             # A limited queue's claim counts its running jobs (see lock_limited_queues).

@@ -38,12 +38,14 @@ class JobActionResult:
         return self.refused.get("running", 0)
 
 
-# Retry: "max_attempts = greatest(max_attempts, attempts + 1)" grants the one more attempt that
-# "retry now" promises even when the job used all of its attempts (as Oban's retry_job does);
-# attempt numbers keep counting up, so the attempt log keeps every earlier try.
+# Retry: "max_attempts = greatest(max_attempts, attempts - forgiven_attempts + 1)" grants the one
+# more attempt that "retry now" promises even when the job used all of its attempts (as Oban's
+# retry_job does); attempts forgiven after a lapse never counted, so they are left out here as
+# they are everywhere the limit is checked. Attempt numbers keep counting up, so the attempt log
+# keeps every earlier try.
 _RETRY_SET = """
     state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL,
-    max_attempts = greatest(j.max_attempts, j.attempts + 1)
+    max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
 """
 _CANCEL_SET = "state = 'cancelled', finished_at = now()"
 

@@ -94,11 +94,13 @@ class ReleaseJobs(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReconcileLease(Command):
-    """Give back every job running under the lease that is not in ``known``: after a claim whose
-    reply was lost, the claim may have committed jobs this pump never heard of."""
+    """Give back every job running under the lease whose (job id, attempt) is not in ``known``:
+    after a claim whose reply was lost, the claim may have committed jobs this pump never heard
+    of, or taken a job it still holds an outcome of back as the next attempt (a retry due at once
+    whose write committed with it). Pairs, not ids: that later attempt runs nowhere."""
 
     lease_id: uuid.UUID
-    known: tuple[int, ...]
+    known: tuple[tuple[int, int], ...]  # (job id, attempt) of every job the driver holds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

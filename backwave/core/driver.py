@@ -13,6 +13,15 @@ Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed a
 reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
 its slot, because it still holds its lease; the slot reopens when the write lands.
 
+Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
+the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
+suspect. A ClaimedJob carries its ``forgiven_attempts``; the driver decides FAILED against
+``max_attempts`` and sizes a retry's backoff on ``counted_attempt`` (attempt - forgiven), never
+on the raw attempt number. Which jobs may share a pump (at most one suspect per lease) is the
+claim statement's rule, not the driver's: the store sees every row under the lease, those of a
+claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
+event, command or driver state exists for it.
+
 Lifecycle states and the events each accepts::
 
     state     | event            | what happens                                        | next
@@ -40,7 +49,10 @@ Lifecycle states and the events each accepts::
               | PumpsPurged      |                                                     |
     RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
               |                  | after a jittered backoff that doubles per fault in  |
-              |                  | a row (up to half a heartbeat)                      |
+              |                  | a row (up to half a heartbeat); a failed claim may  |
+              |                  | have committed: the next claim waits for a          |
+              |                  | ReconcileLease(known = (job, attempt) held)         |
+    RUNNING   | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
     RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
     DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
               | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
@@ -441,9 +453,9 @@ class NodeDriver:
         self._require(event, State.RUNNING, State.DRAINING)
         if not self._reconcile_in_flight:
             raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
-        held = set(self._executing) | {o.job_id for o in self._buffer} | {o.job_id for o in self._writing}
-        if event.released & held:
-            raise InvalidEvent(event, self.state, f"the store gave back jobs this pump holds: {sorted(event.released & held)}")
+        given_back_held = event.released & self._held_attempts()
+        if given_back_held:
+            raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
         self._reconcile_in_flight = False
         self._reconcile_needed = False
         self.stats.reconciled += len(event.released)
@@ -613,8 +625,7 @@ class NodeDriver:
             if self._reconcile_in_flight:
                 return []
             self._reconcile_in_flight = True
-            held = (*self._executing, *(o.job_id for o in self._buffer), *(o.job_id for o in self._writing))
-            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(held)))]
+            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(self._held_attempts())))]
         claims = self.options.policy.plan(limit, self._policy_state, skip)
         self._claims.extend(claims)
         if claims:
@@ -729,6 +740,12 @@ class NodeDriver:
         # Whatever a lost claim left under the old lease lapses with it.
         self._reconcile_needed = False
 
+    def _held_attempts(self) -> set[tuple[int, int]]:
+        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
+        held = {(job.id, job.attempt) for job in self._executing.values()}
+        held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
+        return held
+
     def _abandon_all(self) -> None:
         self.stats.abandoned += len(self._executing)
         # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
@@ -752,9 +769,11 @@ def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
         return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
     if event.result == "unroutable":
         return Outcome(**decided, kind=OutcomeKind.QUARANTINED)
-    if job.attempt >= job.max_attempts:
+    # Attempts forgiven after a lapse (the job may only have been beside a worker's death) count
+    # neither towards the limit nor towards the backoff.
+    if job.counted_attempt >= job.max_attempts:
         return Outcome(**decided, kind=OutcomeKind.FAILED)
-    delay = retry_delay(attempt=job.attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
+    delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
     return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=delay)
 
 

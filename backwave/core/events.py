@@ -114,9 +114,9 @@ class JobsReleased(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseReconciled(Event):
-    """Jobs that ran under the lease unknown to the driver were given back."""
+    """Attempts that ran under the lease unknown to the driver were given back: (job id, attempt)."""
 
-    released: frozenset[int]
+    released: frozenset[tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,7 @@ class ClaimedJob:
     priority: int
     payload: Any  # decoded JSON; the shell checks its shape before running anything
     attempt: int  # this attempt's number, 1 for the first run (counted at claim)
-    max_attempts: int
+    max_attempts: int  # the limit on counted attempts: attempt - forgiven_attempts
     backoff_base: float
     backoff_max: float
     backend: str = "default"
@@ -26,6 +26,14 @@ class ClaimedJob:
     started_at: datetime | None = None
     attempted_at: datetime | None = None  # database clock, stamped by the claim
     previous_worker_ids: tuple[str, ...] = ()  # who ran the earlier attempts, oldest first
+    # Earlier attempts that lapsed with their worker and were not counted (see expire_leases).
+    forgiven_attempts: int = 0
+    suspect: bool = False  # its last attempt lapsed with its worker: the only suspect of this pump
+
+    @property
+    def counted_attempt(self) -> int:
+        """This attempt's number among the attempts that count against max_attempts."""
+        return self.attempt - self.forgiven_attempts
 
 
 class OutcomeKind(enum.Enum):

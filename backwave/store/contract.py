@@ -145,13 +145,18 @@ class Store(Protocol):
 
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Put every job still running under the lease back to ready (refunding the attempt, due
-        at once) and delete the lease. Returns the released job ids."""
+        at once, a suspect still suspect) and delete the lease. Returns the released job ids."""
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
         """Lock up to ``limit`` due ready jobs of ``queues`` (priority, run_at, id order), skipping
         rows other claimers hold, and put them under the lease. Returns at once, short or empty
         when fewer are ready, and empty when the lease is gone or lapsed (no job is ever put under
-        a lease that maintenance could not expire)."""
+        a lease that maintenance could not expire).
+
+        Suspects (see expire_leases): at most one per claim, and none while a suspect already runs
+        under the lease, so no two suspects ever share a pump. A suspect keeps its place in claim
+        order and shares its queue's room; suspects waiting their turn are passed over before the
+        limit, so they never make a claim come back short while other jobs are ready."""
 
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """Apply outcomes, each fenced: a row changes only if it is still running under this live
@@ -169,7 +174,8 @@ class Store(Protocol):
         value), a RETRY, FAILED or QUARANTINED keeps its kind, with its own error text (escaped
         to ASCII) below the reason; if that is refused too, the job is FAILED with the reason
         alone. One round-trip when nothing is refused; a refused row costs about 2·log2(batch)
-        more. ``Applied.replaced`` names the rows written that way."""
+        more. ``Applied.replaced`` names the rows written that way. Any applied outcome clears the
+        job's suspect flag: the attempt ended without taking its worker down."""
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
@@ -180,16 +186,23 @@ class Store(Protocol):
         are written as write_outcomes_many isolates them, and the claim runs after them."""
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
-        """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
+        """Give unfinished jobs back (ready, due now, attempt refunded, suspect unchanged), fenced
+        like outcomes."""
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
-        """Give back (ready, due now, attempt refunded) every job running under the lease that is
-        not in ``known``: what a claim whose answer was lost may have left there. Returns the ids."""
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Give back (ready, due now, attempt refunded) every job running under the lease whose
+        (id, attempt) is not in ``known``: what a claim whose answer was lost may have left there,
+        a later attempt of a job the caller holds at an earlier one included. Returns the (id,
+        attempt) pairs given back, the attempt as it was running."""
 
     def expire_leases(self, *, limit: int) -> int:
         """Delete up to ``limit`` leases whose expiry passed (database clock) and release their
-        running jobs: ready again, or failed with a 'lease lapsed' attempt when none are left.
-        Returns the number of jobs released."""
+        running jobs, each with a 'lease lapsed' attempt that says whether it counted. A job that
+        was not suspect is forgiven: ready again at once, now suspect, its attempt added to
+        ``forgiven_attempts`` and left out of the limit (``attempts - forgiven_attempts <
+        max_attempts``). A suspect pays: its attempt counts, and it is ready again while counted
+        attempts remain, failed otherwise (still suspect either way). Returns the number of jobs
+        released."""
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""

@@ -34,7 +34,7 @@ from backwave.core.jobs import ClaimedJob
 
 from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
 from .enqueue import insert_jobs_params
-from .postgres import _applied, _claim_statement, _outcome_batch, _seconds, _text, is_refused_data, write_isolating
+from .postgres import _applied, _claim_statement, _known_params, _outcome_batch, _seconds, _text, is_refused_data, write_isolating
 from .storable import NUMERIC_MAX_DIGITS, text_problem
 
 _TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
@@ -68,6 +68,8 @@ class JobRow:
     finished_at: datetime | None = None
     attempts: int = 0
     max_attempts: int = 1
+    forgiven_attempts: int = 0
+    suspect: bool = False
     backoff_base: float = 1.0
     backoff_max: float = 3600.0
     lease_id: uuid.UUID | None = None
@@ -281,16 +283,21 @@ class InMemoryStore:
                 del db.leases[lease_id]
             for job in released:
                 lease = gone[job.lease_id]
-                again = job.attempts < job.max_attempts
+                # Not suspect: forgiven (not counted), and suspect from now on. Suspect: it pays.
+                was_suspect = job.suspect
+                again = not was_suspect or job.attempts - job.forgiven_attempts < job.max_attempts
                 job.state = "ready" if again else "failed"
                 if again:
                     job.run_at = now
                 job.finished_at = None if again else now
+                if not was_suspect:
+                    job.forgiven_attempts += 1
+                job.suspect = True
                 job.lease_id = None
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
                     job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
-                    error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, again),
+                    error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
             return len(released)
 
@@ -352,17 +359,18 @@ class InMemoryStore:
                     released.add(job_id)
             return released
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
-        """Give back the jobs running under the lease that are not in ``known``."""
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Give back the jobs running under the lease at an attempt not in ``known``."""
+        params = _known_params(known)
+        keep = set(zip(params["known_ids"], params["known_attempts"], strict=True))
         with self._operation() as (db, now):
             if not _live(db, lease_id, now):
                 return set()
-            keep = set(known)
             released = set()
             for job in db.jobs.values():
-                if job.lease_id == lease_id and job.state == "running" and job.id not in keep:
+                if job.lease_id == lease_id and job.state == "running" and (job.id, job.attempts) not in keep:
+                    released.add((job.id, job.attempts))  # the attempt as it ran, before the refund
                     _refund(job, now)
-                    released.add(job.id)
             return released
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
@@ -543,11 +551,20 @@ class InMemoryStore:
             return []
         order = [params["queue"]] if "queue" in params else list(params["queues"])
         position = {queue: index for index, queue in enumerate(order)}
-        due = (job for job in db.jobs.values() if job.state == "ready" and job.queue in position and job.run_at <= now)
-        # Queue order first (a Strict policy's), then priority, run_at, id; each queue up to its
-        # room (paused: none; limited: the limit less what runs); handed back best first.
         room = {queue: _room(db, queue, params["limit"]) for queue in order}
-        candidates = sorted(due, key=lambda job: (position[job.queue], -job.priority, job.run_at, job.id))
+        due = [job for job in db.jobs.values() if job.state == "ready" and job.queue in position and job.run_at <= now]
+
+        def claim_order(job: JobRow) -> tuple:
+            return (position[job.queue], -job.priority, job.run_at, job.id)
+
+        # The suspect CTE: at most one suspect (the best of each queue's first, in claim order),
+        # none while this lease already runs one, and only from a queue with room.
+        runs_a_suspect = any(job.lease_id == lease_id and job.state == "running" and job.suspect for job in db.jobs.values())
+        suspects = [] if runs_a_suspect else sorted((job for job in due if job.suspect and room[job.queue] > 0), key=claim_order)[:1]
+        # Queue order first (a Strict policy's), then priority, run_at, id; each queue up to its
+        # room (paused: none; limited: the limit less what runs), the suspect merged into its
+        # queue's pick before the cut; handed back best first.
+        candidates = sorted([job for job in due if not job.suspect] + suspects, key=claim_order)
         picked = []
         for job in candidates:
             if len(picked) == params["limit"]:
@@ -573,6 +590,7 @@ class InMemoryStore:
                 attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
                 backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
                 started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
+                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect,
             ))
         return claimed
 
@@ -607,6 +625,7 @@ class InMemoryStore:
             job.finished_at = None if kind == "retry" else now
             job.return_value_json = value
             job.lease_id = None
+            job.suspect = False  # the attempt ended without taking its worker down
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
                 job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
                 started_at=job.last_attempted_at, finished_at=finished_at,
@@ -752,10 +771,21 @@ def _pg_text(moment: datetime) -> str:
     return text + "+00"
 
 
-def _lapsed_text(job: JobRow, lease: LeaseRow, again: bool) -> str:
-    return (
+def _lapsed_text(job: JobRow, lease: LeaseRow, *, was_suspect: bool) -> str:
+    """expire_leases' attempt text, for the job as it is after the lapse."""
+    head = (
         f"backwave.results.LeaseLapsed: the lease of worker {lease.worker_id} expired at {_pg_text(lease.expires_at)}"
         " (database clock) without being renewed, so this attempt's outcome was never written; the worker died,"
-        f" hung or lost its database connection. Attempt {job.attempts} of {job.max_attempts}: "
-        + ("the job is ready to run again." if again else "no attempts left, the job failed.")
+        " hung or lost its database connection. "
+    )
+    if not was_suspect:
+        return head + (
+            f"Attempt {job.attempts} is not counted against max_attempts: every job under that lease lapsed with it,"
+            " and this one may only have been running beside the cause. The job is ready to run again, never beside"
+            " another such job on one pump."
+        )
+    return head + (
+        f"Attempt {job.attempts} counts ({job.attempts - job.forgiven_attempts} of {job.max_attempts}): the job was"
+        " already suspect (its previous attempt lapsed too) and ran as the only suspect of its pump; "
+        + ("the job is ready to run again." if job.state == "ready" else "no attempts left, the job failed.")
     )

@@ -235,10 +235,11 @@ class PostgresStore:
             return set()
         return {row[0] for row in self._execute("release_jobs_many", {"lease_id": lease_id, "job_ids": list(job_ids)})}
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[int]) -> set[int]:
-        """Give back the jobs running under the lease that are not in ``known`` (after a claim
-        whose answer was lost); returns their ids."""
-        return {row[0] for row in self._execute("reconcile_lease", {"lease_id": lease_id, "known": list(known)})}
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Give back the jobs running under the lease at an attempt not in ``known`` ((job id,
+        attempt) pairs, after a claim whose answer was lost); returns their (id, attempt)."""
+        params = {"lease_id": lease_id, **_known_params(known)}
+        return {(row[0], row[1]) for row in self._execute("reconcile_lease", params)}
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""
@@ -387,6 +388,15 @@ def _claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[st
     return "claim_jobs_many_queues", {**params, "queues": unique}
 
 
+def _known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    """reconcile_lease's (job id, attempt) pairs as the two arrays its unnest() zips back."""
+    for pair in known:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)):
+            raise TypeError(f"reconcile_lease's known holds (job id, attempt) pairs of integers, got {pair!r}")
+    pairs = list(known)
+    return {"known_ids": [job_id for job_id, _ in pairs], "known_attempts": [attempt for _, attempt in pairs]}
+
+
 def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     """lock_limited_queues for the queues of a claim statement."""
     params = claim[1]
@@ -395,12 +405,13 @@ def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, A
 
 def _claimed_job(row: tuple) -> ClaimedJob:
     (job_id, task_path, queue, priority, payload, attempt, max_attempts, backoff_base, backoff_max,
-     backend, enqueued_at, started_at, attempted_at, previous_worker_ids) = row
+     backend, enqueued_at, started_at, attempted_at, previous_worker_ids, forgiven_attempts, suspect) = row
     return ClaimedJob(
         id=job_id, task_path=task_path, queue=queue, priority=priority, payload=payload, attempt=attempt,
         max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max, backend=backend,
         enqueued_at=enqueued_at, started_at=started_at, attempted_at=attempted_at,
         previous_worker_ids=tuple(previous_worker_ids) if previous_worker_ids else (),
+        forgiven_attempts=forgiven_attempts, suspect=suspect,
     )
 
 

@@ -60,14 +60,26 @@ SELECT id FROM released ORDER BY id
 -- The plan is Limit -> LockRows -> Index Scan: it stops after `limit` rows it could lock, and a
 -- row another claimer holds is skipped and replaced by the next one, never waited for.
 --
+-- Suspects (jobs whose last attempt lapsed with its worker and that had no outcome since, see
+-- expire_leases): a claim takes at most one, and none while its lease already runs one, so no
+-- two suspects ever share a pump and a worker that dies again convicts the one it ran. The
+-- suspect comes from its own partial index (backwave_job_claim_suspect: usually empty, one
+-- probe); the other rows from the ordered scan, "NOT j.suspect" checked before their LIMIT, so
+-- suspects waiting their turn never hold back a job that may run. The two picks are merged in
+-- claim order and cut to the room: a suspect keeps its place in line, and one that falls behind
+-- the batch is not taken (it stays locked only until this statement commits). "Its lease runs
+-- one" is a probe of backwave_job_running_suspect; a pump's claims run one after another on its
+-- connection, so each sees the suspect the one before took.
+--
 -- The lease CTE is an uncorrelated EXISTS, so it runs once as an InitPlan before any job row is
 -- touched: claiming under a lease that lapsed or is gone claims nothing (otherwise its jobs
 -- would run under a lease no maintenance run can ever expire). FOR KEY SHARE holds the lease row
 -- until the claim commits, so expiry (FOR UPDATE SKIP LOCKED) cannot delete it in between.
 --
 -- The CTE fences the LIMIT: as a MATERIALIZED CTE the pick runs exactly once and locks at most
--- `limit` rows. Written inline as "UPDATE ... WHERE id IN (SELECT ... LIMIT ...)", the planner
--- may flatten or re-execute the sub-select, locking and updating more rows than asked for.
+-- `limit` rows (plus the one suspect). Written inline as "UPDATE ... WHERE id IN (SELECT ...
+-- LIMIT ...)", the planner may flatten or re-execute the sub-select, locking and updating more
+-- rows than asked for.
 --
 -- FOR NO KEY UPDATE, not FOR UPDATE: the claim changes no key column, and the weaker lock does
 -- not conflict with the FOR KEY SHARE that foreign-key checks (backwave_attempt.job_id) take on
@@ -80,25 +92,43 @@ WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
+), room AS MATERIALIZED (
+    -- The queue's room: nothing when paused, and under a concurrency limit no more than the
+    -- limit less what runs now (lock_limited_queues, sent first in the same transaction, has
+    -- serialized claimers on the queue row, so this count sees every earlier claim).
+    SELECT coalesce((SELECT CASE WHEN q.paused THEN 0
+                                 WHEN q.concurrency_limit IS NULL THEN %(limit)s
+                                 ELSE greatest(0, least(%(limit)s, q.concurrency_limit - (
+                                     SELECT count(*) FROM backwave_job AS r
+                                     WHERE r.state = 'running' AND r.queue = q.name)))
+                            END
+                     FROM backwave_queue AS q WHERE q.name = %(queue)s), %(limit)s) AS n
+), suspect AS MATERIALIZED (
+    SELECT j.id, j.priority, j.run_at
+    FROM backwave_job AS j
+    WHERE j.state = 'ready' AND j.suspect AND j.queue = %(queue)s AND j.run_at <= now()
+      AND EXISTS (SELECT FROM lease)
+      AND NOT EXISTS (SELECT FROM backwave_job AS r
+                      WHERE r.lease_id = %(lease_id)s AND r.state = 'running' AND r.suspect)
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT least(1, (SELECT n FROM room))
+    FOR NO KEY UPDATE SKIP LOCKED
 ), picked AS MATERIALIZED (
-    SELECT s.id FROM (
-        SELECT j.id
-        FROM backwave_job AS j
-        WHERE j.state = 'ready' AND j.queue = %(queue)s AND j.run_at <= now()
-          AND EXISTS (SELECT FROM lease)
-        ORDER BY j.priority DESC, j.run_at, j.id
-        -- The queue's room: nothing when paused, and under a concurrency limit no more than the
-        -- limit less what runs now (lock_limited_queues, sent first in the same transaction, has
-        -- serialized claimers on the queue row, so this count sees every earlier claim).
-        LIMIT coalesce((SELECT CASE WHEN q.paused THEN 0
-                                    WHEN q.concurrency_limit IS NULL THEN %(limit)s
-                                    ELSE greatest(0, least(%(limit)s, q.concurrency_limit - (
-                                        SELECT count(*) FROM backwave_job AS r
-                                        WHERE r.state = 'running' AND r.queue = q.name)))
-                               END
-                        FROM backwave_queue AS q WHERE q.name = %(queue)s), %(limit)s)
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AS s
+    SELECT c.id FROM (
+        SELECT s.id, s.priority, s.run_at FROM suspect AS s
+        UNION ALL
+        SELECT o.id, o.priority, o.run_at FROM (
+            SELECT j.id, j.priority, j.run_at
+            FROM backwave_job AS j
+            WHERE j.state = 'ready' AND NOT j.suspect AND j.queue = %(queue)s AND j.run_at <= now()
+              AND EXISTS (SELECT FROM lease)
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT (SELECT n FROM room)
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS o
+        ORDER BY priority DESC, run_at, id
+        LIMIT (SELECT n FROM room)
+    ) AS c
     -- A constant LIMIT on top: the planner cannot read the room's value and would otherwise
     -- expect a large pick and look the ids up with a scan of the table instead of the primary key.
     LIMIT %(limit)s
@@ -114,14 +144,15 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
        c.last_attempted_at,
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
-                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids
+                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
+       c.forgiven_attempts, c.suspect
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -131,7 +162,7 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- run_at and id, so a later queue gets only what the earlier ones leave of the limit. "queue = ANY(...)" cannot use the index for ordering: the index is sorted by
 -- queue first, so the planner would fetch every due ready row of those queues and sort them all
 -- (a Sort under the LockRows), paying for the whole backlog on every claim. Instead each queue
--- gets its own ordered index scan through LATERAL (the single-queue plan, limited to `limit`),
+-- gets its own ordered index scan through LATERAL (the single-queue plan, limited to its room),
 -- and the outer ORDER BY merges at most queues * limit rows and keeps the best `limit`.
 --
 -- The lock is taken inside each LATERAL, where the scan is ordered, so a row another claimer
@@ -141,31 +172,65 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- concurrent claimers skip them for that instant and they stay ready. The caller passes each
 -- queue once (a queue listed twice would see its own locked rows again).
 --
+-- Suspects as in claim_jobs_one_queue: one at most across all the queues (each queue's first
+-- suspect is looked up, the best in claim order is kept), merged into its queue's pick, which
+-- is then cut to that queue's room (row_number per queue), so the suspect shares its queue's
+-- room and never pushes the queue past a concurrency limit.
+--
 -- The lease CTE, the CTE fence and FOR NO KEY UPDATE are as in claim_jobs_one_queue.
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
-), picked AS MATERIALIZED (
-    SELECT c.id
+), rooms AS MATERIALIZED (
+    -- Each queue's room, as in claim_jobs_one_queue (paused: none; limited: what is left).
+    SELECT q.name, q.position,
+           coalesce((SELECT CASE WHEN qs.paused THEN 0
+                                 WHEN qs.concurrency_limit IS NULL THEN %(limit)s
+                                 ELSE greatest(0, least(%(limit)s, qs.concurrency_limit - (
+                                     SELECT count(*) FROM backwave_job AS r
+                                     WHERE r.state = 'running' AND r.queue = qs.name)))
+                            END
+                     FROM backwave_queue AS qs WHERE qs.name = q.name), %(limit)s) AS n
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
+), suspect AS MATERIALIZED (
+    SELECT c.id, q.position, c.priority, c.run_at
+    FROM rooms AS q
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM backwave_job AS j
-        WHERE j.state = 'ready' AND j.queue = q.name AND j.run_at <= now()
+        WHERE j.state = 'ready' AND j.suspect AND j.queue = q.name AND j.run_at <= now()
         ORDER BY j.priority DESC, j.run_at, j.id
-        -- Each queue's room, as in claim_jobs_one_queue (paused: none; limited: what is left).
-        LIMIT coalesce((SELECT CASE WHEN qs.paused THEN 0
-                                    WHEN qs.concurrency_limit IS NULL THEN %(limit)s
-                                    ELSE greatest(0, least(%(limit)s, qs.concurrency_limit - (
-                                        SELECT count(*) FROM backwave_job AS r
-                                        WHERE r.state = 'running' AND r.queue = qs.name)))
-                               END
-                        FROM backwave_queue AS qs WHERE qs.name = q.name), %(limit)s)
+        LIMIT least(1, q.n)
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
     WHERE EXISTS (SELECT FROM lease)
+      AND NOT EXISTS (SELECT FROM backwave_job AS r
+                      WHERE r.lease_id = %(lease_id)s AND r.state = 'running' AND r.suspect)
     ORDER BY q.position, c.priority DESC, c.run_at, c.id
+    LIMIT 1
+), picked AS MATERIALIZED (
+    SELECT t.id
+    FROM (
+        SELECT c.id, q.position, c.priority, c.run_at, q.n,
+               row_number() OVER (PARTITION BY q.position ORDER BY c.priority DESC, c.run_at, c.id) AS rank
+        FROM rooms AS q
+        CROSS JOIN LATERAL (
+            SELECT s.id, s.priority, s.run_at FROM suspect AS s WHERE s.position = q.position
+            UNION ALL
+            SELECT o.id, o.priority, o.run_at FROM (
+                SELECT j.id, j.priority, j.run_at
+                FROM backwave_job AS j
+                WHERE j.state = 'ready' AND NOT j.suspect AND j.queue = q.name AND j.run_at <= now()
+                ORDER BY j.priority DESC, j.run_at, j.id
+                LIMIT q.n
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) AS o
+        ) AS c
+        WHERE EXISTS (SELECT FROM lease)
+    ) AS t
+    WHERE t.rank <= t.n
+    ORDER BY t.position, t.priority DESC, t.run_at, t.id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE backwave_job AS j
@@ -179,14 +244,15 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
        c.last_attempted_at,
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
-                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids
+                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
+       c.forgiven_attempts, c.suspect
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -205,7 +271,8 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- the lease row gone: nothing applies, and the jobs are expiry's (ready again or failed).
 --
 -- RETRY and FAILED both log a 'failed' attempt; only RETRY makes the job ready again, due
--- retry_delay seconds after now() by the database clock. Attempt rows are inserted from the
+-- retry_delay seconds after now() by the database clock. Any outcome clears suspect: the attempt
+-- ended without taking its worker down (see expire_leases). Attempt rows are inserted from the
 -- UPDATE's RETURNING, so only applied outcomes are logged; the unique (job_id, number)
 -- constraint would turn a double apply into an error rather than a second row.
 WITH lease AS MATERIALIZED (
@@ -233,7 +300,8 @@ WITH lease AS MATERIALIZED (
                       ELSE j.run_at END,
         finished_at = CASE WHEN o.kind = 'retry' THEN NULL ELSE now() END,
         return_value = o.return_value,
-        lease_id = NULL
+        lease_id = NULL,
+        suspect = false
     FROM outcome AS o
     WHERE j.id = o.job_id
       AND j.lease_id = %(lease_id)s
@@ -283,14 +351,24 @@ RETURNING j.id
 -- Maintenance: any number of nodes may run this at once. FOR UPDATE SKIP LOCKED gives each run
 -- a disjoint set of lapsed leases (and skips a lease a claim or write holds FOR KEY SHARE right
 -- now; the next run takes it), so each lease is expired and its jobs released exactly once.
--- The lapsed attempt still counts (the job may be what killed its worker): the job is ready
--- again while attempts < max_attempts, failed otherwise, and either way gets a 'lapsed' attempt.
+--
+-- Who pays for a lapse. A worker that dies (os._exit, a segfault, the OOM killer, kill -9) takes
+-- every job under its lease down, and at most one of them caused it. So the lapse of a job that
+-- was not suspect is forgiven: it is ready again at once, marked suspect, and the lapsed attempt
+-- is counted in forgiven_attempts, which the attempt limit leaves out (attempts - forgiven <
+-- max_attempts; attempts itself only ever grows, attempt numbers stay unique). A suspect is never
+-- claimed beside another suspect by one pump (claim_jobs_*), so when a lease with a suspect on
+-- it lapses again, that suspect pays: its attempt counts, and with none left the job fails
+-- (which is what ends a job that kills its worker every time). Any outcome clears suspect.
+-- Either way the attempt is logged as 'lapsed', its text saying whether it counted.
 --
 -- "j.state = 'running'" is the re-check that never resurrects a finished job: a job finished
 -- before this statement's snapshot is not running; one changed since (an outcome committed a
--- moment ago, an operator's cancel in flight) has a newer row version, which this UPDATE waits
--- for if need be, and READ COMMITTED re-evaluates the WHERE clause on that version (finished,
--- lease_id NULL), so the job is skipped.
+-- moment ago, an operator's cancel in flight) has a newer row version, which the row lock in
+-- "stranded" waits for if need be, and READ COMMITTED re-evaluates the WHERE clause on that
+-- version (finished, lease_id NULL), so the job is skipped. "stranded" reads (and locks) the
+-- jobs before the UPDATE so that the text can say what each was before (RETURNING only sees
+-- the new row).
 WITH lapsed AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE expires_at < now()
@@ -302,16 +380,27 @@ WITH lapsed AS MATERIALIZED (
     USING lapsed
     WHERE l.id = lapsed.id
     RETURNING l.id, l.worker_id, l.expires_at
+), stranded AS MATERIALIZED (
+    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at
+    FROM backwave_job AS j
+    JOIN gone ON j.lease_id = gone.id
+    WHERE j.state = 'running'
+    FOR NO KEY UPDATE OF j
 ), released AS (
     UPDATE backwave_job AS j
-    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'ready' ELSE 'failed' END,
-        run_at = CASE WHEN j.attempts < j.max_attempts THEN now() ELSE j.run_at END,
-        finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
+    SET state = CASE WHEN NOT s.was_suspect OR j.attempts - j.forgiven_attempts < j.max_attempts
+                     THEN 'ready' ELSE 'failed' END,
+        run_at = CASE WHEN NOT s.was_suspect OR j.attempts - j.forgiven_attempts < j.max_attempts
+                      THEN now() ELSE j.run_at END,
+        finished_at = CASE WHEN NOT s.was_suspect OR j.attempts - j.forgiven_attempts < j.max_attempts
+                           THEN NULL ELSE now() END,
+        forgiven_attempts = j.forgiven_attempts + CASE WHEN s.was_suspect THEN 0 ELSE 1 END,
+        suspect = true,
         lease_id = NULL
-    FROM gone
-    WHERE j.lease_id = gone.id AND j.state = 'running'
-    RETURNING j.id, j.attempts, j.max_attempts, j.worker_id, j.last_attempted_at,
-              gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at
+    FROM stranded AS s
+    WHERE j.id = s.id
+    RETURNING j.id, j.state, j.attempts, j.max_attempts, j.forgiven_attempts, j.worker_id,
+              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at
 ), logged AS (
     INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
                                   error_class, traceback)
@@ -320,10 +409,18 @@ WITH lapsed AS MATERIALIZED (
            'backwave.results.LeaseLapsed: the lease of worker ' || r.lease_worker_id
                || ' expired at ' || r.lease_expired_at::text
                || ' (database clock) without being renewed, so this attempt''s outcome was never'
-               || ' written; the worker died, hung or lost its database connection. Attempt '
-               || r.attempts::text || ' of ' || r.max_attempts::text || ': '
-               || CASE WHEN r.attempts < r.max_attempts THEN 'the job is ready to run again.'
-                       ELSE 'no attempts left, the job failed.' END
+               || ' written; the worker died, hung or lost its database connection. '
+               || CASE WHEN NOT r.was_suspect
+                       THEN 'Attempt ' || r.attempts::text || ' is not counted against max_attempts:'
+                            || ' every job under that lease lapsed with it, and this one may only have'
+                            || ' been running beside the cause. The job is ready to run again, never'
+                            || ' beside another such job on one pump.'
+                       ELSE 'Attempt ' || r.attempts::text || ' counts (' || (r.attempts - r.forgiven_attempts)::text
+                            || ' of ' || r.max_attempts::text || '): the job was already suspect (its'
+                            || ' previous attempt lapsed too) and ran as the only suspect of its pump; '
+                            || CASE WHEN r.state = 'ready' THEN 'the job is ready to run again.'
+                                    ELSE 'no attempts left, the job failed.' END
+                  END
     FROM released AS r
 )
 SELECT count(*) FROM released
@@ -527,13 +624,26 @@ FOR NO KEY UPDATE
 -- name: reconcile_lease
 -- After a claim whose answer was lost: it may have committed, leaving jobs running under this
 -- lease that the pump never heard of (they would sit there for as long as the pump lives). Give
--- back every job running under the lease that the pump does not hold, as release_jobs_many
--- does (ready, due now, attempt refunded). The pump sends this before its next claim, so
--- nothing it is about to claim can be among them.
+-- back every job running under the lease at an attempt the pump does not hold, as
+-- release_jobs_many does (ready, due now, attempt refunded). By (job, attempt), not by job: a
+-- retry due at once whose write committed with the lost claim was taken back as the next
+-- attempt, while the pump still holds the outcome of the one before. The pump sends this before
+-- its next claim, so nothing it is about to claim can be among them. Returns (id, attempt) of
+-- what it gave back, the attempt as it ran (read before the refund, the rows locked meanwhile).
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
+), stray AS MATERIALIZED (
+    SELECT j.id, j.attempts
+    FROM backwave_job AS j
+    WHERE j.lease_id = %(lease_id)s
+      AND j.state = 'running'
+      AND NOT EXISTS (
+          SELECT FROM unnest(%(known_ids)s::bigint[], %(known_attempts)s::int[]) AS k(id, attempt)
+          WHERE k.id = j.id AND k.attempt = j.attempts)
+      AND EXISTS (SELECT FROM lease)
+    FOR NO KEY UPDATE
 )
 UPDATE backwave_job AS j
 SET state = 'ready',
@@ -541,8 +651,6 @@ SET state = 'ready',
     run_at = now(),
     attempts = greatest(j.attempts - 1, 0),
     started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
-WHERE j.lease_id = %(lease_id)s
-  AND j.state = 'running'
-  AND NOT (j.id = ANY(%(known)s::bigint[]))
-  AND EXISTS (SELECT FROM lease)
-RETURNING j.id
+FROM stray AS s
+WHERE j.id = s.id
+RETURNING j.id, s.attempts

@@ -27,6 +27,15 @@ def test_retry_reports_what_it_changed_and_what_it_refused():
     assert (failed.state, failed.attempts, failed.max_attempts, failed.lease_id) == ("ready", 2, 3, None)
 
 
+def test_retry_grants_one_more_counted_attempt_to_a_job_with_forgiven_ones():
+    """A job that killed its worker: four tries, the first forgiven (it lapsed beside others), three
+    counted. Retry now gives it one more counted attempt, not two."""
+    crasher = make_job(state="failed", attempts=4, forgiven_attempts=1, max_attempts=3, suspect=True)
+    assert operations.retry_job_ids([crasher.pk]).changed == (crasher.pk,)
+    crasher.refresh_from_db()
+    assert (crasher.state, crasher.attempts, crasher.forgiven_attempts, crasher.max_attempts, crasher.suspect) == ("ready", 4, 1, 4, True)
+
+
 def test_cancel_leaves_running_jobs_to_their_lease():
     running = make_job(state="running")
     result = operations.cancel_job_ids([running.pk])

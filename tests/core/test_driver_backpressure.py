@@ -120,7 +120,7 @@ class Model:
                 self.send(ev.LeaseReleased(now=self.now))
             case cmd.ReconcileLease(known=known):
                 # The model's failed claims never committed: nothing unknown runs under the lease.
-                assert set(known) >= self.held, "the reconcile would give back jobs the driver holds"
+                assert {job_id for job_id, _ in known} >= self.held, "the reconcile would give back jobs the driver holds"
                 self.send(ev.LeaseReconciled(now=self.now, released=frozenset()))
             case _:
                 raise AssertionError(f"unexpected command {command!r}")

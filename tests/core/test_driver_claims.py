@@ -122,7 +122,7 @@ def test_failed_claim_is_retried_after_poll_interval():
     assert t.tick(1.1) == [cmd.ReconcileLease(lease_id=LEASE, known=())]
     assert t.driver.stats.store_faults == 1
     # The claim comes only once the lease is reconciled.
-    assert t.send(ev.LeaseReconciled(now=1.2, released=frozenset({77}))) == [claim(20)]
+    assert t.send(ev.LeaseReconciled(now=1.2, released=frozenset({(77, 1)}))) == [claim(20)]
     assert t.driver.stats.reconciled == 1
     assert t.returned(now=1.3) == []
     assert t.tick(2.3) == [claim(20)]  # reconciled once: later claims go alone
@@ -226,3 +226,42 @@ def test_an_older_attempts_outcome_never_shares_a_batch_with_the_new_attempt():
     assert t.returned(now=1.46) == []
     write2, _ = t.finished(again, now=1.5)
     assert [(o.job_id, o.attempt) for o in write2.outcomes] == [(first.id, 2)]
+
+
+def test_a_lost_reply_of_a_write_that_reclaimed_its_job_is_reconciled_by_attempt():
+    """With a retry due at once (backoff 0), job 1's retry write committed and the claim riding on
+    it took job 1 straight back as attempt 2, under the same lease; both replies were lost. The
+    driver still holds attempt 1's outcome, so the reconcile names (job, attempt) pairs: the store
+    gives back attempt 2, which the driver never heard of, instead of leaving it running under a
+    lease the pump renews for ever. Then the job is claimed and run again."""
+    t = Trace.running(pool_size=2, poll_interval=1.0)
+    (job,) = t.jobs.make(1, max_attempts=3, backoff_base=0.0)
+    t.returned(job, now=0.1)
+    write, ride = t.finished(job, "failed", now=0.2)
+    assert (write.outcomes[0].attempt, write.outcomes[0].retry_delay, ride) == (1, 0.0, claim(2))
+    assert t.failed(write, now=0.3) == []
+    assert t.failed(ride, now=0.3) == []
+
+    reconcile, rewrite = t.tick(1.3)
+    assert reconcile == cmd.ReconcileLease(lease_id=LEASE, known=((job.id, 1),))
+    assert rewrite == write
+    # The store gave back the attempt the lost claim had started; then the claim goes.
+    assert t.send(ev.LeaseReconciled(now=1.35, released=frozenset({(job.id, 2)}))) == [claim(1)]
+    assert t.driver.stats.reconciled == 1
+    again = t.jobs.one(id=job.id, attempt=2, max_attempts=3, backoff_base=0.0)
+    assert t.returned(again, now=1.4) == execute(again)
+    assert t.written(set(), now=1.45) == [claim(1)]  # the fence refused attempt 1's outcome; re-poll
+    assert t.returned(now=1.46) == []
+    (done, _) = t.finished(again, now=1.5)
+    assert [(o.job_id, o.attempt, o.kind.value) for o in done.outcomes] == [(job.id, 2, "succeeded")]
+
+
+def test_a_reconcile_that_gives_back_an_attempt_the_driver_holds_is_refused():
+    t, (job,) = Trace.with_jobs(1, pool_size=2, poll_interval=1.0)
+    assert t.tick(1.0) == [claim(1)]
+    t.failed(claim(1), now=1.1)
+    (reconcile,) = t.tick(2.1)
+    assert reconcile.known == ((job.id, 1),)
+    with pytest.raises(InvalidEvent, match=r"gave back attempts this pump holds: \[\(1, 1\)\]"):
+        t.send(ev.LeaseReconciled(now=2.2, released=frozenset({(job.id, 1)})))
+    assert t.driver.executing == 1

@@ -124,7 +124,7 @@ def test_a_failed_write_is_put_back_and_written_once_later():
     again = t.tick(1.4)
     # Same outcomes, same order, the claim sized before the write; the ride's failure may have
     # been a lost answer, so the lease is reconciled first (the three held jobs are known).
-    assert again == [cmd.ReconcileLease(lease_id=LEASE, known=(1, 2, 3)), write]
+    assert again == [cmd.ReconcileLease(lease_id=LEASE, known=((1, 1), (2, 1), (3, 1))), write]
     assert t.send(ev.LeaseReconciled(now=1.45, released=frozenset())) == [claim(1)]
     assert t.returned(now=1.5) == []
     assert t.written(write, now=1.6) == [claim(4)]
@@ -197,6 +197,22 @@ def test_failed_at_max_attempts_is_failed(attempt, max_attempts):
 def test_unroutable_is_quarantined_and_never_retried(attempt, max_attempts):
     outcome = _outcome_for("unroutable", attempt=attempt, max_attempts=max_attempts, jitter=0.5)
     assert outcome == Outcome(job_id=1, attempt=attempt, kind=OutcomeKind.QUARANTINED, retry_delay=None)
+
+
+def test_forgiven_attempts_count_neither_towards_the_limit_nor_the_backoff():
+    """An attempt that lapsed with its worker and was forgiven (see expire_leases) is not one of
+    max_attempts: attempt 3 with one forgiven is the second counted of three, so it retries, with
+    the second attempt's backoff; attempt 4 with one forgiven is the third, the last."""
+    t = Trace.running(pool_size=2)
+    retried = t.jobs.one(attempt=3, forgiven_attempts=1, max_attempts=3, backoff_base=2.0, backoff_max=100.0)
+    last = t.jobs.one(attempt=4, forgiven_attempts=1, max_attempts=3)
+    t.returned(retried, last, now=0.1)
+    t.finished(retried, "failed", jitter=0.0, now=0.2)
+    write, _ = t.finished(last, "failed", jitter=0.0, now=0.3)
+    assert [(o.job_id, o.attempt, o.kind, o.retry_delay) for o in write.outcomes] == [
+        (retried.id, 3, OutcomeKind.RETRY, retry_delay(attempt=2, base=2.0, cap=100.0, jitter=0.0)),
+        (last.id, 4, OutcomeKind.FAILED, None),
+    ]
 
 
 def test_mixed_results_in_one_batch_keep_finish_order():

@@ -1,5 +1,6 @@
 """Tasks the fault tests run (registered through BACKWAVE['TASK_MODULES'] in tests/settings.py)."""
 
+import os
 import time
 
 from django.tasks import task
@@ -45,3 +46,9 @@ def fails_once(context):
     if context.attempt == 1:
         raise RuntimeError("the first attempt fails")
     return context.attempt
+
+
+@task(queue_name="faults", max_attempts=3)
+def kills_its_worker():
+    """Ends the whole worker process on every attempt, as a segfault or the OOM killer would."""
+    os._exit(3)

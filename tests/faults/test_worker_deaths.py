@@ -1,7 +1,8 @@
 """Workers that die, stall or kill themselves: no job lost, no late write lands, no crash loop.
 
-Fault tests 1 (kill -9 with a full claim batch), 2 (the zombie write) and 6 (a job that
-os._exit()s its worker on every attempt)."""
+Fault tests 1 (kill -9 with a full claim batch), 2 (the zombie write), 6 (a job that
+os._exit()s its worker on every attempt) and 7 (the same crasher claimed in one batch with others,
+at the default pool size)."""
 
 from __future__ import annotations
 
@@ -100,8 +101,10 @@ def test_2_a_zombie_writes_late_and_changes_nothing(start_worker, stall):
 
 
 def test_6_a_job_that_kills_its_worker_every_time_fails_after_max_attempts(start_worker):
-    """os._exit() on every attempt: each try costs an attempt (counted at claim), so after
-    max_attempts the lapsed lease fails the job instead of handing it out again."""
+    """os._exit() on every attempt: the first lapse is forgiven (the job could have been a bystander
+    of another job's crash) and makes it a suspect; from then on each try costs an attempt, so
+    after max_attempts counted attempts the lapsed lease fails the job instead of handing it out
+    again."""
     doomed = worker_tasks.exits_process.enqueue()
     args = ("--queues", "e2e", "--pool-size", "1", "--lease-duration", "1", *FAST)
     deaths = 0
@@ -118,7 +121,7 @@ def test_6_a_job_that_kills_its_worker_every_time_fails_after_max_attempts(start
             break
         assert worker.process.returncode == 3, worker.output
         deaths += 1
-    assert deaths == 2, "one death per attempt, max_attempts = 2"
+    assert deaths == 3, "one forgiven death, then one per attempt, max_attempts = 2"
     assert survivor is not None
 
     # The survivor is not in a crash loop: it goes on running ordinary work.
@@ -128,7 +131,49 @@ def test_6_a_job_that_kills_its_worker_every_time_fails_after_max_attempts(start
     assert survivor.wait() == 0, survivor.output
 
     job = Job.objects.get(id=doomed.id)
-    assert (job.state, job.attempts) == ("failed", 2)
+    assert (job.state, job.attempts, job.forgiven_attempts) == ("failed", 3, 1)
     attempts = list(Attempt.objects.filter(job=job).values_list("state", "error_class"))
-    assert attempts == [("lapsed", "backwave.results.LeaseLapsed")] * 2
+    assert attempts == [("lapsed", "backwave.results.LeaseLapsed")] * 3
+    assert "not counted" in Attempt.objects.filter(job=job).first().traceback
     assert "no attempts left, the job failed" in Attempt.objects.filter(job=job).last().traceback
+
+
+def test_7_a_crashing_job_costs_the_jobs_claimed_with_it_nothing(start_worker):
+    """One job os._exit()s its worker on every attempt; ten others were claimed in the same batch
+    (the default pool of 20 takes all eleven at once) and die with it the first time. The test
+    restarts the worker after each death, as a supervisor would. Only the crasher pays: it fails
+    once its attempts are used up, and each of the ten succeeds, its attempt killed beside the
+    crasher not counted."""
+    results = enqueue_many([(tasks.work, (0.5,), {}) for _ in range(5)] + [(tasks.kills_its_worker, (), {})] + [(tasks.work, (0.5,), {}) for _ in range(5)])
+    crasher = int(results[5].id)
+    innocent = {int(r.id) for r in results} - {crasher}
+
+    def settled() -> bool:
+        return set(states()) <= {"failed", "succeeded"}
+
+    deaths, survivor = 0, None
+    for _ in range(8):
+        worker = start_worker("--queues", "faults", "--lease-duration", "1", *FAST)  # the default pool of 20
+        wait_until(lambda: worker.process.poll() is not None or settled(), what="the worker dying or every job settling", workers=[worker])
+        if worker.process.poll() is None:
+            survivor = worker
+            break
+        assert worker.process.returncode == 3, worker.output
+        deaths += 1
+    assert survivor is not None, f"still dying after {deaths} deaths: {states()}"
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait() == 0, survivor.output
+
+    assert states() == {"failed": 1, "succeeded": 10}
+    log = history()
+    job = Job.objects.get(id=crasher)
+    assert job.state == "failed"
+    assert [state for state, _ in log[crasher]] == ["lapsed"] * job.attempts == ["lapsed"] * deaths
+    counted = [a for a in Attempt.objects.filter(job=job) if "not counted" not in a.traceback]
+    assert len(counted) == job.max_attempts == 3, "the crasher pays exactly its max_attempts"
+    assert "no attempts left, the job failed" in counted[-1].traceback
+    for job_id in innocent:
+        assert [state for state, _ in log[job_id]] == ["lapsed", "succeeded"], (job_id, log[job_id])
+        (lapsed,) = Attempt.objects.filter(job_id=job_id, state="lapsed")
+        assert "not counted" in lapsed.traceback
+    assert Lease.objects.count() == 0

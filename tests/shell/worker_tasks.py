@@ -131,3 +131,11 @@ def waits_for_gate_on_first_attempt(context):
         ENTERED.append(int(context.task_result.id))
         GATE.wait(timeout=60)
     return context.attempt
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=3, backoff_base=0, backoff_max=0)
+def retries_at_once(context):
+    """The first attempt fails, and the retry is due at once (no backoff)."""
+    if context.attempt == 1:
+        raise RuntimeError("the first attempt fails on purpose")
+    return context.attempt

@@ -45,6 +45,19 @@ def test_a_budget_of_seeds_with_lost_replies_keeps_every_invariant():
     assert not failures, f"{len(failures)} of 80 seeds failed:\n\n" + "\n\n".join(failures[:3])
 
 
+def test_a_budget_of_seeds_with_jobs_that_kill_their_node_keeps_every_invariant():
+    """Some jobs end their process on every attempt (during the quiesce too): leases lapse with
+    every job beside them, no lease ever holds two suspects, and each crasher still ends failed
+    (the quiesce would report it stuck in a crash loop otherwise)."""
+    failures = []
+    for seed in range(80):
+        try:
+            run_seed(seed, replace(CLASSIC, crashers=True))
+        except SimulationFailure as failure:
+            failures.append(str(failure))
+    assert not failures, f"{len(failures)} of 80 seeds failed:\n\n" + "\n\n".join(failures[:3])
+
+
 def test_a_seed_replays_the_same_full_event_log():
     first = run_seed(1234, keep_log=True)
     second = run_seed(1234, keep_log=True)
@@ -104,7 +117,7 @@ def test_a_config_replays_through_its_flags():
 
 def test_every_knob_is_a_flag_and_classic_replays_through_them():
     command = replay_command(3, CLASSIC)
-    for knob in ("hostile-values", "tiny-backoffs", "crashing-jobs", "lease-losses", "pool-threads", "thread-checks", "observers", "report-checks"):
+    for knob in ("hostile-values", "tiny-backoffs", "crashers", "lease-losses", "pool-threads", "thread-checks", "observers", "report-checks"):
         assert f" --no-{knob} " in command
     assert " --max-databases 1 " in command
     args = _parser().parse_args(command.split()[3:])
@@ -194,6 +207,28 @@ def test_a_claim_that_ignores_concurrency_limits_is_caught(monkeypatch):
     monkeypatch.setattr(memory, "_room", lambda db, queue, limit: limit)
     failure = first_failure()
     assert "concurrency limit" in failure.problem, failure.problem
+
+
+def test_an_expiry_that_charges_every_batch_mate_of_a_crash_is_caught(monkeypatch):
+    def expire_charging_everyone(self, *, limit):
+        with self._operation() as (db, now):
+            gone = {lease.id for lease in db.leases.values() if lease.expires_at < now}
+            released = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
+            for lease_id in gone:
+                del db.leases[lease_id]
+            for job in released:  # every lapse counts, nobody is ever suspect
+                again = job.attempts - job.forgiven_attempts < job.max_attempts
+                job.state, job.lease_id = ("ready" if again else "failed"), None
+                job.run_at, job.finished_at = (now, None) if again else (job.run_at, now)
+                db.attempts[(job.id, job.attempts)] = memory.AttemptRow(
+                    job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
+                    started_at=job.last_attempted_at, finished_at=now,
+                )
+            return len(released)
+
+    monkeypatch.setattr(memory.InMemoryStore, "expire_leases", expire_charging_everyone)
+    failure = first_failure(replace(CLASSIC, crashers=True), seeds=range(100))
+    assert "failed although its handler never failed" in failure.problem, failure.problem
 
 
 def test_a_listener_that_reads_the_driver_is_caught(monkeypatch):

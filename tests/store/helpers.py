@@ -248,4 +248,5 @@ class MemoryRows:
 _JOB_COLUMNS = (
     "task_path", "queue", "priority", "payload", "state", "backend", "tags", "run_at", "enqueued_at", "started_at",
     "last_attempted_at", "finished_at", "attempts", "max_attempts", "backoff_base", "backoff_max", "lease_id", "worker_id",
+    "forgiven_attempts", "suspect",
 )

@@ -168,7 +168,8 @@ def test_releasing_nothing_costs_no_round_trip(store, lease):
 
 def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease, open_lease, rows):
     live = open_lease("host:2:default:0")
-    again, last = rows.make_jobs(1, max_attempts=2) + rows.make_jobs(1, max_attempts=1)
+    # `last` is a suspect (its previous attempt lapsed too): it pays; `again` is forgiven.
+    again, last = rows.make_jobs(1, max_attempts=2) + rows.make_jobs(1, max_attempts=1, suspect=True)
     claim(store, lease, limit=2)
     rows.make_jobs(1)
     (live_job,) = claim(store, live)
@@ -307,10 +308,37 @@ def test_reconcile_gives_back_only_what_the_pump_does_not_hold(store, lease, row
     """A claim whose answer was lost committed three jobs the pump never heard of."""
     jobs = rows.make_jobs(5)
     claimed = store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=5)
-    held = [job.id for job in claimed[:2]]
+    held = [(job.id, job.attempt) for job in claimed[:2]]
     released = store.reconcile_lease(lease_id=lease.id, known=held)
-    assert released == {job.id for job in claimed[2:]}
+    assert released == {(job.id, 1) for job in claimed[2:]}
     states = rows.states([job.pk for job in jobs])
     assert sorted(states.values()) == ["ready", "ready", "ready", "running", "running"]
-    assert all(rows.job(pk).attempts == 0 for pk in released), "the attempt that never ran is refunded"
+    assert all(rows.job(pk).attempts == 0 for pk, _ in released), "the attempt that never ran is refunded"
     assert store.reconcile_lease(lease_id=lease.id, known=held) == set()
+
+
+def test_reconcile_gives_back_a_later_attempt_of_a_job_the_pump_knows_at_an_earlier_one(store, lease, rows):
+    """A retry due at once: its write and the claim riding on it committed, and took the job back as
+    attempt 2 under the same lease, but the reply was lost. The pump still holds attempt 1's
+    outcome; attempt 2, which no one runs, is given back (a job held at its attempt is kept)."""
+    rows.make_jobs(2, max_attempts=3)
+    first, kept = claim(store, lease, limit=2)
+    retry = OutcomeRecord(job_id=first.id, attempt=1, kind=OutcomeKind.RETRY, retry_delay=0.0)
+    applied, (second,) = store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[retry], queues=["default"], limit=1)
+    assert (applied, second.id, second.attempt) == ({first.id}, first.id, 2)
+
+    assert store.reconcile_lease(lease_id=lease.id, known=[(first.id, 1), (kept.id, 1)]) == {(first.id, 2)}
+
+    job = rows.job(first.id)
+    assert (job.state, job.attempts, job.lease_id) == ("ready", 1, None)
+    assert rows.states([kept.id]) == {kept.id: "running"}
+    assert [(a.job_id, a.number, a.state) for a in rows.attempts()] == [(first.id, 1, "failed")]
+    assert store.reconcile_lease(lease_id=lease.id, known=[(kept.id, 1)]) == set()
+
+
+@pytest.mark.parametrize("known", [[1], [(1, "2")], [(1, 2, 3)]], ids=["a bare id", "a text attempt", "a triple"])
+def test_reconcile_refuses_what_is_not_job_attempt_pairs_before_sending(store, lease, known):
+    before = store.round_trips
+    with pytest.raises(TypeError, match=r"\(job id, attempt\) pairs of integers"):
+        store.reconcile_lease(lease_id=lease.id, known=known)
+    assert store.round_trips == before

@@ -4,7 +4,8 @@ Beyond the store's own rows (no job lost, no outcome applied twice, no pump over
 concurrency limits, one live lease per running attempt), the checks the widening added:
 
 - no job whose handler never failed ends failed on attempts lost only to other jobs that killed
-  their process (``process_killed_by``): a crash costs the job that crashed, not its batch-mates;
+  their process (``process_killed_by``), but for the cases README's "What a crash costs" names:
+  a crash costs the job that crashed, not its batch-mates;
 - a task_finished receiver sees only outcomes that were applied, each once (``notified``,
   ``written``, ``over``);
 - once every job has finished and every pump is at rest, no pump keeps anything of an attempt
@@ -40,7 +41,8 @@ class Invariants:
         self.enqueued: dict[int, MemoryDatabase] = {}  # job id -> the database it lives on
         self.final: dict[int, str] = {}  # job id -> the final state it first reached
         self.crashers: set[int] = set()  # jobs whose every attempt kills its process
-        self.lost_to: dict[tuple[int, int], int] = {}  # (job, attempt) -> the other job whose crash killed it
+        # (job, attempt) -> (the other job whose crash killed it, whether that crash may cost it the attempt)
+        self.lost_to: dict[tuple[int, int], tuple[int, bool]] = {}
         # task_finished as receivers saw it, and the outcomes the store applied or refused, both
         # by (job, attempt, the lease the attempt ran under).
         self.notifications: Counter[tuple[int, int, uuid.UUID]] = Counter()
@@ -65,6 +67,7 @@ class Invariants:
     def _check_database(self, db: MemoryDatabase) -> None:
         per_lease: Counter[uuid.UUID] = Counter()
         per_queue: Counter[str] = Counter()
+        suspects: Counter[uuid.UUID] = Counter()
         for job_id, home in self.enqueued.items():
             if home is not db:
                 continue
@@ -87,12 +90,22 @@ class Invariants:
                     raise SimulationBug(f"job {job_id} runs under lease {job.lease_id}, which no longer exists: no one can ever free it (lost)")
                 per_lease[job.lease_id] += 1
                 per_queue[job.queue] += 1
-            if job.attempts > job.max_attempts:
-                raise SimulationBug(f"job {job_id} is at attempt {job.attempts} of {job.max_attempts}")
+            if job.attempts - job.forgiven_attempts > job.max_attempts:
+                raise SimulationBug(
+                    f"job {job_id} is at attempt {job.attempts} ({job.forgiven_attempts} forgiven) of {job.max_attempts}"
+                )
+            if not 0 <= job.forgiven_attempts <= job.attempts:
+                raise SimulationBug(f"job {job_id} has {job.forgiven_attempts} forgiven attempts of {job.attempts}")
+            if state == "running" and job.suspect:
+                suspects[job.lease_id] += 1
         for lease_id, running in per_lease.items():
             if running > self.pool_size:
                 owner = self.lease_owner.get(lease_id)
                 raise SimulationBug(f"{running} jobs run under the lease of {owner.name if owner else lease_id}, pool_size is {self.pool_size}")
+        for lease_id, running in suspects.items():
+            if running > 1:
+                owner = self.lease_owner.get(lease_id)
+                raise SimulationBug(f"{running} suspects run under the lease of {owner.name if owner else lease_id}: a second death would convict both")
         for queue, running in per_queue.items():
             limit = db.queues.get(queue, (None, False))[0]
             if limit is not None and running > limit:
@@ -108,27 +121,40 @@ class Invariants:
                 raise SimulationBug(f"job {job_id} has an attempt row {number} past its attempt count {job.attempts}")
 
     def _check_not_charged_for_others(self, db: MemoryDatabase, job_id: int) -> None:
-        """A job that just failed: not one of its own handlers failed or crashed, and every attempt
-        it had was lost when another job killed the process it ran in."""
+        """A job that just failed: if not one of its own handlers failed or crashed, and every
+        attempt it had was lost when another job killed the process it ran in, then it may only
+        have paid for the crashes the README's "What a crash costs" says it pays for: as a suspect,
+        beside a crasher on another pump of the process or on the crasher's own first (forgiven)
+        crash. Every other such attempt is owed to it, so it cannot have used up max_attempts."""
         if job_id in self.crashers:
             return
         attempts = [(number, row) for (owner, number), row in db.attempts.items() if owner == job_id]
-        culprits = {self.lost_to.get((job_id, number)) for number, row in attempts if row.state == "lapsed"}
-        if attempts and all(row.state == "lapsed" for _, row in attempts) and None not in culprits:
+        lost = [self.lost_to.get((job_id, number)) for number, row in attempts if row.state == "lapsed"]
+        if not attempts or len(lost) < len(attempts) or None in lost:
+            return
+        paid = sum(1 for _, excused in lost if excused)
+        if paid < db.jobs[job_id].max_attempts:
+            culprits = sorted({culprit for culprit, _ in lost})
             raise SimulationBug(
                 f"job {job_id} failed although its handler never failed: each of its {len(attempts)} attempt(s) lapsed when "
-                f"job(s) {', '.join(map(str, sorted(culprits)))} killed the worker process it ran in (a batch-mate charged for another job's crash)"
+                f"job(s) {', '.join(map(str, culprits))} killed the worker process it ran in, {paid} of them as a suspect the "
+                f"crash may cost, of {db.jobs[job_id].max_attempts} attempts (a batch-mate charged for another job's crash)"
             )
 
     def process_killed_by(self, culprit: int, node: Node) -> None:
         """Job ``culprit``'s handler killed ``node``'s process: every other job running under the
         lease its pump holds loses that attempt because of it (a lease the pump had already given
-        up was lapsing anyway)."""
-        leases = {pump.driver.lease_id for pump in node.pumps.values() if pump.alive and pump.driver.lease_id is not None}
+        up was lapsing anyway). Noted with it: whether the crash may cost that job the attempt
+        (see _check_not_charged_for_others; a store without suspects has no such case)."""
+        held = {pump.driver.lease_id: pump for pump in node.pumps.values() if pump.alive and pump.driver.lease_id is not None}
+        crasher = self.enqueued[culprit].jobs[culprit]
+        crasher_suspect = getattr(crasher, "suspect", False)
         for db in self.world.databases:
             for job in db.jobs.values():
-                if job.state == "running" and job.id != culprit and job.lease_id in leases:
-                    self.lost_to[(job.id, job.attempts)] = culprit
+                if job.state == "running" and job.id != culprit and job.lease_id in held:
+                    beside = job.lease_id == crasher.lease_id
+                    excused = getattr(job, "suspect", False) and (not beside or not crasher_suspect)
+                    self.lost_to[(job.id, job.attempts)] = (culprit, excused)
 
     # ---- task_finished receivers --------------------------------------------------------------
 

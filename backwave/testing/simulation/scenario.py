@@ -21,7 +21,7 @@ from backwave.core.policy import Strict, Weighted
 QUEUES = ("q0", "q1", "q2")
 UNKNOWN_TASK = "sim.tasks.unknown"  # no handler: every attempt is unroutable
 TASK = "sim.tasks.work"
-CRASH_TASK = "sim.tasks.crash"  # every attempt kills its worker process (os._exit)
+CRASH_TASK = "sim.tasks.crash"  # every attempt kills its node (os._exit, a segfault, the OOM killer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,7 +36,7 @@ class Config:
     quiesce_limit: float = 240.0  # virtual seconds the quiesce may take before it counts as stuck
     hostile_values: bool = True  # handlers return values and raise errors PostgreSQL cannot store
     tiny_backoffs: bool = True  # zero and tiny backoffs: a retry may be due at once
-    crashing_jobs: bool = True  # jobs whose every attempt kills its worker process
+    crashers: bool = True  # some jobs kill their node on every attempt, during the quiesce too
     lease_losses: bool = True  # one pump cut off from its database, handlers that hang
     pool_threads: bool = True  # pool_size handler threads per pump; an abandoned handler keeps its thread
     thread_checks: bool = True  # only the pump's own thread touches its driver
@@ -61,7 +61,7 @@ class Config:
 
 
 CLASSIC = Config(
-    hostile_values=False, tiny_backoffs=False, crashing_jobs=False, lease_losses=False, pool_threads=False,
+    hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
     thread_checks=False, observers=False, report_checks=False, max_databases=1,
 )
 
@@ -167,7 +167,7 @@ class Scenario:
         if config.max_databases > 1:
             changes["databases"] = databases = rng.randint(1, config.max_databases)
             jobs = tuple(replace(job, database=rng.randrange(databases)) for job in jobs)
-        if config.crashing_jobs:
+        if config.crashers:
             crash_rate = rng.choice((0.0, 0.03, 0.1))
             jobs = tuple(replace(job, task_path=CRASH_TASK) if job.task_path == TASK and rng.random() < crash_rate else job for job in jobs)
         if config.hostile_values:

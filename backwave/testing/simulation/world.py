@@ -503,10 +503,11 @@ class World(Faults):
             self.invariants.notified(pump, outcome.job_id, outcome.attempt, lease, outcome.report.result)
 
     def _exit_process(self, pump: SimPump, job: ClaimedJob) -> None:
-        """The handler called os._exit: its process dies with every pump and handler in it, and
-        its supervisor starts it again."""
+        """The handler ends its process (os._exit, a segfault, the OOM killer): every pump of the
+        node dies with every job it ran. The process is restarted (a supervisor), during the
+        quiesce too: this is the job, not a fault."""
         node = pump.node
-        self.log.line(self.t, pump.name, f"job {job.id}.{job.attempt} exits its process")
+        self.log.line(self.t, pump.name, f"job #{job.id} attempt {job.attempt} kills n{node.index}")
         self.invariants.process_killed_by(job.id, node)
         self._crash(node)
         self.at(self.t + self.rng.uniform(0.2, 2.0), self._restart, node)
