@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
@@ -79,6 +80,33 @@ class BackWaveBackend(BaseTaskBackend):
         validate_django_options(task, queues=self.queues, alias=self.alias)
         super().validate_task(task)
         validate_backwave_options(task)
+        self._validate_backoff(task)
+
+    def _validate_backoff(self, task) -> None:
+        """A task's backoff cap must not be below its base, either of them possibly the default
+        (read only for a task that sets the other: the defaults' own pair is checked on use)."""
+        given_base, given_cap = getattr(task, "backoff_base", None), getattr(task, "backoff_max", None)
+        if given_base is None and given_cap is None:
+            return
+        base = given_base if given_base is not None else self._setting("DEFAULT_BACKOFF_BASE")
+        cap = given_cap if given_cap is not None else self._setting("DEFAULT_BACKOFF_MAX")
+        base_note = "" if given_base is not None else ", DEFAULT_BACKOFF_BASE"
+        cap_note = "" if given_cap is not None else ", DEFAULT_BACKOFF_MAX"
+        problem = conf.backoff_problem(
+            base, cap,
+            base_label=f"its backoff_base ({base:g} s{base_note})",
+            cap_label=f"backoff_max of task {task.module_path!r} ({cap:g} s{cap_note})",
+        )
+        if problem:
+            raise InvalidTask(problem)
+
+    def _defaults(self) -> dict:
+        """The enqueue-side settings (this backend's OPTIONS over BACKWAVE over the defaults)."""
+        defaults = {name: self._setting(name) for name in conf.BACKEND_OVERRIDABLE}
+        options = self.options if isinstance(self.options, Mapping) else None
+        if problem := conf.default_backoff_problem(options, self._options_where):
+            raise ImproperlyConfigured(problem)
+        return defaults
 
     # --- enqueue ------------------------------------------------------------------------------
 
@@ -104,12 +132,11 @@ class BackWaveBackend(BaseTaskBackend):
         """Validate one call as enqueue would and return the row it would insert, inserting
         nothing (how a schedule resolves the job it mints at each slot)."""
         self.validate_task(task)
-        defaults = {name: self._setting(name) for name in conf.BACKEND_OVERRIDABLE}
-        return self._new_job(task, args, kwargs, defaults)
+        return self._new_job(task, args, kwargs, self._defaults())
 
     def _enqueue_calls(self, calls: Sequence[TaskCall]) -> list[TaskResult]:
         """Validate every call, then insert them all with one statement and announce them."""
-        defaults = {name: self._setting(name) for name in conf.BACKEND_OVERRIDABLE}
+        defaults = self._defaults()
         validated = set()
         jobs = []
         for call in calls:

@@ -5,6 +5,9 @@ backwave.E002  settings.BACKWAVE has an unknown key (the message suggests the cl
 backwave.E003  a BACKWAVE value has the wrong kind (the message says what is allowed)
 backwave.E004  a TASK_MODULES entry names no importable module
 backwave.E005  a SCHEDULES entry names a task that cannot be imported as a django.tasks Task
+backwave.E006  a worker could not start on WORKER_GROUPS (an unknown option, an interval out of
+               range, a heartbeat past the self-fence) or on WORKER_STATEMENT_TIMEOUT /
+               WORKER_LOCK_TIMEOUT against the groups' leases (the message is the worker's own)
 backwave.W001  a BackWave backend enqueues into a database that no worker group serves
 
 Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
@@ -32,9 +35,17 @@ def check_backwave_settings(app_configs=None, **kwargs):
     for key in user:
         if key not in conf.DEFAULTS:
             errors.append(checks.Error(conf.unknown_key_message(key, conf.DEFAULTS, "settings.BACKWAVE"), id="backwave.E002"))
+    malformed = set()
     for name, value in user.items():
         if name in conf.DEFAULTS and (problem := conf.value_problem(name, value, "BACKWAVE")):
             errors.append(checks.Error(problem, id="backwave.E003"))
+            malformed.add(name)
+    if problem := conf.default_backoff_problem():
+        errors.append(checks.Error(problem, id="backwave.E003"))
+    if not malformed & {"WORKER_GROUPS", "WORKER_STATEMENT_TIMEOUT", "WORKER_LOCK_TIMEOUT"} and (problem := _worker_problem(user)):
+        errors.append(
+            checks.Error(problem, hint="The worker refuses to start on these settings; `manage.py backwave_worker` says the same.", id="backwave.E006")
+        )
     modules = user.get("TASK_MODULES", [])
     if not conf.value_problem("TASK_MODULES", modules, "BACKWAVE"):
         for module in modules:
@@ -58,6 +69,19 @@ def check_backwave_settings(app_configs=None, **kwargs):
                     )
                 )
     return errors
+
+
+def _worker_problem(user: Mapping) -> str | None:
+    """Why a worker started on these settings (without flags) would refuse to run, or None."""
+    from backwave.core.options import WorkerGroupConfigError, store_timeouts, validate_groups
+    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
+
+    try:
+        groups = validate_groups(group_from_mapping(raw) for raw in (user.get("WORKER_GROUPS") or IMPLICIT_GROUPS))
+        store_timeouts(groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT"))
+    except WorkerGroupConfigError as error:
+        return str(error)
+    return None
 
 
 def _task_problem(path: str) -> str | None:
@@ -95,7 +119,7 @@ def check_served_databases(app_configs=None, **kwargs):
         groups = validate_groups(group_from_mapping(raw) for raw in raw_groups)
         placed = place_groups(groups)
     except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
-        return []  # backwave.E003 or the worker's start-up says what is wrong with the groups
+        return []  # backwave.E003 or E006 says what is wrong with the groups
     warnings = []
     for backend in unserved_backends(placed):
         queues = ", ".join(sorted(backend.queues)) or "any queue"

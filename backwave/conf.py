@@ -48,13 +48,22 @@ DEFAULTS: dict[str, Any] = {
     # DATABASES entry leaves CONN_MAX_AGE at Django's default 0. A handler thread is not a web
     # request: closing after every attempt would open one PostgreSQL session per job.
     "WORKER_CONN_MAX_AGE": 600.0,
-    # The worker's own bookkeeping (claims, outcomes, leases) commits without waiting for the
-    # WAL flush. Only a crash of the PostgreSQL server itself can lose the last few hundred
-    # milliseconds of it, and what it loses is re-run (at-least-once) and still fenced
-    # (effect-once): a lost claim makes the job ready again, a lost outcome leaves the job under
-    # a lease that lapses. Enqueues keep the application's own setting. True restores the
-    # flush-per-commit at about a fifth of the throughput on an ordinary disk.
-    "WORKER_SYNCHRONOUS_COMMIT": False,
+    # True: the worker's own bookkeeping (claims, outcomes, leases) commits as durably as the
+    # database is configured to (BackWave leaves synchronous_commit alone). False: it commits
+    # without waiting for the WAL flush, set per transaction (SET LOCAL, PgBouncer-safe); only a
+    # crash of the PostgreSQL server itself can then lose its last few hundred milliseconds, and
+    # what it loses is re-run (at-least-once) and still fenced (effect-once). Measured with
+    # bench/throughput.py it gains little on an ordinary disk (see README), so durable is the
+    # default. Enqueues always keep the application's own setting.
+    "WORKER_SYNCHRONOUS_COMMIT": True,
+    # Seconds every statement of a worker's store may run, and wait for a lock, before it fails
+    # as a transient fault (SQLSTATE 57014, 55P03). None derives them from the shortest lease of
+    # the groups the worker runs: a fifth of it for a statement (6 s at the default 30 s lease),
+    # a third of that for a lock wait (2 s). A value given must be at most half the shortest
+    # lease, the lock timeout at most the statement timeout (checked at worker start and by
+    # `manage.py check`). Set per transaction, so the session's own values stay as they are.
+    "WORKER_STATEMENT_TIMEOUT": None,
+    "WORKER_LOCK_TIMEOUT": None,
     # Recurring jobs, by name: {"nightly": {"task": "shop.tasks.report", "cron": "0 3 * * *"}}.
     # Keys: task (wire name of a registered task) and cron (5 fields, or 6 with seconds last,
     # evaluated in settings.TIME_ZONE against the database clock), optionally args, kwargs,
@@ -101,6 +110,14 @@ def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
 def _seconds(value) -> str | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         return "a finite number of seconds >= 0"
+    return None
+
+
+def _positive_seconds_or_none(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        return "a finite number of seconds above 0, or None (derived from the lease)"
     return None
 
 
@@ -224,6 +241,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
     "WORKER_CONN_MAX_AGE": _seconds,
     "WORKER_SYNCHRONOUS_COMMIT": lambda value: None if isinstance(value, bool) else "True or False",
+    "WORKER_STATEMENT_TIMEOUT": _positive_seconds_or_none,
+    "WORKER_LOCK_TIMEOUT": _positive_seconds_or_none,
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
@@ -248,6 +267,33 @@ def value_problem(name: str, value, where: str) -> str | None:
     return f"{where}[{name!r}] must be {allowed}, got {value!r}."
 
 
+def backoff_problem(base, cap, *, base_label: str, cap_label: str) -> str | None:
+    """Why a backoff cap below its base is refused, or None; each label names its value and
+    where it came from. Values of the wrong kind are left to their own validators."""
+    if _seconds(base) or _seconds(cap) or cap >= base:
+        return None
+    return f"{cap_label} must be at least {base_label}: it caps every retry's delay, the first one included."
+
+
+def default_backoff_problem(options: Mapping | None = None, where: str = "OPTIONS") -> str | None:
+    """Why the default backoff cap is below the default base (a backend's ``options`` over
+    BACKWAVE over the defaults), or None."""
+    user = getattr(settings, "BACKWAVE", {})
+    if not isinstance(user, Mapping):
+        return None
+    values, labels = {}, {}
+    for name in ("DEFAULT_BACKOFF_BASE", "DEFAULT_BACKOFF_MAX"):
+        if isinstance(options, Mapping) and name in options:
+            values[name], origin, note = options[name], f"{where}[{name!r}]", ""
+        else:
+            values[name], origin, note = user.get(name, DEFAULTS[name]), f"BACKWAVE[{name!r}]", "" if name in user else ", its default"
+        labels[name] = f"{origin} ({values[name]:g} s{note})" if not _seconds(values[name]) else origin
+    return backoff_problem(
+        values["DEFAULT_BACKOFF_BASE"], values["DEFAULT_BACKOFF_MAX"],
+        base_label=labels["DEFAULT_BACKOFF_BASE"], cap_label=labels["DEFAULT_BACKOFF_MAX"],
+    )
+
+
 def retention() -> dict[str, float | None]:
     """BACKWAVE["RETENTION"] over its defaults: every key, in seconds or None."""
     return {**RETENTION_DEFAULTS, **get_setting("RETENTION")}
@@ -262,6 +308,8 @@ def settings_problems() -> list[str]:
     for name, value in user.items():
         if name in DEFAULTS and (problem := value_problem(name, value, "BACKWAVE")):
             problems.append(problem)
+    if problem := default_backoff_problem():
+        problems.append(problem)
     return problems
 
 
@@ -273,6 +321,9 @@ def options_problems(options, where: str) -> list[str]:
     for name, value in options.items():
         if name in BACKEND_OPTION_NAMES and (problem := value_problem(name, value, where)):
             problems.append(problem)
+    # Only when the backend sets one of them: BACKWAVE's own pair is settings_problems'.
+    if {"DEFAULT_BACKOFF_BASE", "DEFAULT_BACKOFF_MAX"} & options.keys() and (problem := default_backoff_problem(options, where)):
+        problems.append(problem)
     return problems
 
 

@@ -26,6 +26,7 @@ from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 
 from .queue_rules import QUEUE_NAME_RULE, is_queue_name
+from .store.storable import text_problem
 
 MAX_TASK_PATH_LENGTH = 255  # Job.task_path
 MAX_TAGS = 16
@@ -169,8 +170,8 @@ def json_problem(value, root: str) -> str | None:
             if not math.isfinite(item):
                 return f"{_trail_text(trail)} is {item!r}, which JSON cannot represent"
         elif isinstance(item, str):
-            if "\x00" in item:
-                return f"{_trail_text(trail)} contains a NUL character, which PostgreSQL's jsonb cannot store"
+            if problem := text_problem(item):
+                return f"{_trail_text(trail)} contains {problem}, which PostgreSQL's jsonb cannot store"
         elif depth >= MAX_JSON_DEPTH:
             return f"{_trail_text(trail)} is nested more than {MAX_JSON_DEPTH} levels deep"
         elif isinstance(item, (list, tuple)):
@@ -180,8 +181,8 @@ def json_problem(value, root: str) -> str | None:
             for key, child in item.items():
                 if not isinstance(key, str):
                     return f"{_trail_text(trail)} has the key {key!r} ({_type_name(key)}); JSON object keys must be strings"
-                if "\x00" in key:
-                    return f"{_trail_text(trail)} has a key with a NUL character, which PostgreSQL's jsonb cannot store"
+                if problem := text_problem(key):
+                    return f"{_trail_text(trail)} has a key with {problem}, which PostgreSQL's jsonb cannot store"
                 children.append((child, (trail, key), depth + 1))
             stack.extend(reversed(children))
         else:
@@ -205,9 +206,10 @@ def encode_payload(task, args, kwargs, *, max_bytes: int) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         problem = "the arguments refer to themselves" if "ircular" in str(exc) else json_problem(payload, "payload") or str(exc)
     else:
-        # Fast path: the round trip gives back an equal value and no NUL hides in a string. Only
-        # otherwise walk it (a non-string key, a NUL, or just a tuple, which is fine).
-        same = "\\u0000" not in encoded and json.loads(encoded) == payload
+        # Fast path: the round trip gives back an equal value and no \u escape (a NUL or a lone
+        # surrogate, which jsonb refuses, can only hide behind one). Only otherwise walk it (a
+        # non-string key, a NUL, a surrogate, or just a tuple or a non-ASCII letter, which are fine).
+        same = "\\u" not in encoded and json.loads(encoded) == payload
         problem = None if same else json_problem(payload, "payload")
     if problem:
         raise InvalidTask(

@@ -89,11 +89,7 @@ from . import commands as cmd
 from . import events as ev
 from .backoff import fault_delay, retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
-from .options import WorkerGroupOptions
-
-# A pump stops trusting its lease this far before the lease's nominal end (as seen from the last
-# renewal it sent), so it fences itself before another node could have expired the lease.
-SELF_FENCE_MARGIN = 0.1
+from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 
 # Rows one purge statement deletes at most; a full page means more are due, purged on the next
 # tick, so a large backlog never holds the pump (and its heartbeat) for long.

@@ -1,4 +1,5 @@
-"""Worker group options and their validation (the seeds' two messages, word for word)."""
+"""Worker group options and their validation (the seeds' two messages, word for word), and the
+store's per-statement time limits, which follow from the groups' leases."""
 
 from __future__ import annotations
 
@@ -14,6 +15,25 @@ class WorkerGroupConfigError(ValueError):
 
 
 DAY = 86_400.0
+DEFAULT_LEASE_DURATION = 30.0
+
+# A pump stops trusting its lease this far before the lease's nominal end (as seen from the last
+# renewal it sent), so it fences itself before another node could have expired the lease.
+SELF_FENCE_MARGIN = 0.1
+
+# No interval of a group may exceed a week: a longer poll, lease or drain is a unit mistake
+# (milliseconds for seconds), and PostgreSQL's interval arithmetic stays far from its range.
+MAX_INTERVAL = 7 * DAY
+
+# Why a fifth of the lease: the pump is single-threaded on its store, so a renewal due while a
+# statement runs waits for it. With the default heartbeat (a third of the lease) a renewal held
+# up by a statement cut at a fifth, then by a fault backoff (at most half a heartbeat), is sent
+# by 1/3 + 1/5 + 1/6 = 70% of the lease, before the self-fence at 90%. A third of that for
+# locks: a row lock BackWave's own statements hold lasts one short statement, so a longer wait
+# means someone else holds it (a long transaction, a migration) and is reported as such
+# (SQLSTATE 55P03, not 57014) while the pump still has most of its statement budget.
+STATEMENT_TIMEOUT_SHARE_OF_LEASE = 1 / 5
+LOCK_TIMEOUT_SHARE_OF_STATEMENT = 1 / 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +80,7 @@ class WorkerGroupOptions:
     max_claim_batch: int = 32
     max_outcome_batch: int | None = None  # None: falls back to max_claim_batch
     poll_interval: float = 1.0
-    lease_duration: float = 30.0
+    lease_duration: float = DEFAULT_LEASE_DURATION
     heartbeat_interval: float | None = None  # None: lease_duration / 3
     maintenance_interval: float = 30.0
     drain_timeout: float = 30.0
@@ -82,11 +102,9 @@ class WorkerGroupOptions:
 
 
 def validate_groups(groups: Iterable[WorkerGroupOptions]) -> list[WorkerGroupOptions]:
-    """Reject what the seeds reject: a duplicate group name, and fewer than one pump.
-
-    Like the original, the other dials carry no upper bound: they are the operator's to set.
-    Types and signs are checked where the options are parsed from settings or flags.
-    """
+    """Reject what the seeds reject (a duplicate group name, fewer than one pump), then intervals
+    a pump cannot run on: not a finite positive number of seconds, more than a week, or a
+    heartbeat that would come after the pump stopped trusting its lease."""
     seen: set[str] = set()
     validated = []
     for group in groups:
@@ -94,6 +112,73 @@ def validate_groups(groups: Iterable[WorkerGroupOptions]) -> list[WorkerGroupOpt
             raise WorkerGroupConfigError(f"Worker Group '{group.name}' is configured twice.")
         if group.pumps < 1:
             raise WorkerGroupConfigError(f"Worker Group '{group.name}' must run at least one Pump (Pumps = {group.pumps}).")
+        _check_intervals(group)
         seen.add(group.name)
         validated.append(group)
     return validated
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= MAX_INTERVAL
+
+
+def _check_intervals(group: WorkerGroupOptions) -> None:
+    for name in ("poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"):
+        value = getattr(group, name)
+        if name == "heartbeat_interval" and value is None:
+            continue
+        if not _is_seconds(value):
+            raise WorkerGroupConfigError(
+                f"Worker Group '{group.name}': {name} must be a number of seconds above 0 and at most {MAX_INTERVAL:,.0f} "
+                f"(a week), got {value!r}."
+            )
+    trusted_for = group.lease_duration * (1.0 - SELF_FENCE_MARGIN)
+    if group.heartbeat_every >= trusted_for:
+        raise WorkerGroupConfigError(
+            f"Worker Group '{group.name}': heartbeat_interval ({group.heartbeat_every:g} s) must be below "
+            f"{1 - SELF_FENCE_MARGIN:.0%} of lease_duration ({trusted_for:g} of {group.lease_duration:g} s), where the pump "
+            "stops trusting a lease it has not renewed; leave it None for a third of the lease."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTimeouts:
+    """The time limits every store statement of a worker process runs under, in seconds."""
+
+    statement: float
+    lock: float
+
+
+def store_timeouts(
+    groups: Iterable[WorkerGroupOptions], *, statement_timeout: float | None = None, lock_timeout: float | None = None
+) -> StoreTimeouts:
+    """The store's statement and lock timeouts for a process running ``groups`` (validated).
+
+    None derives a value: the statement timeout from the shortest lease of the groups (of the
+    default lease when there are none), the lock timeout from the statement timeout (see
+    STATEMENT_TIMEOUT_SHARE_OF_LEASE for why). A value given must leave a renewal stuck behind
+    a statement time to land: at most half the shortest lease of ``groups``; the lock timeout at
+    most the statement timeout, which would cut a longer lock wait first anyway.
+    """
+    for setting, value in (("WORKER_STATEMENT_TIMEOUT", statement_timeout), ("WORKER_LOCK_TIMEOUT", lock_timeout)):
+        if value is not None and not _is_seconds(value):
+            raise WorkerGroupConfigError(f"BACKWAVE[{setting!r}] must be a number of seconds above 0 or None (derived from the lease), got {value!r}.")
+    shortest = min(groups, key=lambda group: group.lease_duration, default=None)
+    if statement_timeout is None:
+        lease = shortest.lease_duration if shortest is not None else DEFAULT_LEASE_DURATION
+        statement_timeout = lease * STATEMENT_TIMEOUT_SHARE_OF_LEASE
+    elif shortest is not None and statement_timeout > shortest.lease_duration / 2:
+        raise WorkerGroupConfigError(
+            f"BACKWAVE['WORKER_STATEMENT_TIMEOUT'] ({statement_timeout:g} s) must be at most half the lease_duration of "
+            f"Worker Group '{shortest.name}' ({shortest.lease_duration:g} s): a heartbeat waiting behind a statement that long "
+            "would come too late to keep the lease. Lower it, lengthen the lease, or leave it None "
+            "(a fifth of the shortest lease)."
+        )
+    if lock_timeout is None:
+        lock_timeout = statement_timeout * LOCK_TIMEOUT_SHARE_OF_STATEMENT
+    elif lock_timeout > statement_timeout:
+        raise WorkerGroupConfigError(
+            f"BACKWAVE['WORKER_LOCK_TIMEOUT'] ({lock_timeout:g} s) must be at most the statement timeout ({statement_timeout:g} s), "
+            "which cuts a longer lock wait first. Lower it, or leave it None (a third of the statement timeout)."
+        )
+    return StoreTimeouts(statement=float(statement_timeout), lock=float(lock_timeout))

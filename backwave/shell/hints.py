@@ -23,6 +23,8 @@ from typing import Any
 
 import psycopg
 
+from backwave.store.postgres import worker_connect_params
+
 logger = logging.getLogger("backwave.hints")
 
 CHANNEL = "backwave_hint"
@@ -32,8 +34,10 @@ class HintListener:
     """A daemon thread that LISTENs and fans hints out to subscribers by queue name."""
 
     def __init__(self, connect_params: Mapping[str, Any], *, max_backoff: float = 5.0, wait_step: float = 0.5):
-        # Named, so an operator (or a test) can find the LISTEN sessions in pg_stat_activity.
-        self._connect_params = {**connect_params, "application_name": "backwave-hints"}
+        # Named, so an operator (or a test) can find the LISTEN sessions in pg_stat_activity. With
+        # TCP keepalives, a silent partition ends the LISTEN with an error within seconds and it
+        # reconnects, instead of waiting for hints that can no longer come.
+        self._connect_params = {**worker_connect_params(connect_params), "application_name": "backwave-hints"}
         self._subscribers: dict[str, list[Callable[[], None]]] = defaultdict(list)
         self._stop = threading.Event()
         self._max_backoff = max_backoff

@@ -1,10 +1,24 @@
 """PostgresStore: the Storage Contract on PostgreSQL, one SQL statement per operation.
 
-Theory of operation. A store owns one psycopg connection in autocommit mode, so every statement
-is its own transaction and no lock outlives the call that took it. Each operation is a single
+Theory of operation. A store owns one psycopg connection in autocommit mode, so every call is
+its own transaction and no lock outlives the call that took it. Each operation is a single
 hand-written statement from ``queries.sql`` (one network round-trip, counted in ``round_trips``);
-the one exception is ``write_outcomes_then_claim``, which pipelines two statements into one
-round-trip. Hot statements become server-side prepared after ``prepare_threshold`` uses.
+the claims add the lock of limited queues, and ``write_outcomes_then_claim`` the claim, in the
+same round-trip. Hot statements become server-side prepared after ``prepare_threshold`` uses.
+
+Per-transaction settings. The statement and lock timeouts (and synchronous_commit off, when
+asked for) are set by ``set_transaction_settings`` at the head of every round-trip: it goes down
+the same pipeline as the operation's statements, in the same implicit transaction (one Sync), so
+it costs no round-trip of its own. ``is_local`` makes it SET LOCAL: nothing is sent at connect
+(a startup ``options`` parameter is refused by a transaction-pooling PgBouncer) and nothing
+outlives the transaction (a session-level SET would stay on a pooled server connection and leak
+to the next client). A user's session-level values (``OPTIONS["options"]``) stay for the session;
+inside the store's own transactions BackWave's win.
+
+Bounded waits. A stuck lock or a slow statement ends in SQLSTATE 55P03 or 57014 within the
+timeouts; a silent network (a partition, a host gone without a FIN) ends in a connection error
+through TCP keepalives and ``tcp_user_timeout``: a transient fault within seconds, never a pump
+blocked for the kernel's quarter of an hour while its health says it is fine.
 
 Every timestamp is the database's ``now()``: the host clock is never sent, so clock skew between
 worker hosts cannot stretch or shorten a lease.
@@ -19,6 +33,7 @@ A store is used by one thread at a time (each pump owns its own).
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,19 +44,35 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
+from backwave.core.options import store_timeouts
 
 from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
-from .enqueue import insert_jobs
+from .enqueue import INSERT_JOBS_AND_HINT_SQL, insert_jobs_params
 from .queries import QUERIES
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 DEFAULT_APPLICATION_NAME = "backwave"
 DEFAULT_CONNECT_TIMEOUT = 10  # seconds (libpq's connect_timeout)
 
+# libpq's TCP keepalives, for every long-lived worker connection (the store's, the hint
+# listener's). The kernel's defaults wait two hours before a first probe of a silent connection,
+# and retransmit unacknowledged data for about fifteen minutes. With these a dead peer is noticed
+# after about 11 s (5 s of silence, then probes 2 s apart): the call in progress fails with a
+# connection error, a transient fault, and the next call reconnects. tcp_user_timeout (ms; libpq
+# 12 and later, Linux) bounds unacknowledged sends, and keepalive probes, to 10 s. Keys set in
+# DATABASES OPTIONS (or a conninfo) win. All of them are ignored on a Unix-domain socket.
+DEFAULT_KEEPALIVES: dict[str, int] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+DEFAULT_TCP_USER_TIMEOUT_MS = 10_000
+_LIBPQ_HAS_TCP_USER_TIMEOUT = psycopg.pq.version() >= 120000
+
 # Prepared on the second use: the claim, the outcome write and the heartbeat run thousands of
 # times per connection, so parsing and planning them once pays off at once. Pass None behind a
 # pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
 DEFAULT_PREPARE_THRESHOLD = 1
+
+# A store built outside a worker (which derives them from its groups' leases) gets the timeouts
+# of the default lease: 6 s for a statement, 2 s for a lock wait.
+DEFAULT_STORE_TIMEOUTS = store_timeouts(())
 
 # SQLSTATEs worth a retry on a later tick; class 08 (connection exception) and class 53
 # (insufficient resources: too many connections, out of memory) are transient as a whole.
@@ -71,6 +102,20 @@ def is_transient(exc: psycopg.Error, *, connection_broken: bool = False) -> bool
     return sqlstate in TRANSIENT_SQLSTATES or sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
 
 
+def worker_connect_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` plus the connect timeout and TCP keepalives of a worker's long-lived
+    connections (see DEFAULT_KEEPALIVES); a key ``params`` already has keeps its value."""
+    result = dict(params)
+    # A host that does not answer (a network partition, not a refused connection) must not
+    # hold the caller in connect() for ever: it reports a transient fault and retries.
+    result.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    for keyword, value in DEFAULT_KEEPALIVES.items():
+        result.setdefault(keyword, value)
+    if _LIBPQ_HAS_TCP_USER_TIMEOUT:
+        result.setdefault("tcp_user_timeout", DEFAULT_TCP_USER_TIMEOUT_MS)
+    return result
+
+
 def django_conninfo(settings_dict: Mapping[str, Any]) -> dict[str, Any]:
     """psycopg connection keywords for a Django ``DATABASES`` entry (PostgreSQL only)."""
     engine = settings_dict.get("ENGINE", "")
@@ -94,16 +139,24 @@ class PostgresStore:
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         application_name: str = DEFAULT_APPLICATION_NAME,
         synchronous_commit: bool = True,
+        statement_timeout: float | None = DEFAULT_STORE_TIMEOUTS.statement,
+        lock_timeout: float | None = DEFAULT_STORE_TIMEOUTS.lock,
     ) -> None:
-        params = conninfo_to_dict(conninfo) if isinstance(conninfo, str) else dict(conninfo)
-        if not synchronous_commit:
-            # Set at connect time (libpq 'options'), so it costs no round-trip and survives
-            # every reconnect. See BACKWAVE["WORKER_SYNCHRONOUS_COMMIT"] for why it is safe.
-            params["options"] = f"{params.get('options', '')} -c synchronous_commit=off".strip()
+        """``synchronous_commit`` False commits the store's transactions without waiting for
+        the WAL flush (see BACKWAVE["WORKER_SYNCHRONOUS_COMMIT"]); True leaves the database's
+        setting. The timeouts are seconds; None leaves the session's value (no limit, unless
+        the server or the connection's options set one)."""
+        settings = {
+            "statement_timeout": _milliseconds("statement_timeout", statement_timeout),
+            "lock_timeout": _milliseconds("lock_timeout", lock_timeout),
+            "synchronous_commit": None if synchronous_commit else "off",
+        }
+        # The head of every round-trip (see the module docstring), or None when nothing is set.
+        self._transaction_settings: tuple[str, dict[str, str | None]] | None = (
+            (QUERIES["set_transaction_settings"], settings) if any(value is not None for value in settings.values()) else None
+        )
+        params = worker_connect_params(conninfo_to_dict(conninfo) if isinstance(conninfo, str) else conninfo)
         params.setdefault("application_name", application_name)
-        # A host that does not answer (a network partition, not a refused connection) must not
-        # hold the pump in connect() for ever: it reports a transient fault and retries.
-        params.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
         params.setdefault("prepare_threshold", prepare_threshold)
         params["autocommit"] = True
         self._connect_params = params
@@ -117,12 +170,22 @@ class PostgresStore:
 
     @classmethod
     def from_django(cls, alias: str = "default", **kwargs: Any) -> PostgresStore:
-        """A store on the database of ``settings.DATABASES[alias]``, with a connection of its own."""
+        """A store on the database of ``settings.DATABASES[alias]``, with a connection of its own.
+
+        Settings not passed come from BACKWAVE: WORKER_SYNCHRONOUS_COMMIT, and the timeouts
+        WORKER_STATEMENT_TIMEOUT and WORKER_LOCK_TIMEOUT, a None there derived from the default
+        lease (the worker passes the values it derived from its groups' leases)."""
         from django.conf import settings
 
         from backwave import conf
 
         kwargs.setdefault("synchronous_commit", conf.get_setting("WORKER_SYNCHRONOUS_COMMIT"))
+        if "statement_timeout" not in kwargs or "lock_timeout" not in kwargs:
+            timeouts = store_timeouts(
+                (), statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
+            )
+            kwargs.setdefault("statement_timeout", timeouts.statement)
+            kwargs.setdefault("lock_timeout", timeouts.lock)
         return cls(django_conninfo(settings.DATABASES[alias]), **kwargs)
 
     # -- leases --------------------------------------------------------------------------------
@@ -196,37 +259,55 @@ class PostgresStore:
         return _applied(self._execute("write_outcomes_many", params), replaced)
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
-        """Run the named statements in order in one round-trip and one transaction.
+        """Run the named statements in order in one round-trip and one transaction."""
+        return self._round_trip(operation, [(name, QUERIES[name], params) for name, params in statements])
+
+    def _round_trip(self, operation: str, statements: list[tuple[str, str, Any]]) -> list[list[tuple]]:
+        """Run ``(name, sql, params)`` statements in order in one round-trip and one transaction,
+        after the per-transaction settings; the rows of each (the settings' left out).
 
         They go down one pipeline and share one implicit transaction, closed by the single Sync
         psycopg sends when the pipeline block exits. If one fails, the server skips every later
         message up to that Sync and the earlier ones roll back with it: the first error is raised
-        here and nothing is half-done.
+        here, naming the statement refused (``StoreError.statement``), and nothing is half-done.
         """
+        head = self._transaction_settings
+        if head is not None:
+            statements = [("set_transaction_settings", *head), *statements]
         refused: str | None = None
         try:
             with self._guard(operation) as conn:
                 self.round_trips += 1
+                if len(statements) == 1:
+                    ((refused, sql, params),) = statements
+                    cursor = conn.execute(sql, params)
+                    return [cursor.fetchall() if cursor.description is not None else []]
                 cursors: list[psycopg.Cursor] = []
                 try:
                     with conn.pipeline():
-                        for name, params in statements:
-                            cursors.append(conn.execute(QUERIES[name], params))
+                        for _, sql, params in statements:
+                            cursors.append(conn.execute(sql, params))
                 except psycopg.Error:
                     # The statement refused is the first without an answer: earlier ones have
                     # their results, the server skipped the later ones.
                     answered = sum(1 for cursor in cursors if cursor.pgresult is not None)
-                    refused = statements[min(answered, len(statements) - 1)][0]
-                    # psycopg records a statement as prepared when it queues its Parse; in an
-                    # aborted pipeline the server skips that Parse, and the cache would name a
-                    # statement that does not exist ("prepared statement _pg3_N does not exist"
-                    # on the next call). Only a fresh connection is certain to be clean; this is
-                    # the error path only.
-                    self._drop_connection()
+                    position = min(answered, len(statements) - 1)
+                    refused = statements[position][0]
+                    if position < len(statements) - 1:
+                        # psycopg records a statement as prepared when it queues its Parse; in an
+                        # aborted pipeline the server skips the Parse of every statement after the
+                        # refused one, and the cache would name a statement that does not exist
+                        # ("prepared statement _pg3_N does not exist" on the next call). Only a
+                        # fresh connection is certain to be clean; this is the error path only.
+                        # The refused statement's own Parse ran (ours fail at Bind or Execute), so
+                        # when it is the last, as behind the settings, the connection is kept.
+                        self._drop_connection()
                     raise
-                return [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
+                results = [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
+                return results[1:] if head is not None else results
         except StoreError as error:
-            error.statement = refused
+            if refused is not None:
+                error.statement = refused
             raise
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
@@ -245,10 +326,8 @@ class PostgresStore:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:
             return []
-        with self._guard("enqueue_many") as conn:
-            self.round_trips += 1
-            with conn.cursor() as cursor:
-                return insert_jobs(cursor, jobs)
+        (rows,) = self._round_trip("enqueue_many", [("enqueue_many", INSERT_JOBS_AND_HINT_SQL, insert_jobs_params(jobs))])
+        return [row[0] for row in rows]
 
     # -- maintenance: schedules, retention, pump health -----------------------------------------
 
@@ -333,10 +412,7 @@ class PostgresStore:
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> list[tuple]:
         """Run the named statement in one round-trip; its rows, or [] when it returns none."""
-        with self._guard(name) as conn:
-            self.round_trips += 1
-            cursor = conn.execute(QUERIES[name], params)
-            return cursor.fetchall() if cursor.description is not None else []
+        return self._round_trip(name, [(name, QUERIES[name], params)])[0]
 
     @contextmanager
     def _guard(self, operation: str) -> Iterator[psycopg.Connection]:
@@ -367,6 +443,15 @@ class PostgresStore:
                 error = TransientStoreError if is_transient(exc) else StoreError
                 raise error(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
         return self._conn
+
+
+def _milliseconds(name: str, seconds: float | None) -> str | None:
+    """A timeout for set_config(), in whole milliseconds (at least 1: 0 would mean no limit)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds above 0, or None to leave the session's value; got {seconds!r}")
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _seconds(duration: float) -> float:

@@ -14,6 +14,21 @@
 -- Every timestamp is the database's now(): no host clock is ever passed in.
 
 
+-- name: set_transaction_settings
+-- The head of every round-trip of a PostgresStore, in the same implicit transaction as the
+-- operation's statements (one pipeline, one Sync). set_config(..., is_local => true) is SET
+-- LOCAL: the value ends with the transaction, so it never outlives it on a connection that a
+-- pooler hands to another client. A NULL leaves that setting alone (set_config would reset it
+-- to the session's default). Fixed calls rather than unnest() over arrays: this runs on every
+-- round-trip, and the arrays cost more to send and plan than the settings themselves.
+SELECT CASE WHEN %(statement_timeout)s::text IS NOT NULL
+            THEN set_config('statement_timeout', %(statement_timeout)s::text, true) END,
+       CASE WHEN %(lock_timeout)s::text IS NOT NULL
+            THEN set_config('lock_timeout', %(lock_timeout)s::text, true) END,
+       CASE WHEN %(synchronous_commit)s::text IS NOT NULL
+            THEN set_config('synchronous_commit', %(synchronous_commit)s::text, true) END
+
+
 -- name: open_lease
 INSERT INTO backwave_lease (id, worker_id, "group", hostname, pid, created_at, renewed_at, expires_at)
 VALUES (%(lease_id)s, %(worker_id)s, %(group)s, %(hostname)s, %(pid)s,

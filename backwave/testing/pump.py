@@ -45,7 +45,7 @@ from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
-from backwave.core.options import Retention, WorkerGroupOptions
+from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
 from backwave.shell.execution import AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
 from backwave.shell.registry import TaskRegistry
@@ -387,7 +387,8 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides, datab
         options = replace(options, retention=retention)
     if queues is not None:
         options = replace(options, policy=Strict(*dict.fromkeys(queues)))
-    return replace(options, **overrides) if overrides else options
+    (options,) = validate_groups([replace(options, **overrides) if overrides else options])
+    return options
 
 
 def _known_queues(registry: TaskRegistry, database: str) -> list[str]:

@@ -41,6 +41,52 @@ def test_task_modules_must_exist(settings):
     assert "'tests.backend.no_such_module'" in error.msg
 
 
+@pytest.mark.parametrize(
+    ("backwave", "message"),
+    [
+        ({"WORKER_GROUPS": [{"name": "g", "lease_duration": 10, "heartbeat_interval": 9.5}]},
+         "Worker Group 'g': heartbeat_interval (9.5 s) must be below 90% of lease_duration (9 of 10 s)"),
+        ({"WORKER_GROUPS": [{"name": "g", "lease_duration": float("nan")}]},
+         "Worker Group 'g': lease_duration must be a number of seconds above 0 and at most 604,800 (a week), got nan."),
+        ({"WORKER_GROUPS": [{"name": "g", "pool_sise": 4}]}, "Worker Group 'g' has an unknown option 'pool_sise'. Did you mean 'pool_size'?"),
+        ({"WORKER_GROUPS": [{"name": "g"}, {"name": "g"}]}, "Worker Group 'g' is configured twice."),
+        ({"WORKER_GROUPS": [{"name": "g", "lease_duration": 10}], "WORKER_STATEMENT_TIMEOUT": 6},
+         "BACKWAVE['WORKER_STATEMENT_TIMEOUT'] (6 s) must be at most half the lease_duration of Worker Group 'g' (10 s)"),
+        # Without WORKER_GROUPS the worker runs one default group, with the default lease (30 s).
+        ({"WORKER_STATEMENT_TIMEOUT": 20}, "must be at most half the lease_duration of Worker Group 'default' (30 s)"),
+        ({"WORKER_LOCK_TIMEOUT": 7}, "BACKWAVE['WORKER_LOCK_TIMEOUT'] (7 s) must be at most the statement timeout (6 s)"),
+    ],
+)
+def test_worker_groups_and_timeouts_the_worker_cannot_run_on(settings, backwave, message):
+    settings.BACKWAVE = backwave
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E006"
+    assert message in error.msg
+
+
+def test_good_worker_groups_and_timeouts_pass(settings):
+    settings.BACKWAVE = {
+        "WORKER_GROUPS": [{"name": "a", "lease_duration": 60, "heartbeat_interval": 20}, {"name": "b", "lease_duration": 10}],
+        "WORKER_STATEMENT_TIMEOUT": 5, "WORKER_LOCK_TIMEOUT": 1,
+    }
+    assert check_backwave_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("backwave", "message"),
+    [
+        ({"DEFAULT_BACKOFF_BASE": 10.0, "DEFAULT_BACKOFF_MAX": 5.0},
+         "BACKWAVE['DEFAULT_BACKOFF_MAX'] (5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] (10 s)"),
+        ({"DEFAULT_BACKOFF_MAX": 0.5}, "BACKWAVE['DEFAULT_BACKOFF_MAX'] (0.5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] (1 s, its default)"),
+    ],
+)
+def test_the_default_backoff_cap_must_not_be_below_its_base(settings, backwave, message):
+    settings.BACKWAVE = backwave
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E003"
+    assert message in error.msg
+
+
 def with_backend(settings, **changes):
     settings.TASKS = {"default": {**settings.TASKS["default"], **changes}}
 
@@ -84,6 +130,16 @@ def test_bad_option_values(settings, options):
 def test_backend_checks_run_through_djangos_check_framework(settings):
     with_backend(settings, QUEUES=["bad queue"])
     assert "backwave.E103" in [message.id for message in checks.run_checks()]
+
+
+def test_a_backend_s_backoff_cap_below_the_base_it_inherits(settings):
+    with_backend(settings, OPTIONS={"DEFAULT_BACKOFF_MAX": 0.5})
+    (error,) = [message for message in task_backends["default"].check() if message.id.startswith("backwave.")]
+    assert error.id == "backwave.E105"
+    assert error.msg == (
+        "TASKS['default']['OPTIONS']['DEFAULT_BACKOFF_MAX'] (0.5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] "
+        "(1 s, its default): it caps every retry's delay, the first one included."
+    )
 
 
 # ---- backwave.W001: a backend's database that no worker group serves ----------------------------

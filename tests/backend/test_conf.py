@@ -19,6 +19,13 @@ def test_defaults_apply_when_backwave_does_not_set_them(settings):
     assert conf.get_setting("DATABASE") == "default"
 
 
+def test_the_worker_is_durable_and_its_timeouts_follow_the_lease_by_default(settings):
+    settings.BACKWAVE = {}
+    assert conf.get_setting("WORKER_SYNCHRONOUS_COMMIT") is True
+    assert conf.get_setting("WORKER_STATEMENT_TIMEOUT") is None
+    assert conf.get_setting("WORKER_LOCK_TIMEOUT") is None
+
+
 def test_missing_backwave_setting_means_defaults(settings):
     del settings.BACKWAVE
     assert conf.get_setting("DEFAULT_MAX_ATTEMPTS") == 3
@@ -69,6 +76,12 @@ def test_backwave_must_be_a_dict(settings):
         ("TASK_MODULES", "shop.tasks", "a list of dotted module paths"),
         ("WORKER_GROUPS", [("default",)], "a list of dicts"),
         ("MAX_TRACEBACK_CHARS", -1, "an integer >= 0"),
+        ("WORKER_SYNCHRONOUS_COMMIT", "off", "True or False"),
+        ("WORKER_STATEMENT_TIMEOUT", 0, "a finite number of seconds above 0, or None"),
+        ("WORKER_STATEMENT_TIMEOUT", float("nan"), "a finite number of seconds above 0, or None"),
+        ("WORKER_LOCK_TIMEOUT", -1.5, "a finite number of seconds above 0, or None"),
+        ("WORKER_LOCK_TIMEOUT", float("inf"), "a finite number of seconds above 0, or None"),
+        ("WORKER_LOCK_TIMEOUT", "2s", "a finite number of seconds above 0, or None"),
     ],
 )
 def test_bad_values_name_the_key_the_value_and_what_is_allowed(settings, name, value, allowed):

@@ -101,6 +101,9 @@ def test_aenqueue_writes_the_row():
         (({1, 2},), {}, "is a set"),
         ((), {"when": timezone.now()}, "is a datetime.datetime"),
         ((object(),), {}, "is a object"),
+        # What jsonb refuses although json.dumps writes it: found at enqueue, not by the server.
+        (("caf\udce9",), {}, r"\['args'\]\[0\] contains a lone surrogate"),
+        ((), {"name": {"x\ud800": 1}}, "has a key with a lone surrogate"),
     ],
 )
 def test_non_json_arguments_raise_and_write_nothing(django_assert_num_queries, args, kwargs, offender):

@@ -3,12 +3,14 @@
 from datetime import datetime, timedelta
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from backwave.backend import BackWaveBackend
 from django.tasks import task
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
+from backwave.models import Job
 from backwave.tasks_api import BackWaveTask
 
 from . import sample_tasks
@@ -55,6 +57,35 @@ def test_max_attempts_is_checked_by_using_too():
 def test_backoff_values_must_be_seconds(name, value):
     with pytest.raises(InvalidTask, match=rf"{name} of task .* must be a finite number of seconds >= 0"):
         sample_tasks.add.using(**{name: value})
+
+
+def test_a_backoff_cap_below_the_base_is_refused_at_definition():
+    with pytest.raises(InvalidTask) as caught:
+        sample_tasks.add.using(backoff_base=2.0, backoff_max=0.5)
+    assert str(caught.value) == (
+        "backoff_max of task 'tests.backend.sample_tasks.add' (0.5 s) must be at least its backoff_base (2 s): "
+        "it caps every retry's delay, the first one included."
+    )
+
+
+def test_a_backoff_cap_below_the_default_base_is_refused_too(settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "DEFAULT_BACKOFF_BASE": 10.0}
+    with pytest.raises(InvalidTask, match=r"backoff_max of task .* \(5 s\) must be at least its backoff_base \(10 s, DEFAULT_BACKOFF_BASE\)"):
+        sample_tasks.add.using(backoff_max=5.0)
+    with pytest.raises(InvalidTask, match=r"backoff_max of task .* \(3600 s, DEFAULT_BACKOFF_MAX\) must be at least its backoff_base \(7200 s\)"):
+        sample_tasks.add.using(backoff_base=7200.0)
+
+
+@pytest.mark.django_db
+def test_an_enqueue_under_a_default_backoff_cap_below_its_base_writes_nothing(settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "DEFAULT_BACKOFF_BASE": 10.0, "DEFAULT_BACKOFF_MAX": 5.0}
+    with pytest.raises(ImproperlyConfigured, match=r"BACKWAVE\['DEFAULT_BACKOFF_MAX'\] \(5 s\) must be at least BACKWAVE\['DEFAULT_BACKOFF_BASE'\] \(10 s\)"):
+        sample_tasks.add.enqueue(1, 2)
+    assert not Job.objects.exists()
+
+
+def test_a_backoff_cap_equal_to_the_base_is_allowed():
+    assert sample_tasks.add.using(backoff_base=2.0, backoff_max=2.0).backoff_max == 2.0
 
 
 def test_zero_backoff_is_allowed():

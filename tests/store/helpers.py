@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule
 from backwave.store.memory import AttemptRow, MemoryDatabase
+from backwave.store.queries import QUERIES
 from tests.factories import JobFactory
 
 
@@ -31,6 +32,24 @@ class LeaseRef:
 def ago(seconds: float) -> datetime:
     """A timestamp ``seconds`` in the past, for ordering fixtures only (run_at of test rows)."""
     return timezone.now() - timedelta(seconds=seconds)
+
+
+def in_effect(store) -> dict[str, tuple[str, str]]:
+    """(value inside the store's own transaction, the session's own value) of the settings
+    BackWave sets, read by a statement that goes through the store's round-trip like any other."""
+    QUERIES["probe_settings"] = (
+        "SELECT name, setting, reset_val FROM pg_settings WHERE name IN ('synchronous_commit', 'statement_timeout', 'lock_timeout')"
+    )
+    try:
+        return {name: (setting, reset) for name, setting, reset in store._execute("probe_settings", {})}
+    finally:
+        del QUERIES["probe_settings"]
+
+
+def server_default(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reset_val FROM pg_settings WHERE name = %s", [name])
+        return cursor.fetchone()[0]
 
 
 class PostgresRows:

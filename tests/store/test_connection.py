@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 
 import psycopg
@@ -10,8 +12,11 @@ import pytest
 from django.db import connection
 
 from backwave.core.jobs import OutcomeKind
+from backwave.shell.hints import HintListener
 from backwave.store.contract import OutcomeRecord, StoreError, TransientStoreError
 from backwave.store.postgres import PostgresStore, django_conninfo, is_transient
+
+from .helpers import in_effect, server_default
 
 # All PostgreSQL-only: connection settings, a killed backend, SQLSTATE classification.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stores("postgres")]
@@ -100,6 +105,19 @@ def test_a_constraint_violation_is_not_transient(store):
     assert store.renew_lease(lease_id=lease_id, duration=60) is True  # the connection is fine
 
 
+def test_a_statement_the_server_refuses_behind_the_transaction_settings_keeps_the_connection(store):
+    # The settings go down the same pipeline, first; a refused operation is still the last
+    # statement of it, so no later Parse was skipped and the connection stays clean.
+    pid = store.backend_pid
+    lease_id = uuid.uuid4()
+    store.open_lease(lease_id=lease_id, worker_id="w", group="g", hostname="h", pid=1, duration=60)
+    with pytest.raises(StoreError, match="23505") as caught:
+        store.open_lease(lease_id=lease_id, worker_id="w", group="g", hostname="h", pid=1, duration=60)
+    assert caught.value.statement == "open_lease"
+    assert store.backend_pid == pid
+    assert store.renew_lease(lease_id=lease_id, duration=60) is True
+
+
 def test_a_closed_store_refuses_work(store):
     store.close()
     with pytest.raises(StoreError, match="closed"):
@@ -121,3 +139,151 @@ def test_client_side_connection_errors_and_broken_connections_are_transient():
     assert is_transient(psycopg.OperationalError("connection refused"))
     assert is_transient(psycopg.errors.lookup("42P01")("boom"), connection_broken=True)
     assert not is_transient(psycopg.InterfaceError("misuse"))
+
+
+# ---- bounded waits: lock and statement timeouts, TCP keepalives ---------------------------------
+
+
+@pytest.fixture
+def lock_holder(transactional_db):
+    """Take a row lock on a connection of its own and hold it. The holder's session ends itself
+    after a few seconds idle in its transaction, so a store that does not give up on the lock
+    still gets it back in the end (and the test then fails instead of hanging)."""
+    holders = []
+
+    def hold(sql: str, params) -> None:
+        holder = psycopg.connect(**django_conninfo(connection.settings_dict))
+        holder.execute("SET idle_in_transaction_session_timeout = '4s'")
+        holder.execute(sql, params)  # opens the transaction that keeps the lock
+        holders.append(holder)
+
+    yield hold
+    for holder in holders:
+        holder.close()
+
+
+def lease_row_locked_by(lock_holder, lease):
+    lock_holder("SELECT 1 FROM backwave_lease WHERE id = %s FOR UPDATE", [lease.id])
+
+
+def test_a_row_lock_held_elsewhere_becomes_a_transient_lock_timeout(store, lease, lock_holder):
+    lease_row_locked_by(lock_holder, lease)
+
+    with pytest.raises(TransientStoreError, match=r"renew_lease failed \[55P03\]") as caught:
+        store.renew_lease(lease_id=lease.id, duration=60)
+    assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
+
+
+def test_a_statement_that_runs_too_long_becomes_a_transient_statement_timeout(make_store, lease, lock_holder):
+    # No lock timeout: the wait for the row lock is simply a statement that does not finish.
+    store = make_store(statement_timeout=0.2, lock_timeout=None)
+    lease_row_locked_by(lock_holder, lease)
+
+    with pytest.raises(TransientStoreError, match=r"renew_lease failed \[57014\]") as caught:
+        store.renew_lease(lease_id=lease.id, duration=60)
+    assert isinstance(caught.value.__cause__, psycopg.errors.QueryCanceled)
+
+
+def test_by_default_statements_run_under_timeouts_from_the_lease_and_the_database_s_commit_setting(settings, store_kind, make_store):
+    worker_settings = ("WORKER_SYNCHRONOUS_COMMIT", "WORKER_STATEMENT_TIMEOUT", "WORKER_LOCK_TIMEOUT")
+    settings.BACKWAVE = {key: value for key, value in settings.BACKWAVE.items() if key not in worker_settings}
+    applied = in_effect(make_store())
+    # Derived from the default lease (30 s): a fifth for a statement, a third of that for a lock.
+    assert applied["statement_timeout"][0] == "6000"
+    assert applied["lock_timeout"][0] == "2000"
+    assert applied["synchronous_commit"] == (server_default("synchronous_commit"),) * 2
+
+
+def test_synchronous_commit_off_is_set_per_transaction_and_never_at_connect(settings, store_kind, make_store):
+    settings.BACKWAVE = {**settings.BACKWAVE, "WORKER_SYNCHRONOUS_COMMIT": False}
+    store = make_store()
+    before = store.round_trips
+
+    inside, session = in_effect(store)["synchronous_commit"]
+    assert inside == "off"
+    # The session's own value (what a startup option or a SET after connect would change) is the
+    # server's: nothing is sent at connect that a transaction-pooling PgBouncer would refuse.
+    assert session == server_default("synchronous_commit") == "on"
+    assert store.round_trips == before + 1
+    # Timeouts travel the same way: inside the transaction only.
+    for name in ("statement_timeout", "lock_timeout"):
+        inside, session = in_effect(store)[name]
+        assert inside != "0"
+        assert session == server_default(name)
+
+
+def test_settings_of_the_session_from_database_options_stay_and_backwave_s_win_inside_its_transactions(transactional_db):
+    params = {**django_conninfo(connection.settings_dict), "options": "-c statement_timeout=60000 -c lock_timeout=50000"}
+    with PostgresStore(params, statement_timeout=1.5, lock_timeout=0.5) as store:
+        settings = in_effect(store)
+    assert settings["statement_timeout"] == ("1500", "60000")
+    assert settings["lock_timeout"] == ("500", "50000")
+
+
+def test_a_store_may_leave_every_setting_as_the_session_has_it(transactional_db):
+    with PostgresStore(django_conninfo(connection.settings_dict), statement_timeout=None, lock_timeout=None) as store:
+        before = store.round_trips
+        settings = in_effect(store)
+        assert store.round_trips == before + 1
+    assert all(inside == session for inside, session in settings.values())
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "5"])
+@pytest.mark.parametrize("keyword", ["statement_timeout", "lock_timeout"])
+def test_a_timeout_must_be_a_positive_number_of_seconds(keyword, value):
+    with pytest.raises(ValueError, match=rf"^{keyword} must be a finite number of seconds above 0, or None to leave the session's value; got {value!r}$"):
+        PostgresStore({"host": "/nonexistent", "dbname": "x"}, **{keyword: value})
+
+
+def client_socket_options(backend_pid: int) -> dict[str, int]:
+    """The TCP options libpq put on this process's socket to the server backend ``backend_pid``
+    (found by the client port the server reports for it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT client_port FROM pg_stat_activity WHERE pid = %s", [backend_pid])
+        (port,) = cursor.fetchone()
+    if port is None or port < 0:
+        pytest.skip("the database is reached over a Unix socket, where TCP keepalives do not apply")
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue  # not a socket
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != port:
+                continue
+            return {
+                "keepalives": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                "keepalives_idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                "keepalives_interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                "keepalives_count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                "tcp_user_timeout": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+            }
+    raise AssertionError(f"no socket of this process has the local port {port}")
+
+
+# A dead peer is noticed within seconds, not the kernel's two hours of silence before a first
+# keepalive probe, nor its quarter of an hour of retransmissions.
+BACKWAVE_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10_000}
+
+
+def test_a_store_connection_carries_tcp_keepalives(store):
+    assert client_socket_options(store.backend_pid) == BACKWAVE_KEEPALIVES
+
+
+def test_keepalives_set_in_the_database_options_win(transactional_db):
+    params = {**django_conninfo(connection.settings_dict), "keepalives_idle": 30, "tcp_user_timeout": 0}
+    with PostgresStore(params) as store:
+        assert client_socket_options(store.backend_pid) == {**BACKWAVE_KEEPALIVES, "keepalives_idle": 30, "tcp_user_timeout": 0}
+
+
+def test_the_hint_listener_connection_carries_tcp_keepalives(transactional_db):
+    listener = HintListener(django_conninfo(connection.settings_dict))
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+            (pid,) = cursor.fetchone()
+        assert client_socket_options(pid) == BACKWAVE_KEEPALIVES
+    finally:
+        listener.stop()

@@ -246,6 +246,21 @@ def test_retention_purges_finished_jobs_on_virtual_time(pump, settings):
     pump.close()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"lease_duration": float("nan")}, r"^Worker Group 'backwave-test': lease_duration must be a number of seconds above 0"),
+        ({"poll_interval": -1}, r"^Worker Group 'backwave-test': poll_interval must be a number of seconds above 0"),
+        ({"heartbeat_interval": 3500}, r"^Worker Group 'backwave-test': heartbeat_interval \(3500 s\) must be below 90% of lease_duration"),
+    ],
+)
+def test_options_a_worker_would_refuse_are_refused_here_too(db, overrides, message):
+    from backwave.core.options import WorkerGroupConfigError
+
+    with pytest.raises(WorkerGroupConfigError, match=message):
+        DeterministicPump(tasks=[tasks], **overrides)
+
+
 @pytest.mark.django_db(databases=["default", "other"])
 def test_a_pump_on_another_database_runs_that_backends_jobs_with_that_databases_settings(settings):
     settings.BACKWAVE = {

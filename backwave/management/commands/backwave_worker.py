@@ -10,17 +10,23 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf, operations
-from backwave.core.options import Retention, WorkerGroupConfigError, validate_groups
+from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
 from backwave.databases import database_problem, place_groups, queues_in
 from backwave.shell.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
 from backwave.shell.worker import IMPLICIT_GROUPS, Worker, group_from_mapping
+
+if TYPE_CHECKING:
+    from backwave.store.postgres import PostgresStore
 
 logger = logging.getLogger("backwave.worker")
 
@@ -64,15 +70,16 @@ class Command(BaseCommand):
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
+            store_factory = store_factory_for(groups)
             databases = list(dict.fromkeys(group.database for group in groups))
             registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
             for database in databases:
-                _sync_schedules(registry, database)
+                _sync_schedules(registry, database, store_factory)
             for database in databases:
                 _apply_queue_settings(database, groups)
             worker = Worker(
                 groups,
-                store_factory=_store_factory,
+                store_factory=store_factory,
                 registry=registry,
                 max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
                 max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
@@ -136,7 +143,7 @@ class Command(BaseCommand):
         return place_groups(groups, database=database)
 
 
-def _sync_schedules(registry, database: str) -> None:
+def _sync_schedules(registry, database: str, store_factory: Callable[[str], PostgresStore]) -> None:
     """Write the schedules of BACKWAVE["SCHEDULES"] whose backend enqueues into ``database`` to
     its Schedule table (ScheduleConfigError, a ValueError, when any one cannot run). With the
     database unreachable the worker starts anyway on the rows of the last sync: its pumps wait
@@ -146,7 +153,7 @@ def _sync_schedules(registry, database: str) -> None:
 
     schedules = conf.get_setting("SCHEDULES")
     try:
-        store = _store_factory(database)
+        store = store_factory(database)
     except TransientStoreError as error:
         logger.warning("Schedules not synced, database %r is unreachable: %s", database, error)
         return
@@ -174,7 +181,14 @@ def _hint_listener(database: str):
     return HintListener(django_conninfo(settings.DATABASES[database]))
 
 
-def _store_factory(database: str):
+def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], PostgresStore]:
+    """``factory(alias)``: stores on a database for a worker running ``groups``, every statement
+    under the timeouts of BACKWAVE["WORKER_STATEMENT_TIMEOUT"] / ["WORKER_LOCK_TIMEOUT"], or those
+    derived from the shortest lease of all the groups. Checked here, at start, so a value the
+    leases cannot live with stops the worker before any pump runs (WorkerGroupConfigError)."""
     from backwave.store.postgres import PostgresStore
 
-    return PostgresStore.from_django(database)
+    timeouts = store_timeouts(
+        groups, statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
+    )
+    return partial(PostgresStore.from_django, statement_timeout=timeouts.statement, lock_timeout=timeouts.lock)

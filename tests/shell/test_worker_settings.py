@@ -1,0 +1,77 @@
+"""The worker refuses, before it starts, settings it cannot run on (a group's intervals, the
+store's timeouts against the leases), and its stores run under the timeouts of its groups."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from backwave.management.commands.backwave_worker import store_factory_for
+from backwave.shell.worker import group_from_mapping
+from tests.store.helpers import in_effect
+
+# --until-idle: a worker that wrongly starts finds nothing to do and ends, so the test fails
+# instead of waiting.
+ONE_OFF = ("--queues", "e2e", "--no-hints", "--until-idle")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("backwave", "args", "message"),
+    [
+        (
+            {"WORKER_STATEMENT_TIMEOUT": 6.0},
+            (*ONE_OFF, "--lease-duration", "10"),
+            r"^BACKWAVE\['WORKER_STATEMENT_TIMEOUT'\] \(6 s\) must be at most half the lease_duration of Worker Group 'cli' \(10 s\)",
+        ),
+        (
+            {"WORKER_LOCK_TIMEOUT": 3.0},
+            (*ONE_OFF, "--lease-duration", "10"),
+            r"^BACKWAVE\['WORKER_LOCK_TIMEOUT'\] \(3 s\) must be at most the statement timeout \(2 s\)",
+        ),
+        (
+            {},
+            (*ONE_OFF, "--lease-duration", "nan"),
+            r"^Worker Group 'cli': lease_duration must be a number of seconds above 0 and at most 604,800 \(a week\), got nan\.$",
+        ),
+        (
+            {},
+            (*ONE_OFF, "--poll-interval", "inf"),
+            r"^Worker Group 'cli': poll_interval must be a number of seconds above 0 and at most 604,800 \(a week\), got inf\.$",
+        ),
+        (
+            {"WORKER_GROUPS": [{"name": "hb", "queues": ["e2e"], "lease_duration": 3, "heartbeat_interval": 3}]},
+            ("--no-hints", "--until-idle"),
+            r"^Worker Group 'hb': heartbeat_interval \(3 s\) must be below 90% of lease_duration \(2\.7 of 3 s\)",
+        ),
+    ],
+)
+def test_a_setting_the_worker_cannot_run_on_stops_it_before_it_starts(settings, backwave, args, message):
+    settings.BACKWAVE = {**settings.BACKWAVE, **backwave}
+    with pytest.raises(CommandError, match=message):
+        call_command("backwave_worker", *args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_s_stores_run_under_timeouts_from_its_shortest_lease(settings):
+    settings.BACKWAVE = {key: value for key, value in settings.BACKWAVE.items() if not key.endswith("_TIMEOUT")}
+    groups = [group_from_mapping({"name": "long", "lease_duration": 60}), group_from_mapping({"name": "short", "lease_duration": 12})]
+    store = store_factory_for(groups)("default")
+    try:
+        applied = in_effect(store)
+    finally:
+        store.close()
+    assert applied["statement_timeout"][0] == "2400"  # a fifth of 12 s
+    assert applied["lock_timeout"][0] == "800"  # a third of that
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_s_stores_take_the_timeouts_set_in_settings(settings):
+    settings.BACKWAVE = {**settings.BACKWAVE, "WORKER_STATEMENT_TIMEOUT": 4, "WORKER_LOCK_TIMEOUT": 0.25}
+    store = store_factory_for([group_from_mapping({"name": "g", "lease_duration": 30})])("default")
+    try:
+        applied = in_effect(store)
+    finally:
+        store.close()
+    assert (applied["statement_timeout"][0], applied["lock_timeout"][0]) == ("4000", "250")
