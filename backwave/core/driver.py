@@ -11,7 +11,11 @@ deterministic test pump make identical decisions.
 
 Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed and not yet
 reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
-its slot, because it still holds its lease; the slot reopens when the write lands.
+its slot, because it still holds its lease; the slot reopens when the write lands. An attempt
+abandoned with a lost lease holds its slot too, until its JobFinished arrives: its handler still
+runs on one of the pool's ``pool_size`` threads, and a job claimed for that thread would wait in
+the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
+A drain never waits for abandoned handlers: their jobs are no longer the pump's.
 
 Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
 the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
@@ -36,13 +40,20 @@ Lifecycle states and the events each accepts::
               |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
               |                  | a full purge page: the next PurgeJobs;              |
               |                  | lease presumed lapsed: self-fence                   | OPENING
-    RUNNING   | HintReceived     | bring the poll forward (one pending-poll slot)      | RUNNING
+    RUNNING   | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
+              |                  | permitting (one pending-poll slot: a burst costs    |
+              |                  | one extra claim); else a free slot: poll now; none: |
+              |                  | nothing                                             |
     RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
     RUNNING   | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
               |                  | buffer; flush when the batch is full or nothing     |
               |                  | executes: WriteOutcomes + ClaimJobs                 |
     RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all, OpenLease         | RUNNING/OPENING
+    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
+              |                  | taken until their handlers return), OpenLease       |
+    any*      | JobFinished of   | no outcome; its slot reopens (a poll or a write's   | same
+              | an abandoned     | claim uses it)                                      |
+              | attempt          |                                                     |
     RUNNING   | JobsPurged       | a full page: purge again on the next tick           | RUNNING
     any*      | LeasesExpired,   | maintenance results: nothing to do                  | same
               | SchedulesMinted, |                                                     |
@@ -142,7 +153,9 @@ class NodeDriver:
         self._executing: dict[int, ClaimedJob] = {}
         self._buffer: deque[Outcome] = deque()
         self._writing: tuple[Outcome, ...] = ()
-        self._abandoned: set[tuple[int, int]] = set()  # (job id, attempt) given up with a lost lease
+        # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
+        # returned yet: each still occupies a thread of the pool, so it still takes a slot.
+        self._abandoned: set[tuple[int, int]] = set()
         # Claims in flight, in the order they were sent (their answers come back in that order).
         self._claims: deque[tuple[tuple[str, ...], int]] = deque()
         self._policy_state: dict[str, int] = {}  # the dispatch policy's round-robin memory
@@ -195,7 +208,9 @@ class NodeDriver:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.options.pool_size - self.unreported - self._claim_limit)
+        """Threads of the pool no job holds: claimed jobs, claims in flight and abandoned handlers
+        each take one."""
+        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._abandoned))
 
     @property
     def idle(self) -> bool:
@@ -275,6 +290,10 @@ class NodeDriver:
         if self._claim_limit:
             self._hint_during_claim = True
             return []
+        if not self.free_slots:
+            # Nothing to claim with; a slot that reopens through a write claims anyway. (Polling
+            # now would only flush a half-full buffer early.)
+            return []
         self._next_poll = min(self._next_poll, event.now)
         return self._on_due(event.now)
 
@@ -297,11 +316,12 @@ class NodeDriver:
         # obsolete, and it must not share a batch with the new attempt's outcome.
         claimed_ids = set(ids)
         obsolete = [o for o in self._buffer if o.job_id in claimed_ids]
-        if self.unreported - len(obsolete) + len(event.jobs) > self.options.pool_size:
+        if self.unreported - len(obsolete) + len(self._abandoned) + len(event.jobs) > self.options.pool_size:
+            abandoned = f" + {len(self._abandoned)} abandoned" if self._abandoned else ""
             raise InvalidEvent(
                 event,
                 self.state,
-                f"backpressure violated: {self.unreported} unreported + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
+                f"backpressure violated: {self.unreported} unreported{abandoned} + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
             )
         self._claims.popleft()
         if len(event.jobs) < asked:
@@ -642,7 +662,7 @@ class NodeDriver:
             # The claim runs after the write lands, so the slots the write frees are counted as
             # free: size it without the batch being written.
             limit = min(
-                self.options.pool_size - len(self._executing) - len(self._buffer),
+                self.options.pool_size - len(self._executing) - len(self._buffer) - len(self._abandoned),
                 self.options.max_claim_batch,
             )
             if limit > 0:

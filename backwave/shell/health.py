@@ -5,10 +5,16 @@ it stopped, its lease lapses and other pumps take its jobs). A group is halted o
 one of its pumps is; one halted pump among live siblings makes it degraded. The same rule serves
 the endpoint (the pumps of one process) and ``manage.py backwave_health`` (every pump's row).
 
-The endpoint (``backwave_worker --health-port N``) answers any GET with a JSON body: 200 while no
-group of the process is halted, 503 once one is, which is what a load balancer's or an
-orchestrator's probe needs. It runs the standard library's HTTP server on a daemon thread and
-reads only in-memory state, so it answers even while the database is unreachable.
+A process is halted when one of its groups is, and unhealthy when a part of it has stopped
+working without halting: a wake-up hint listener's thread died, or a pump has had no store call
+complete for longer than its lease (stalled, whatever the reason). It is degraded when anything
+is (a degraded pump, a listener reconnecting: polling covers for it).
+
+The endpoint (``backwave_worker --health-port N``) answers any GET with a JSON body: 200 while the
+process is healthy or degraded, 503 once it is halted or unhealthy, which is what a load
+balancer's or an orchestrator's probe needs. It runs the standard library's HTTP server on a
+daemon thread and reads only in-memory state, so it answers even while the database is
+unreachable.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from typing import Any
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
 
 logger = logging.getLogger("backwave.health")
+
+UNHEALTHY = "unhealthy"  # a process-level verdict only: a pump's own status is one of core.health's three
+FAILING = frozenset({HALTED, UNHEALTHY})  # the endpoint answers 503
 
 
 def group_status(statuses: Iterable[str]) -> str:
@@ -41,6 +50,17 @@ def overall_status(group_statuses: Iterable[str]) -> str:
     if HALTED in statuses:
         return HALTED
     return DEGRADED if DEGRADED in statuses else HEALTHY
+
+
+def process_status(group_statuses: Iterable[str], *, unhealthy: bool = False, degraded: bool = False) -> str:
+    """The process's verdict: its groups' (``overall_status``), made unhealthy by a part of the
+    process that stopped working, or degraded by one that limps."""
+    status = overall_status(group_statuses)
+    if status == HALTED:
+        return HALTED
+    if unhealthy:
+        return UNHEALTHY
+    return DEGRADED if degraded else status
 
 
 class HealthServer:
@@ -67,7 +87,7 @@ def _handler_for(snapshot: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequest
         def do_GET(self):  # noqa: N802 - the name http.server calls
             try:
                 body = snapshot()
-                code = 503 if body["status"] == HALTED else 200
+                code = 503 if body["status"] in FAILING else 200
             except Exception as error:  # a bug here must not look like a healthy worker
                 logger.exception("The health snapshot failed")
                 body, code = {"status": "unknown", "error": str(error)}, 500

@@ -10,6 +10,12 @@ Hints are never needed for correctness: while the listener is down (connection l
 restarting) it reconnects with backoff, and the pumps fall back to polling every
 ``poll_interval``. LISTEN needs a session of its own: point it at PostgreSQL directly, not
 through a transaction-mode pooler (PgBouncer in transaction mode drops LISTEN state).
+
+Nothing a subscriber raises reaches the listener (it is logged with its traceback, and the other
+subscribers still get the hint), and any error of its own (not only psycopg's) is a lost
+connection: logged, ``connected`` cleared, reconnected after a backoff. Should the thread end all
+the same (a BaseException), ``health()`` says so, and the worker's health endpoint answers 503:
+latency would otherwise fall to ``poll_interval`` with nothing shown.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class HintListener:
         self._connection: psycopg.Connection | None = None
         self.connected = threading.Event()
         self.hints_received = 0
+        self.subscriber_failures = 0
+        self.last_error = ""  # why the connection was last lost (or the thread ended); kept once reconnected
         self._thread = threading.Thread(target=self._run, name="backwave-hints", daemon=True)
 
     def subscribe(self, queues: Iterable[str], callback: Callable[[], None]) -> None:
@@ -55,6 +63,29 @@ class HintListener:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def health(self) -> dict:
+        """The listener's part of the worker's health: ``listening``, ``reconnecting`` (degraded:
+        polling covers), ``dead`` (its thread ended though nobody stopped it: unhealthy), or
+        ``stopped`` / ``not started``."""
+        if self._thread.ident is None:
+            status = "not started"
+        elif self._thread.is_alive():
+            status = "listening" if self.connected.is_set() else "reconnecting"
+        else:
+            status = "stopped" if self._stop.is_set() else "dead"
+        return {
+            "status": status,
+            "alive": self._thread.is_alive(),
+            "connected": self.connected.is_set(),
+            "last_error": self.last_error,
+            "hints_received": self.hints_received,
+            "subscriber_failures": self.subscriber_failures,
+        }
 
     def stop(self) -> None:
         self._stop.set()
@@ -67,17 +98,30 @@ class HintListener:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        try:
+            self._reconnect_for_ever()
+        except BaseException as error:  # not even this may end the thread unseen
+            self.connected.clear()
+            self.last_error = f"{type(error).__name__}: {error}"
+            logger.critical("The wake-up hint listener died; pumps poll every poll_interval from now on", exc_info=error)
+
+    def _reconnect_for_ever(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
             try:
                 self._listen()
-                backoff = 0.1
-            except psycopg.Error as error:
+            except Exception as error:
+                if self.connected.is_set():
+                    backoff = 0.1  # it was listening: a new outage backs off from the start
                 self.connected.clear()
+                self.last_error = f"{type(error).__name__}: {error}"
                 if self._stop.is_set():
                     break
                 delay = backoff * (0.5 + self._random.random() / 2)
-                logger.warning("Wake-up hint listener lost its connection (%s); polling covers until it reconnects in %.1fs", error, delay)
+                if isinstance(error, psycopg.Error):
+                    logger.warning("Wake-up hint listener lost its connection (%s); polling covers until it reconnects in %.1fs", error, delay)
+                else:
+                    logger.error("Wake-up hint listener failed; polling covers until it reconnects in %.1fs", delay, exc_info=error)
                 self._stop.wait(delay)
                 backoff = min(backoff * 2, self._max_backoff)
             finally:
@@ -93,7 +137,14 @@ class HintListener:
             for notify in self._connection.notifies(timeout=self._wait_step):
                 self.hints_received += 1
                 for callback in self._subscribers.get(notify.payload, ()):
-                    callback()
+                    self._deliver(callback, notify.payload)
+
+    def _deliver(self, callback: Callable[[], None], queue: str) -> None:
+        try:
+            callback()
+        except BaseException:  # a subscriber's bug is its own: the others still get their hints
+            self.subscriber_failures += 1
+            logger.error("A wake-up hint subscriber failed on a hint for queue %r; the listener carries on", queue, exc_info=True)
 
     def _close(self) -> None:
         connection, self._connection = self._connection, None

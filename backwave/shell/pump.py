@@ -4,11 +4,18 @@ Theory of operation
 -------------------
 The pump owns a Node Driver, a store connection and a pool of ``pool_size`` worker threads. Its
 loop is the only reader of a single event channel: worker threads post ``JobFinished``, the
-process posts ``DrainRequested`` (and, later, hints); when nothing arrives before the driver's
-next deadline the loop makes a ``Tick``. Each event goes to the driver, and the commands that come
-back run in order on this thread, so exactly one store round-trip is in flight per pump and the
-store connection is never shared. A command's result is fed straight back to the driver as the
-next event. Handlers run on the pool, never on the loop.
+process posts ``DrainRequested``, the hint listener posts ``HintReceived``; when nothing arrives
+before the driver's next deadline the loop makes a ``Tick``. Each event goes to the driver, and the
+commands that come back run in order on this thread, so exactly one store round-trip is in flight
+per pump and the store connection is never shared. A command's result is fed straight back to the
+driver as the next event. Handlers run on the pool, never on the loop.
+
+Threads: only the pump's own thread reads or writes its driver (the driver's state is plain,
+unlocked Python objects). What other threads need (the worker's idle check, the health endpoint,
+the throughput log, the hint pre-check) they read from ``snapshot``, an immutable ``PumpSnapshot``
+the pump thread publishes after each event. A hint costs the listener one flag test: at most one
+``HintReceived`` waits in the channel at a time (the pump lowers the flag when it takes it), so a
+burst of NOTIFYs wakes the loop once.
 
 A ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one pipelined round-trip: the write
 lands first, then the claim, which is how a pump at steady state spends one round-trip per batch.
@@ -27,7 +34,11 @@ other pumps inherit its jobs, and the process keeps running.
 
 Health: the pump writes its row (``Pump`` model) when its lease opens, after each heartbeat that
 lands and whenever its status changes, never per job; a halted pump records its reason before
-its thread ends, and a pump that drains cleanly deletes its row.
+its thread ends, and a pump that drains cleanly deletes its row. A pump is *stalled* when no store
+call of its own has completed for longer than its lease, whatever the reason (every call failing
+transiently, a call that hangs, a thread that never gets back to its loop): it does no work and
+holds no lease, so the worker's health counts it unhealthy, and its row, no longer refreshed,
+goes stale for ``backwave_health`` and the admin.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
@@ -60,24 +72,79 @@ from backwave.tasking.registry import TaskRegistry
 logger = logging.getLogger("backwave.pump")
 
 
+class PumpSnapshot(NamedTuple):
+    """The driver's state as other threads may know it, published by the pump thread after each
+    event (replacing the reference is atomic; a tuple never changes). A NamedTuple: it is built
+    per event, on the hot path."""
+
+    idle: bool
+    executing: int
+    in_flight: int  # claimed and not yet reported
+    free_slots: int
+    applied: int  # outcomes the fence let through, since start
+    abandoned: int  # attempts given up on (lost lease, drain deadline), since start
+
+    @classmethod
+    def of(cls, driver: NodeDriver) -> PumpSnapshot:
+        stats = driver.stats
+        return cls(driver.idle, driver.executing, driver.unreported, driver.free_slots, stats.applied, stats.abandoned)
+
+
+class _HintFlag:
+    """Raised by whoever posts a hint, lowered by the pump thread when it takes the hint: a
+    test-and-set, so two posters (one listener per database) never post two."""
+
+    __slots__ = ("_lock", "_raised")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._raised = False
+
+    def raise_(self) -> bool:
+        """Raise the flag; True when it was down (the caller posts the hint)."""
+        with self._lock:
+            if self._raised:
+                return False
+            self._raised = True
+            return True
+
+    def lower(self) -> None:
+        with self._lock:
+            self._raised = False
+
+
+class PoolExhausted(RuntimeError):
+    """A job was handed to a pool with no free thread: it would wait, claimed and unstarted."""
+
+
 class WorkerPool:
     """``size`` handler threads fed by one queue: the pump's Workers.
 
-    Leaner than ThreadPoolExecutor on the hot path (no Future per job, no lock around the
-    queue): a claimed job is one ``SimpleQueue.put``, and the driver already guarantees that no
-    more than ``size`` jobs are ever handed over at once, so none waits for a thread.
+    Leaner than ThreadPoolExecutor on the hot path (no Future per job): a claimed job is one
+    ``SimpleQueue.put``. The driver guarantees that no more than ``size`` handlers ever run at
+    once (abandoned ones included), so none waits for a thread; ``submit`` checks it, and a job
+    that would wait raises ``PoolExhausted`` instead (the pump halts: its lease lapses and the
+    job runs elsewhere, rather than sitting in the queue behind a hung handler).
+
+    ``run(job)`` runs a handler and returns its report; ``done(job, report)`` is called after the
+    thread counts as free again, so a job claimed for the slot that report frees finds it free.
     """
 
     _STOP = object()
 
-    def __init__(self, size: int, run: Callable, *, name: str):
+    def __init__(self, size: int, run: Callable, done: Callable, *, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._run = run
+        self._done = done
+        self._size = size
+        self._free = threading.Semaphore(size)
         self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(size)]
         for thread in self._threads:
             thread.start()
 
     def submit(self, job) -> None:
+        if not self._free.acquire(blocking=False):
+            raise PoolExhausted(f"job {job.id} was handed to a pool whose {self._size} thread(s) are all running handlers")
         self._queue.put(job)
 
     def shutdown(self) -> None:
@@ -87,10 +154,18 @@ class WorkerPool:
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not self._STOP:
-            try:
-                self._run(job)
-            except BaseException:  # run_attempt never raises; this is the last line of defence
-                logger.exception("A worker thread failed outside its job")
+            self._run_one(job)
+
+    def _run_one(self, job) -> None:
+        # A frame of its own: the report is not kept alive by an idle thread waiting for its next job.
+        try:
+            report = self._run(job)
+        except BaseException:  # run_attempt never raises; this is the last line of defence
+            logger.exception("A worker thread failed outside its job")
+            self._free.release()
+            return
+        self._free.release()
+        self._done(job, report)
 
 
 class EventLoopThread:
@@ -126,7 +201,9 @@ class Pump:
         self.options = options
         self.index = index
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{options.name}:{index}:{uuid.uuid4().hex[:8]}"
-        self.driver = NodeDriver(options)
+        self.driver = NodeDriver(options)  # the pump thread's alone: others read ``snapshot``
+        self.snapshot = PumpSnapshot.of(self.driver)
+        self._hint_flag = _HintFlag()
         self.health = HEALTHY
         self.health_reason = ""
         self._store_factory = store_factory
@@ -137,15 +214,20 @@ class Pump:
         self._clock = clock
         self._channel: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self._random = random.Random()
+        # When a store call of this pump last completed (its clock): written by the pump thread,
+        # read by the health endpoint. Counted from start, so a pump that never reached the
+        # database stalls too.
+        self._store_answered_at = clock()
         self._stop_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
-        self._pool = WorkerPool(options.pool_size, self._run_job, name=f"backwave-{options.name}-{index}")
+        self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
         self._abandoned_before = 0
 
     # ---- control from other threads -------------------------------------------------------------
 
     def start(self) -> None:
+        self._store_answered_at = self._clock()
         self._thread.start()
 
     def drain(self, timeout: float | None = None) -> None:
@@ -156,11 +238,12 @@ class Pump:
     def hint(self) -> None:
         """A Wake-Up Hint for one of this pump's queues (called from the listener thread).
 
-        The coarse pre-check: a pump whose pool is full has nothing to claim with, so the hint
-        is dropped here instead of waking the loop; the driver's pending-poll slot coalesces the
-        rest, so a burst of hints costs at most one extra claim.
+        Reads no driver state. A pump whose last snapshot had no free slot has nothing to claim
+        with (when slots reopen through a write, the driver claims anyway), and while one hint
+        waits in the channel another adds nothing: neither wakes the loop. The driver's
+        pending-poll slot coalesces the rest, so a burst of hints costs at most one extra claim.
         """
-        if self.driver.free_slots:
+        if self.snapshot.free_slots and self._hint_flag.raise_():
             self._channel.put(ev.HintReceived(now=self._clock()))
 
     def stop_now(self) -> None:
@@ -175,6 +258,16 @@ class Pump:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def seconds_since_store_call(self) -> float:
+        """Seconds since a store call of this pump last completed (or since it started)."""
+        return max(0.0, self._clock() - self._store_answered_at)
+
+    @property
+    def stalled(self) -> bool:
+        """Alive, not halted, and no store call has completed for longer than its lease."""
+        return self.alive and self.health != HALTED and self.seconds_since_store_call > self.options.lease_duration
 
     @property
     def round_trips(self) -> int:
@@ -213,7 +306,9 @@ class Pump:
         streak = 0
         while not self._stop_now.is_set():
             try:
-                return self._store_factory()
+                store = self._store_factory()
+                self._store_answered_at = self._clock()
+                return store
             except TransientStoreError as error:
                 self._degrade(error)
                 streak += 1
@@ -224,7 +319,7 @@ class Pump:
                     jitter=self._random.random(),
                 )
             try:
-                event = self._channel.get(timeout=delay)
+                event = self._take(timeout=delay)
             except queue.Empty:
                 continue
             if isinstance(event, ev.DrainRequested):
@@ -235,9 +330,17 @@ class Pump:
         wake = self.driver.next_wakeup()
         timeout = None if wake is None else max(0.0, wake - self._clock())
         try:
-            return self._channel.get(timeout=timeout)
+            return self._take(timeout=timeout)
         except queue.Empty:
             return ev.Tick(now=self._clock())
+
+    def _take(self, timeout: float | None) -> ev.Event:
+        event = self._channel.get(timeout=timeout)
+        if isinstance(event, ev.HintReceived):
+            # Lowered before the driver acts on it: a NOTIFY that arrives from now on posts a new
+            # hint, and one that found the flag raised came before the claim this hint may send.
+            self._hint_flag.lower()
+        return event
 
     def _process(self, event: ev.Event) -> None:
         pending = deque(self._handle(event))
@@ -260,7 +363,10 @@ class Pump:
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""
         had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
-        commands = self.driver.handle(event)
+        try:
+            commands = self.driver.handle(event)
+        finally:
+            self.snapshot = PumpSnapshot.of(self.driver)
         if had_lease and self.driver.state is State.OPENING:
             logger.warning(
                 "Pump %s gave up its lease (%s); %d job(s) it was running will run again elsewhere, and it opens a new lease",
@@ -357,8 +463,8 @@ class Pump:
 
     # ---- jobs -------------------------------------------------------------------------------------
 
-    def _run_job(self, job) -> None:
-        self._finished(job, run_attempt(job, **self._attempt_arguments()))
+    def _run_job(self, job) -> AttemptReport:
+        return run_attempt(job, **self._attempt_arguments())
 
     async def _run_async_job(self, job) -> None:
         self._finished(job, await run_attempt_async(job, **self._attempt_arguments()))
@@ -403,7 +509,7 @@ class Pump:
             pid=os.getpid(),
             status=self.health,
             reason=self.health_reason,
-            in_flight=self.driver.unreported,
+            in_flight=self.snapshot.in_flight,
             lease_duration=self.options.lease_duration,
         )
 
@@ -426,6 +532,8 @@ class Pump:
             self._report_health()
 
     def _recovered(self) -> None:
+        """A store call completed."""
+        self._store_answered_at = self._clock()
         if self.health == DEGRADED:
             logger.info("Pump %s recovered", self.worker_id)
             self.health = HEALTHY

@@ -19,7 +19,7 @@ from backwave.store.contract import Store, StoreError
 
 from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
-from .health import HealthServer, group_status, overall_status
+from .health import HealthServer, group_status, overall_status, process_status
 from .pump import HALTED, Pump
 from backwave.tasking.registry import TaskRegistry
 
@@ -112,7 +112,9 @@ class Worker:
         last_time, last_done = time.monotonic(), 0
         refresh_every = min(g.heartbeat_every for g in self.groups)
         last_refresh = last_time
-        while any(p.alive for p in self.pumps) or (self._all_halted_logged and not self._signals):
+        # Every pump halted is a state, not an event seen in the loop: pumps that halt on a
+        # refused connection may all be gone before the first check, and the process still stays.
+        while any(p.alive for p in self.pumps) or (all(p.health == HALTED for p in self.pumps) and not self._signals):
             time.sleep(min(0.2, self._log_every))
             now = time.monotonic()
             if now - last_time >= self._log_every:
@@ -122,7 +124,7 @@ class Worker:
                     "throughput: %.0f jobs/s (%d done, %d running, %d store round-trips); pumps: %s",
                     rate,
                     done,
-                    sum(p.driver.executing for p in self.pumps),
+                    sum(p.snapshot.executing for p in self.pumps),
                     sum(p.round_trips for p in self.pumps),
                     ", ".join(p.health for p in self.pumps),
                 )
@@ -134,7 +136,7 @@ class Worker:
                     pump.join(10)  # each records its halt before its thread ends
                 if until_idle or self._signals:
                     logger.error("Every pump is halted; the worker exits")
-                    return 1
+                    break  # through the listeners' stop below: the exit code is 1 (every pump halted)
                 # Fail-stop halts pumps, not the process: it stays up, its health endpoint
                 # answering 503 and its pump rows fresh, until an operator or orchestrator acts.
                 if not self._all_halted_logged:
@@ -154,13 +156,18 @@ class Worker:
         return 1 if all(p.health == HALTED for p in self.pumps) else 0
 
     def health_snapshot(self) -> dict:
-        """This process's health: each pump, each group (halted only when all its pumps are)."""
+        """This process's health: each pump, each group (halted only when all its pumps are), and
+        the wake-up hint listener (dead: unhealthy; reconnecting: degraded). A stalled pump (no
+        store call completed for longer than its lease) makes the process unhealthy, whatever its
+        own status says. Reads only what the pumps publish, never a driver: it runs on the
+        endpoint's threads."""
         pumps = []
         for pump in self.pumps:
             row = pump.health_row()
             pumps.append({
                 "worker_id": row.worker_id, "group": row.group, "database": pump.options.database, "status": row.status,
-                "reason": row.reason, "in_flight": row.in_flight, "alive": pump.alive,
+                "reason": row.reason, "in_flight": row.in_flight, "alive": pump.alive, "stalled": pump.stalled,
+                "seconds_since_store_call": round(pump.seconds_since_store_call, 3),
             })
         # A group is halted on a database once its pumps there all are: its pumps elsewhere cannot
         # take those jobs over, so the group reads halted too.
@@ -171,12 +178,19 @@ class Worker:
             )
             for name in dict.fromkeys(g.name for g in self.groups)
         }
+        hints = {alias: listener.health() for alias, listener in self.hints.items()}
+        hint_statuses = {each["status"] for each in hints.values()}
         return {
-            "status": overall_status(groups.values()),
+            "status": process_status(
+                groups.values(),
+                unhealthy="dead" in hint_statuses or any(p["stalled"] for p in pumps),
+                degraded="reconnecting" in hint_statuses,
+            ),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "groups": groups,
             "pumps": pumps,
+            "hints": hints,
         }
 
     def _refresh_halted(self) -> None:
@@ -195,11 +209,11 @@ class Worker:
 
     @property
     def jobs_done(self) -> int:
-        return sum(p.driver.stats.applied for p in self.pumps)
+        return sum(p.snapshot.applied for p in self.pumps)
 
     @property
     def idle(self) -> bool:
-        return all(p.driver.idle for p in self.pumps)
+        return all(p.snapshot.idle for p in self.pumps)
 
     def drain(self, timeout: float | None = None) -> None:
         for pump in self.pumps:
@@ -225,4 +239,4 @@ class Worker:
     @property
     def stragglers(self) -> int:
         """Handler threads still running for jobs the pumps gave up on (drain deadline passed)."""
-        return sum(p.driver.stats.abandoned for p in self.pumps)
+        return sum(p.snapshot.abandoned for p in self.pumps)

@@ -11,8 +11,9 @@ the clause. The inputs travel through the same encoders as PostgresStore's (``_o
 ``insert_jobs_params``, ``_claim_statement``), so a value PostgreSQL would refuse is refused here
 with the same error, before anything changes. What the server itself refuses in an outcome batch
 (a lone surrogate in jsonb, a number past numeric, a time past timestamptz) is refused here with
-the server's SQLSTATE, and isolated by the same bisection (``write_isolating``). The contract
-tests in ``tests/store`` run against both stores, so the two cannot drift.
+the server's SQLSTATE, and isolated by the same bisection (``write_isolating``); a document taken
+whole (an enqueue's) is read as psycopg sends it and jsonb's input reads it (``jsonb_input``).
+The contract tests in ``tests/store`` run against both stores, so the two cannot drift.
 
 Operations are atomic (the lock is held for the whole operation), which is what PostgreSQL's
 row locks, SKIP LOCKED and one-statement transactions give the real store.
@@ -377,7 +378,7 @@ class InMemoryStore:
         if not jobs:
             return []
         (document,) = insert_jobs_params(jobs)
-        rows = json.loads(document)
+        rows = jsonb_input(document, "enqueue_many")
         for row in rows:
             if not -_MAX_PRIORITY <= row["priority"] <= _MAX_PRIORITY:
                 raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_priority_range"')
@@ -711,6 +712,54 @@ def _later(moment: datetime, seconds: float) -> datetime:
 
 def _refused(sqlstate: str, message: str) -> StoreError:
     return StoreError(f"write_outcomes_many failed [{sqlstate}]: {message}", sqlstate=sqlstate, statement="write_outcomes_many")
+
+
+def jsonb_input(document: str, operation: str) -> Any:
+    """``document`` as a ``%s::jsonb`` parameter reaches PostgreSQL, or the error it meets there.
+
+    psycopg encodes the text as UTF-8 first, so a raw lone surrogate raises UnicodeEncodeError
+    (a ValueError) in the client. The server's jsonb input then refuses the tokens NaN and
+    Infinity and an escaped lone surrogate (22P02), and a \\u0000 escape (22P05), which Python's
+    json module all accept; a valid surrogate pair is one character to both.
+    """
+    document.encode("utf-8")
+    try:
+        value = json.loads(document, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise _refused_input(operation, "22P02", f"invalid input syntax for type json\nDETAIL:  {error.msg}.") from None
+    except _RefusedToken as token:
+        raise _refused_input(operation, "22P02", f'invalid input syntax for type json\nDETAIL:  Token "{token}" is invalid.') from None
+    for text in _strings(value):
+        if problem := text_problem(text):  # json.loads joins an escaped pair: a surrogate left was alone
+            if "surrogate" in problem:
+                raise _refused_input(operation, "22P02", "invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate.")
+            raise _refused_input(operation, "22P05", "unsupported Unicode escape sequence\nDETAIL:  \\u0000 cannot be converted to text.")
+    return value
+
+
+def _refused_input(operation: str, sqlstate: str, message: str) -> StoreError:
+    return StoreError(f"{operation} failed [{sqlstate}]: {message}", sqlstate=sqlstate, statement=operation)
+
+
+class _RefusedToken(Exception):
+    pass
+
+
+def _refuse_constant(token: str):
+    raise _RefusedToken(token)
+
+
+def _strings(value: Any):
+    """Every string of a decoded JSON document, object keys included, in document order."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def _pg_text(moment: datetime) -> str:

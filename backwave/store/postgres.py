@@ -25,7 +25,9 @@ worker hosts cannot stretch or shorten a lease.
 
 Failures surface as ``TransientStoreError`` (connection lost, server restarting, serialization
 failure, deadlock, lock or statement timeout: retry on a later tick) or ``StoreError``
-(anything else). A connection that broke is dropped, and the next call opens a fresh one.
+(anything else). A connection that broke is dropped, and the next call opens a fresh one. A
+connection the server refuses for good (no such database or role, failed authentication, a
+startup option it rejects) is a ``StoreError``: retrying it would change nothing.
 
 A store is used by one thread at a time (each pump owns its own).
 """
@@ -87,6 +89,33 @@ TRANSIENT_SQLSTATES = frozenset({
 })
 TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53"})
 
+# A connection attempt the server refuses gives psycopg no SQLSTATE (libpq hands back the
+# server's FATAL as text only), so these are matched on PostgreSQL's own messages for the
+# refusals that no retry can cure, each with the SQLSTATE the server sent. Everything else at
+# connect time (refused, timed out, reset, starting up, shutting down, in recovery, too many
+# clients) is worth a retry. The server words these in its lc_messages language: with another
+# language they read as transient, and the health check of a pump no call has answered for a
+# lease still reports it (503).
+PERMANENT_CONNECT_REFUSALS = tuple(
+    (sqlstate, re.compile(pattern))
+    for sqlstate, pattern in (
+        ("3D000", r'database ".*" does not exist'),
+        ("28000", r'role ".*" does not exist'),
+        ("28000", r'role ".*" is not permitted to log in'),
+        ("28P01", r"password authentication failed for user"),
+        ("28000", r"\w+ authentication failed for user"),  # peer, ident, ldap, cert, radius ...
+        ("28000", r"no pg_hba\.conf entry for"),
+        ("28000", r"pg_hba\.conf rejects connection"),
+        ("28000", r"fe_sendauth: no password supplied"),  # the server asked for one; none is set
+        ("42501", r"permission denied for database"),
+        ("42501", r"permission denied to set parameter"),
+        ("55000", r'database ".*" is not currently accepting connections'),
+        ("42704", r"unrecognized configuration parameter"),
+        ("22023", r"invalid value for parameter"),
+        ("55P02", r"cannot be changed without restarting the server"),
+    )
+)
+
 # Keys of a Django DATABASES OPTIONS dict that configure Django's wrapper, not libpq.
 _DJANGO_ONLY_OPTIONS = frozenset({"pool", "server_side_binding", "isolation_level", "assume_role", "cursor_factory", "context"})
 
@@ -97,9 +126,18 @@ def is_transient(exc: psycopg.Error, *, connection_broken: bool = False) -> bool
         return True
     sqlstate = exc.sqlstate
     if sqlstate is None:
-        # Raised by the client, not the server: refused, lost or timed-out connections.
-        return isinstance(exc, psycopg.OperationalError)
+        # Raised by the client, not the server: refused, lost or timed-out connections, unless
+        # it carries a refusal of the server's that no retry cures.
+        return isinstance(exc, psycopg.OperationalError) and connect_refusal(str(exc)) is None
     return sqlstate in TRANSIENT_SQLSTATES or sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
+
+
+def connect_refusal(message: str) -> str | None:
+    """The SQLSTATE of a connect-time refusal no retry cures, read from its message; else None."""
+    for sqlstate, pattern in PERMANENT_CONNECT_REFUSALS:
+        if pattern.search(message):
+            return sqlstate
+    return None
 
 
 def worker_connect_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -440,8 +478,11 @@ class PostgresStore:
             try:
                 self._conn = psycopg.connect(**self._connect_params)
             except psycopg.Error as exc:
-                error = TransientStoreError if is_transient(exc) else StoreError
-                raise error(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
+                if is_transient(exc):
+                    raise TransientStoreError(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
+                refusal = connect_refusal(str(exc))
+                detail = f" [{refusal}], and retrying will not help: check the connection settings" if refusal else ""
+                raise StoreError(f"cannot connect to PostgreSQL{detail}: {exc}".strip()) from exc
         return self._conn
 
 

@@ -104,6 +104,16 @@ def test_a_hint_with_no_room_does_not_claim_after_the_claim_lands():
     assert t.returned(*jobs, now=0.1) == execute(*jobs)  # full and a hint, but the pool is full
 
 
+def test_a_hint_with_no_free_slot_does_not_flush_a_half_full_buffer():
+    """A hint cannot claim when every slot is taken, finished-but-unreported ones included: it
+    must not bring the poll forward either, which would write a half-full batch early."""
+    t, jobs = Trace.with_jobs(2, pool_size=2, max_outcome_batch=2, poll_interval=1.0)
+    assert t.finished(jobs[0], now=0.2) == []  # buffered: the batch is not full, jobs[1] runs
+    assert t.hint(0.3) == []
+    write, ride = t.finished(jobs[1], now=0.4)
+    assert ids_of(write) == [1, 2] and ride == claim(2)  # one full batch, and the claim riding it
+
+
 def test_claim_in_flight_holds_its_slots():
     t = Trace.running(pool_size=20, max_claim_batch=8)
     assert t.driver.free_slots == 12

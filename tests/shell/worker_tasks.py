@@ -139,3 +139,23 @@ def retries_at_once(context):
     if context.attempt == 1:
         raise RuntimeError("the first attempt fails on purpose")
     return context.attempt
+
+
+# For in-process pumps only: each attempt of the two tasks below records (job id, attempt) when
+# its handler starts, and ``hangs_until_released`` blocks its thread until the test sets RELEASE.
+STARTED: list[tuple[int, int]] = []
+RELEASE = threading.Event()
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=5)
+def hangs_until_released(context):
+    STARTED.append((int(context.task_result.id), context.attempt))
+    if not RELEASE.wait(timeout=120):
+        raise TimeoutError("the test never released this handler")
+    return "released"
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=5)
+def records_start(context):
+    STARTED.append((int(context.task_result.id), context.attempt))
+    return context.attempt

@@ -7,13 +7,17 @@ A long hunt is run by hand: python -m backwave.testing.simulation --seeds 20000 
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import time
+from dataclasses import fields, replace
 
+from backwave.core import driver as driver_module
+from backwave.core import events as ev
 from backwave.store import memory
-from backwave.testing.simulation import Config, SimulationFailure, replay_command, run_seed
-from backwave.testing.simulation.__main__ import main
+from backwave.testing.simulation import CLASSIC, Config, SimulationFailure, handlers, replay_command, run_seed, world
+from backwave.testing.simulation.__main__ import _parser, main
 
 CI_SEEDS = range(0, 250)  # about ten seconds; a hunt runs thousands by hand
 
@@ -48,7 +52,7 @@ def test_a_budget_of_seeds_with_jobs_that_kill_their_node_keeps_every_invariant(
     failures = []
     for seed in range(80):
         try:
-            run_seed(seed, Config(crashers=True))
+            run_seed(seed, replace(CLASSIC, crashers=True))
         except SimulationFailure as failure:
             failures.append(str(failure))
     assert not failures, f"{len(failures)} of 80 seeds failed:\n\n" + "\n\n".join(failures[:3])
@@ -66,6 +70,22 @@ def test_a_seed_replays_the_same_full_event_log():
         assert needle in text
 
 
+def full_log(seed: int, config: Config = Config()) -> list[str]:
+    """The whole event log of a seed, whether it passes or finds a bug."""
+    try:
+        return list(run_seed(seed, config, keep_log=True).lines)
+    except SimulationFailure as failure:
+        return [*failure.lines, failure.problem]
+
+
+def test_a_seed_replays_the_same_full_event_log_with_every_widening_on():
+    """Several databases, crashing and hanging jobs, hostile values, cut-off pumps: still one
+    seeded source. A seed that finds a bug replays up to the same failure."""
+    for seed in (1234, 30, 8):
+        assert full_log(seed) == full_log(seed)
+    assert full_log(1235) != full_log(1234)
+
+
 def test_a_seed_replays_the_same_in_another_process_whatever_its_hash_seed():
     """The replay command runs in a fresh interpreter: nothing may depend on string hashing."""
     outputs = set()
@@ -78,10 +98,53 @@ def test_a_seed_replays_the_same_in_another_process_whatever_its_hash_seed():
     assert outputs == {run_seed(77).digest}
 
 
+def test_a_widened_seed_replays_the_same_in_another_process_whatever_its_hash_seed():
+    outputs = set()
+    for hash_seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-m", "backwave.testing.simulation", "--seed", "30", "--ambiguous-faults"],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True, timeout=120,
+        )
+        outputs.add((done.returncode, done.stdout))
+    assert len(outputs) == 1
+
+
 def test_a_config_replays_through_its_flags():
     assert replay_command(7) == "python -m backwave.testing.simulation --seed 7 --log"
     config = Config(ambiguous_faults=True, max_jobs=12, faults=False)
     assert replay_command(7, config) == "python -m backwave.testing.simulation --seed 7 --no-faults --ambiguous-faults --max-jobs 12 --log"
+
+
+def test_every_knob_is_a_flag_and_classic_replays_through_them():
+    command = replay_command(3, CLASSIC)
+    for knob in ("hostile-values", "tiny-backoffs", "crashers", "lease-losses", "pool-threads", "thread-checks", "observers", "report-checks"):
+        assert f" --no-{knob} " in command
+    assert " --max-databases 1 " in command
+    args = _parser().parse_args(command.split()[3:])
+    assert Config(**{f.name: getattr(args, f.name) for f in fields(Config)}) == CLASSIC
+
+
+def test_the_widenings_that_look_for_no_defect_of_their_own_keep_every_invariant():
+    """Several databases, retries due at once and lease losses under running handlers break
+    nothing on their own (they widen what the checks for defects see)."""
+    config = replace(CLASSIC, tiny_backoffs=True, lease_losses=True, max_databases=2)
+    failures = []
+    for seed in range(60):
+        try:
+            run_seed(seed, config)
+        except SimulationFailure as failure:
+            failures.append(str(failure))
+    assert not failures, f"{len(failures)} of 60 seeds failed:\n\n" + "\n\n".join(failures[:3])
+
+
+def test_a_hostile_traceback_is_cut_as_the_shell_cuts_it():
+    lengths = set()
+    rng = random.Random(3)
+    for _ in range(400):
+        report = handlers.run_handler(rng, job_id=1, attempt=1, task_path="sim.tasks.work", result="failed", duration=0.1, hostile_rate=1.0)
+        assert len(report.traceback) <= handlers.MAX_TRACEBACK_CHARS
+        lengths.add(report.traceback.startswith("…(truncated)\n"))
+    assert lengths == {True, False}  # both huge ones, cut, and short ones
 
 
 def test_without_faults_every_job_finishes_too():
@@ -144,6 +207,54 @@ def test_a_claim_that_ignores_concurrency_limits_is_caught(monkeypatch):
     monkeypatch.setattr(memory, "_room", lambda db, queue, limit: limit)
     failure = first_failure()
     assert "concurrency limit" in failure.problem, failure.problem
+
+
+def test_an_expiry_that_charges_every_batch_mate_of_a_crash_is_caught(monkeypatch):
+    def expire_charging_everyone(self, *, limit):
+        with self._operation() as (db, now):
+            gone = {lease.id for lease in db.leases.values() if lease.expires_at < now}
+            released = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
+            for lease_id in gone:
+                del db.leases[lease_id]
+            for job in released:  # every lapse counts, nobody is ever suspect
+                again = job.attempts - job.forgiven_attempts < job.max_attempts
+                job.state, job.lease_id = ("ready" if again else "failed"), None
+                job.run_at, job.finished_at = (now, None) if again else (job.run_at, now)
+                db.attempts[(job.id, job.attempts)] = memory.AttemptRow(
+                    job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
+                    started_at=job.last_attempted_at, finished_at=now,
+                )
+            return len(released)
+
+    monkeypatch.setattr(memory.InMemoryStore, "expire_leases", expire_charging_everyone)
+    failure = first_failure(replace(CLASSIC, crashers=True), seeds=range(100))
+    assert "failed although its handler never failed" in failure.problem, failure.problem
+
+
+def test_a_listener_that_reads_the_driver_is_caught(monkeypatch):
+    def hint_reading_the_state(self, pump):
+        with self.on_thread("hint listener thread"):
+            if pump.alive and pump.driver.state is not None:
+                self._post(pump, ev.HintReceived)
+
+    monkeypatch.setattr(world.World, "_hint", hint_reading_the_state)
+    failure = first_failure(replace(CLASSIC, thread_checks=True), seeds=range(20))
+    assert "read driver.state" in failure.problem and "only the pump's own thread" in failure.problem, failure.problem
+
+
+def test_a_driver_that_never_forgets_an_abandoned_attempt_is_caught(monkeypatch):
+    real = driver_module._HANDLERS[ev.JobFinished]
+
+    def keeping(self, event):
+        abandoned = (event.job_id, event.attempt) in self._abandoned
+        commands = real(self, event)
+        if abandoned:
+            self._abandoned.add((event.job_id, event.attempt))
+        return commands
+
+    monkeypatch.setitem(driver_module._HANDLERS, ev.JobFinished, keeping)
+    failure = first_failure(replace(CLASSIC, report_checks=True), seeds=range(40))
+    assert "at rest and still keeps" in failure.problem, failure.problem
 
 
 # ---- the command line ----------------------------------------------------------------------------

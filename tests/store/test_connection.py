@@ -141,6 +141,79 @@ def test_client_side_connection_errors_and_broken_connections_are_transient():
     assert not is_transient(psycopg.InterfaceError("misuse"))
 
 
+# ---- connect-time faults: classified by their cause -----------------------------------------------
+
+
+def params(**overrides) -> dict:
+    """This test database's connection keywords, with some changed (a misconfiguration)."""
+    return {**django_conninfo(connection.settings_dict), "connect_timeout": 5, **overrides}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "server_says"),
+    [
+        ({"dbname": "backwave_no_such_db"}, 'database "backwave_no_such_db" does not exist'),
+        ({"user": "backwave_no_such_role"}, 'role "backwave_no_such_role" does not exist'),
+        ({"options": "-c backwave_no_such_parameter=1"}, "unrecognized configuration parameter"),
+        ({"options": "-c backwave.bad.name=1 -c statement_timeout=soon"}, 'invalid value for parameter "statement_timeout"'),
+        ({"options": "-c shared_buffers=1GB"}, 'parameter "shared_buffers" cannot be changed without restarting the server'),
+    ],
+    ids=["missing-database", "unknown-role", "unknown-startup-parameter", "invalid-startup-value", "restart-only-parameter"],
+)
+def test_a_connection_the_server_refuses_for_good_is_a_permanent_fault(overrides, server_says):
+    with pytest.raises(StoreError, match=server_says) as caught:
+        PostgresStore(params(**overrides))
+    assert not isinstance(caught.value, TransientStoreError), "retrying this for ever would look healthy and do nothing"
+    assert "cannot connect to PostgreSQL" in str(caught.value)
+
+
+def test_a_role_out_of_connection_slots_is_transient():
+    """'too many connections for role' (53300) passes once other sessions end: retried."""
+    role = f"backwave_full_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
+    try:
+        with pytest.raises(TransientStoreError, match="too many connections for role"):
+            PostgresStore(params(user=role))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: Connection refused\n\tIs the server running?',
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: timeout expired',
+        "consuming input failed: server closed the connection unexpectedly",
+        "connection failed: Connection reset by peer",
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  the database system is starting up',
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  the database system is shutting down',
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  the database system is in recovery mode',
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  sorry, too many clients already',
+        'connection failed: FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute',
+    ],
+)
+def test_connect_faults_that_pass_are_transient(message):
+    assert is_transient(psycopg.OperationalError(message))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  password authentication failed for user "app"',
+        'connection failed: connection to server on socket "/run/postgresql/.s.PGSQL.5432" failed: FATAL:  Peer authentication failed for user "app"',
+        'connection failed: FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "app", database "app", no encryption',
+        "connection failed: fe_sendauth: no password supplied",
+        'connection failed: FATAL:  role "app" is not permitted to log in',
+        'connection failed: FATAL:  permission denied for database "app"\nDETAIL:  User does not have CONNECT privilege.',
+        'connection failed: FATAL:  database "app" does not exist',
+    ],
+)
+def test_bad_credentials_and_settings_are_permanent(message):
+    assert not is_transient(psycopg.OperationalError(message))
+
+
 # ---- bounded waits: lock and statement timeouts, TCP keepalives ---------------------------------
 
 

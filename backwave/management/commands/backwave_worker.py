@@ -147,15 +147,20 @@ def _sync_schedules(registry, database: str, store_factory: Callable[[str], Post
     """Write the schedules of BACKWAVE["SCHEDULES"] whose backend enqueues into ``database`` to
     its Schedule table (ScheduleConfigError, a ValueError, when any one cannot run). With the
     database unreachable the worker starts anyway on the rows of the last sync: its pumps wait
-    for the database like after any other fault."""
+    for the database like after any other fault. One it can never connect to (no such database
+    or role, bad credentials) starts it too: its pumps halt on that refusal, with it as their
+    reason, and the health endpoint answers 503."""
     from backwave.shell.schedules import sync_schedules
-    from backwave.store.contract import TransientStoreError
+    from backwave.store.contract import StoreError, TransientStoreError
 
     schedules = conf.get_setting("SCHEDULES")
     try:
         store = store_factory(database)
     except TransientStoreError as error:
         logger.warning("Schedules not synced, database %r is unreachable: %s", database, error)
+        return
+    except StoreError as error:
+        logger.error("Schedules not synced on database %r: %s", database, error)
         return
     try:
         sync_schedules(store, schedules, registry, database=database)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from .invariants import SimulationBug
 from .logbook import Logbook
-from .scenario import Config, Scenario
+from .scenario import CLASSIC, Config, Scenario
 from .world import World
 
-__all__ = ["Config", "Result", "Scenario", "SimulationFailure", "replay_command", "run_seed"]
+__all__ = ["CLASSIC", "Config", "Result", "Scenario", "SimulationFailure", "replay_command", "run_seed"]
 
 
 class SimulationFailure(AssertionError):

@@ -3,8 +3,10 @@
     python -m backwave.testing.simulation --seed 1234 --log     # one seed, its full event log
     python -m backwave.testing.simulation --seeds 20000 --workers 2
     python -m backwave.testing.simulation --seeds 500 --ambiguous-faults
+    python -m backwave.testing.simulation --seeds 2000 --no-thread-checks --no-hostile-values  # hunt the rest
 
-Exits 1 when a seed fails, after printing each failure with the command that replays it.
+Every Config field is a flag (a knob that is on by default has its --no- form). Exits 1 when a
+seed fails, after printing each failure with the command that replays it.
 """
 
 from __future__ import annotations

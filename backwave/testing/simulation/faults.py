@@ -3,11 +3,14 @@
 Faults come at random moments (exponentially spaced, ``Scenario.fault_every`` apart on average):
 a node crashes (its pumps and workers die; its leases lapse; it restarts later with new pumps);
 a pump stalls past its lease (its workers go on); a node's clock jumps forward (the driver's
-``now``, not the database's); a pump is asked to drain (a new one takes its place); the database
-refuses every statement for a while (an outage); a queue is paused or resumed. Besides, any
-statement may fail transiently (``Scenario.transient_rate``), wake-up hints are lost or
+``now``, not the database's); a pump is asked to drain (a new one takes its place); a database
+refuses every statement for a while (an outage); a queue is paused or resumed; with
+``Config.lease_losses``, one pump is cut off from its database for up to a few leases while its
+handlers run on (a network partition: its lease lapses under handlers still running). Besides,
+any statement may fail transiently (``Scenario.transient_rate``), wake-up hints are lost or
 duplicated, and with ``Config.ambiguous_faults`` a failed statement may have committed.
-At the quiesce every fault stops, every node comes back and every queue resumes.
+At the quiesce every fault stops, every node comes back and every queue resumes. (A job that
+kills its process is not a fault: it goes on doing so in the quiesce.)
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ from backwave.core import events as ev
 class Faults:
     """The fault half of World (a mixin: it works on World's state)."""
 
-    def _fault_for_statement(self) -> str | None:
+    def _fault_for_statement(self, pump: SimPump) -> str | None:
         if self.quiescing:
             return None
-        if self.t < self.outage_until:
+        if self.t < self.outage_until[pump.database] or self.t < pump.cut_off_until:
             return "before"
         if self.rng.random() < self.scenario.transient_rate:
             return "after" if self.config.ambiguous_faults and self.rng.random() < 0.5 else "before"
@@ -31,7 +34,8 @@ class Faults:
         if self.quiescing:
             return
         rng = self.rng
-        kind = rng.choice(("crash", "pause", "jump", "drain", "outage", "pause-queue"))
+        kinds = ("crash", "pause", "jump", "drain", "outage", "pause-queue")
+        kind = rng.choice(kinds + ("cut-off",) if self.config.lease_losses else kinds)
         live = [p for p in self.pumps if p.alive]
         if kind == "crash":
             node = rng.choice(self.nodes)
@@ -56,13 +60,23 @@ class Faults:
             self._post(pump, ev.DrainRequested, timeout=rng.choice((0.0, 0.2, 1.0, 5.0)))
         elif kind == "pause-queue":
             queue = rng.choice(self.options.policy.queues)
-            limit, paused = self.database.queues.get(queue, (None, False))
-            self.database.queues[queue] = (limit, not paused)
-            self.log.line(self.t, "db", f"FAULT queue {queue} {'resumed' if paused else 'paused'}")
+            index = self._some_database()
+            database = self.databases[index]
+            limit, paused = database.queues.get(queue, (None, False))
+            database.queues[queue] = (limit, not paused)
+            self.log.line(self.t, _db_name(index), f"FAULT queue {queue} {'resumed' if paused else 'paused'}")
         elif kind == "outage":
-            self.outage_until = self.t + rng.uniform(0.2, 0.8 * self.options.lease_duration)
-            self.log.line(self.t, "db", f"FAULT outage until {self.outage_until:.3f}")
+            index = self._some_database()
+            self.outage_until[index] = self.t + rng.uniform(0.2, 0.8 * self.options.lease_duration)
+            self.log.line(self.t, _db_name(index), f"FAULT outage until {self.outage_until[index]:.3f}")
+        elif kind == "cut-off" and live:
+            pump = rng.choice(live)
+            pump.cut_off_until = self.t + self.options.lease_duration * rng.uniform(0.5, 2.5)
+            self.log.line(self.t, pump.name, f"FAULT cut off from its database until {pump.cut_off_until:.3f}")
         self.at(self.t + rng.expovariate(1 / self.scenario.fault_every), self._fault)
+
+    def _some_database(self) -> int:
+        return self.rng.randrange(len(self.databases)) if len(self.databases) > 1 else 0
 
     def _crash(self, node: Node) -> None:
         node.alive = False
@@ -79,12 +93,16 @@ class Faults:
     def _quiesce(self) -> None:
         """Faults stop; every node comes back; from here every job must reach a final state."""
         self.quiescing = True
-        self.outage_until = 0.0
+        self.outage_until = [0.0] * len(self.databases)
         self.log.line(self.t, "world", "quiesce")
-        for queue, (limit, _) in list(self.database.queues.items()):
-            self.database.queues[queue] = (limit, False)
+        for database in self.databases:
+            for queue, (limit, _) in list(database.queues.items()):
+                database.queues[queue] = (limit, False)
         for node in self.nodes:
             if not node.alive:
                 self._boot(node)
         self.invariants.check_store()
 
+
+def _db_name(index: int) -> str:
+    return f"db{index}" if index else "db"

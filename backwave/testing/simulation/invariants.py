@@ -1,4 +1,18 @@
-"""What must hold after every step of a simulated run, and the report when it does not."""
+"""What must hold after every step of a simulated run, and the report when it does not.
+
+Beyond the store's own rows (no job lost, no outcome applied twice, no pump over its pool,
+concurrency limits, one live lease per running attempt), the checks the widening added:
+
+- no job whose handler never failed ends failed on attempts lost only to other jobs that killed
+  their process (``process_killed_by``), but for the cases README's "What a crash costs" names:
+  a crash costs the job that crashed, not its batch-mates;
+- a task_finished receiver sees only outcomes that were applied, each once (``notified``,
+  ``written``, ``over``);
+- once every job has finished and every pump is at rest, no pump keeps anything of an attempt
+  it will never hear of again (``at_rest``);
+- and in world.py: a claimed job finds a free worker thread at once, only the pump's own thread
+  reads its driver, and a statement the pump sends is never refused (a refusal halts the pump).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +21,9 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .world import SimPump, World
+    from backwave.store.memory import MemoryDatabase
+
+    from .world import Node, SimPump, World
 
 FINAL = frozenset({"succeeded", "failed", "cancelled", "quarantined"})
 
@@ -22,8 +38,15 @@ class Invariants:
     def __init__(self, world: World):
         self.world = world
         self.pool_size = world.options.pool_size
-        self.enqueued: set[int] = set()
+        self.enqueued: dict[int, MemoryDatabase] = {}  # job id -> the database it lives on
         self.final: dict[int, str] = {}  # job id -> the final state it first reached
+        self.crashers: set[int] = set()  # jobs whose every attempt kills its process
+        # (job, attempt) -> (the other job whose crash killed it, whether that crash may cost it the attempt)
+        self.lost_to: dict[tuple[int, int], tuple[int, bool]] = {}
+        # task_finished as receivers saw it, and the outcomes the store applied or refused, both
+        # by (job, attempt, the lease the attempt ran under).
+        self.notifications: Counter[tuple[int, int, uuid.UUID]] = Counter()
+        self.applied: set[tuple[int, int, uuid.UUID]] = set()
         self.lease_owner: dict[uuid.UUID, SimPump] = {}
         self.claimed_under: dict[tuple[int, int], uuid.UUID] = {}  # (job, attempt) -> lease
         self.executing: dict[int, list[tuple[SimPump, uuid.UUID, int]]] = {}  # job -> (pump, lease, attempt) per live worker
@@ -37,11 +60,17 @@ class Invariants:
     # ---- after every statement ----------------------------------------------------------------
 
     def check_store(self) -> None:
-        db = self.world.database
+        for db in self.world.databases:
+            self._check_database(db)
+        self._check_executions()
+
+    def _check_database(self, db: MemoryDatabase) -> None:
         per_lease: Counter[uuid.UUID] = Counter()
         per_queue: Counter[str] = Counter()
         suspects: Counter[uuid.UUID] = Counter()
-        for job_id in self.enqueued:
+        for job_id, home in self.enqueued.items():
+            if home is not db:
+                continue
             job = db.jobs.get(job_id)
             if job is None:
                 if job_id not in self.final:
@@ -49,6 +78,8 @@ class Invariants:
                 continue
             state = job.state
             if state in FINAL:
+                if job_id not in self.final and state == "failed":
+                    self._check_not_charged_for_others(db, job_id)
                 first = self.final.setdefault(job_id, state)
                 if first != state:
                     raise SimulationBug(f"job {job_id} finished as {first}, and is now {state}: an outcome applied twice")
@@ -88,12 +119,107 @@ class Invariants:
             job = db.jobs.get(job_id)
             if job is not None and number > job.attempts:
                 raise SimulationBug(f"job {job_id} has an attempt row {number} past its attempt count {job.attempts}")
-        self._check_executions()
+
+    def _check_not_charged_for_others(self, db: MemoryDatabase, job_id: int) -> None:
+        """A job that just failed: if not one of its own handlers failed or crashed, and every
+        attempt it had was lost when another job killed the process it ran in, then it may only
+        have paid for the crashes the README's "What a crash costs" says it pays for: as a suspect,
+        beside a crasher on another pump of the process or on the crasher's own first (forgiven)
+        crash. Every other such attempt is owed to it, so it cannot have used up max_attempts."""
+        if job_id in self.crashers:
+            return
+        attempts = [(number, row) for (owner, number), row in db.attempts.items() if owner == job_id]
+        lost = [self.lost_to.get((job_id, number)) for number, row in attempts if row.state == "lapsed"]
+        if not attempts or len(lost) < len(attempts) or None in lost:
+            return
+        paid = sum(1 for _, excused in lost if excused)
+        if paid < db.jobs[job_id].max_attempts:
+            culprits = sorted({culprit for culprit, _ in lost})
+            raise SimulationBug(
+                f"job {job_id} failed although its handler never failed: each of its {len(attempts)} attempt(s) lapsed when "
+                f"job(s) {', '.join(map(str, culprits))} killed the worker process it ran in, {paid} of them as a suspect the "
+                f"crash may cost, of {db.jobs[job_id].max_attempts} attempts (a batch-mate charged for another job's crash)"
+            )
+
+    def process_killed_by(self, culprit: int, node: Node) -> None:
+        """Job ``culprit``'s handler killed ``node``'s process: every other job running under the
+        lease its pump holds loses that attempt because of it (a lease the pump had already given
+        up was lapsing anyway). Noted with it: whether the crash may cost that job the attempt
+        (see _check_not_charged_for_others; a store without suspects has no such case)."""
+        held = {pump.driver.lease_id: pump for pump in node.pumps.values() if pump.alive and pump.driver.lease_id is not None}
+        crasher = self.enqueued[culprit].jobs[culprit]
+        crasher_suspect = getattr(crasher, "suspect", False)
+        for db in self.world.databases:
+            for job in db.jobs.values():
+                if job.state == "running" and job.id != culprit and job.lease_id in held:
+                    beside = job.lease_id == crasher.lease_id
+                    excused = getattr(job, "suspect", False) and (not beside or not crasher_suspect)
+                    self.lost_to[(job.id, job.attempts)] = (culprit, excused)
+
+    # ---- task_finished receivers --------------------------------------------------------------
+
+    def notified(self, pump: SimPump, job_id: int, attempt: int, lease: uuid.UUID, result: str) -> None:
+        if not self.world.config.observers:
+            return
+        key = (job_id, attempt, lease)
+        self.notifications[key] += 1
+        if self.notifications[key] > 1:
+            raise SimulationBug(f"task_finished was sent twice for attempt {attempt} of job {job_id} (on {pump.name})")
+
+    def written(self, job_id: int, attempt: int, lease: uuid.UUID, applied: bool) -> None:
+        if not self.world.config.observers:
+            return
+        key = (job_id, attempt, lease)
+        if applied:
+            self.applied.add(key)
+        elif self.notifications[key]:
+            raise SimulationBug(
+                f"a task_finished receiver saw attempt {attempt} of job {job_id} end, and the fence then refused that outcome: "
+                "receivers saw an outcome that never happened"
+            )
+
+    def over(self) -> None:
+        """The run is over: every outcome that will ever be applied has been."""
+        if not self.world.config.observers:
+            return
+        unapplied = sorted((job_id, attempt) for (job_id, attempt, lease), count in self.notifications.items() if count and (job_id, attempt, lease) not in self.applied)
+        if unapplied:
+            shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in unapplied[:8])
+            raise SimulationBug(
+                f"task_finished receivers saw {len(unapplied)} attempt(s) end whose outcome was never applied ({shown}): "
+                "given up with a lost lease, dropped, or refused"
+            )
+
+    # ---- the pumps at rest --------------------------------------------------------------------
+
+    def at_rest(self) -> None:
+        """Every job finished, every live pump idle: whatever a pump still keeps of an attempt now,
+        it keeps for ever. The shell keeps nothing (a report rides on its outcome and goes with
+        it); the driver remembers each attempt it gave up until that attempt's handler returns."""
+        for pump in self.world.pumps:
+            if pump.alive and (kept := pump.driver._abandoned):
+                shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in sorted(kept)[:8])
+                raise SimulationBug(
+                    f"{pump.name} is at rest and still keeps {len(kept)} attempt(s) it will never hear of again ({shown}): "
+                    "what a pump keeps of abandoned attempts piles up for ever"
+                )
+
+    def restless(self, deadline: float) -> None:
+        lines = []
+        for pump in self.world.pumps:
+            if pump.alive and not self.world.at_rest(pump):
+                lines.append(f"  {pump.name}: {len(pump.handlers)} handler(s) running, {pump.driver.unreported} job(s) held, driver {pump.driver.state.value}")
+        raise SimulationBug(f"every job finished, yet not every pump came to rest by t={deadline:.1f}:\n" + "\n".join(lines))
 
     # ---- handlers on workers ------------------------------------------------------------------
 
     def started(self, pump: SimPump, job_id: int, lease: uuid.UUID, attempt: int) -> None:
         self.executing.setdefault(job_id, []).append((pump, lease, attempt))
+        # A pump's pool has pool_size threads: a handler beyond them would wait in the queue,
+        # claimed and unstarted, while its lease ticks. Abandoned handlers still hold theirs.
+        handlers = sum(1 for runs in self.executing.values() for runner, _, _ in runs if runner is pump)
+        if handlers > self.pool_size:
+            raise SimulationBug(f"{pump.name} runs {handlers} handlers at once (abandoned ones included), pool_size is {self.pool_size}")
         self._check_executions()
 
     def finished(self, pump: SimPump, job_id: int, attempt: int) -> None:
@@ -111,8 +237,9 @@ class Invariants:
         """An attempt running under a live lease owns its row: the row runs under that lease, at
         that attempt. So no row is ever under two live leases at once, and no write (a late one,
         a stale one) can finish or release a job while a live attempt of it runs."""
-        db, now = self.world.database, self.world._db_now()
+        now = self.world._db_now()
         for job_id, runs in self.executing.items():
+            db = self.enqueued[job_id]
             live = [(pump, lease, number) for pump, lease, number in runs if (row := db.leases.get(lease)) is not None and row.expires_at > now]
             if not live:
                 continue
@@ -131,14 +258,13 @@ class Invariants:
     # ---- the quiesce ----------------------------------------------------------------------------
 
     def all_finished(self) -> bool:
-        jobs = self.world.database.jobs
-        return all(job_id in self.final or jobs[job_id].state in FINAL for job_id in self.enqueued)
+        return all(job_id in self.final or db.jobs[job_id].state in FINAL for job_id, db in self.enqueued.items())
 
     def stuck(self, deadline: float) -> None:
         """Raise the report of every job that did not reach a final state by ``deadline``."""
-        db = self.world.database
         lines = []
         for job_id in sorted(self.enqueued):
+            db = self.enqueued[job_id]
             job = db.jobs.get(job_id)
             if job is None or job.state in FINAL:
                 continue

@@ -3,12 +3,17 @@
 Everything here is drawn from the seed's own random source before the run starts, so a seed
 names one scenario and one run. ``Config`` holds the knobs that are not drawn (the CLI's flags);
 a failing seed's replay command repeats the ones that differ from the defaults.
+
+The knobs after ``quiesce_limit`` widen what the first version of the simulator drew and checked.
+Each one can be switched off on its own (``--no-hostile-values``), to hunt one kind of defect at a
+time; ``CLASSIC`` switches all of them off, and then a seed draws exactly what it drew before
+they existed (so the seeds pinned in tests/sim against that version replay their old scenario).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict, Weighted
@@ -25,11 +30,19 @@ class Config:
 
     faults: bool = True  # inject faults during the fault phase
     ambiguous_faults: bool = False  # a statement may commit and still report a fault (lost reply)
-    crashers: bool = False  # some jobs kill their node on every attempt, during the quiesce too
     max_jobs: int = 30
     max_nodes: int = 3
     fault_phase: float = 20.0  # virtual seconds of faults (and enqueues) before the quiesce
     quiesce_limit: float = 240.0  # virtual seconds the quiesce may take before it counts as stuck
+    hostile_values: bool = True  # handlers return values and raise errors PostgreSQL cannot store
+    tiny_backoffs: bool = True  # zero and tiny backoffs: a retry may be due at once
+    crashers: bool = True  # some jobs kill their node on every attempt, during the quiesce too
+    lease_losses: bool = True  # one pump cut off from its database, handlers that hang
+    pool_threads: bool = True  # pool_size handler threads per pump; an abandoned handler keeps its thread
+    thread_checks: bool = True  # only the pump's own thread touches its driver
+    observers: bool = True  # task_finished receivers see each applied outcome once, and nothing else
+    report_checks: bool = True  # once at rest, no pump keeps anything of an attempt it will never hear of again
+    max_databases: int = 2  # databases a seed may draw; every node runs its pumps on each one
 
     def flags(self) -> str:
         """The CLI flags that reproduce this config (only those that differ from the defaults)."""
@@ -47,6 +60,12 @@ class Config:
         return " ".join(parts)
 
 
+CLASSIC = Config(
+    hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
+    thread_checks=False, observers=False, report_checks=False, max_databases=1,
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
     """A job the producer enqueues at ``at`` (virtual seconds)."""
@@ -59,6 +78,7 @@ class JobSpec:
     backoff_max: float
     task_path: str
     delay: float  # run_at this many seconds after the enqueue (0: due at once)
+    database: int = 0  # which of the scenario's databases it is enqueued on
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +98,9 @@ class Scenario:
     hint_loss: float
     hint_dup: float
     concurrency_limits: dict[str, int]  # queues with a cluster-wide concurrency limit
+    databases: int = 1
+    hostile_rate: float = 0.0  # chance an attempt returns or raises what PostgreSQL cannot store
+    hang_rate: float = 0.0  # chance an attempt hangs for several leases
 
     @classmethod
     def draw(cls, seed: int, config: Config, rng: random.Random) -> Scenario:
@@ -112,15 +135,14 @@ class Scenario:
                 queue=rng.choice(queues),
                 priority=rng.choice((0, 0, 0, 5, -5)),
                 max_attempts=rng.randint(1, 4),
-                backoff_base=rng.choice((0.05, 0.2, 1.0)),
-                backoff_max=rng.choice((0.5, 2.0)),
-                # (crashers first and only when asked: without them a seed draws what it always drew)
-                task_path=CRASH_TASK if config.crashers and rng.random() < 0.1 else UNKNOWN_TASK if rng.random() < 0.05 else TASK,
+                backoff_base=rng.choice((0.0, 1e-6, 0.001, 0.05, 0.2, 1.0) if config.tiny_backoffs else (0.05, 0.2, 1.0)),
+                backoff_max=rng.choice((0.0, 0.5, 2.0) if config.tiny_backoffs else (0.5, 2.0)),
+                task_path=UNKNOWN_TASK if rng.random() < 0.05 else TASK,
                 delay=rng.uniform(0, 3) if rng.random() < 0.2 else 0.0,
             )
             for _ in range(count)
         )
-        return cls(
+        scenario = cls(
             seed=seed,
             nodes=rng.randint(1, config.max_nodes),
             pumps_per_node=rng.randint(1, 2),
@@ -135,3 +157,21 @@ class Scenario:
             hint_dup=rng.choice((0.0, 0.3)) if config.faults else 0.0,
             concurrency_limits={q: rng.randint(1, 3) for q in queues if rng.random() < 0.3},
         )
+        return scenario._widen(config, rng)
+
+    def _widen(self, config: Config, rng: random.Random) -> Scenario:
+        """The draws of the knobs that came after the first version (but tiny_backoffs, which
+        only widens two choices), after all of its draws and each only when its knob is on, so
+        that CLASSIC draws exactly what that version drew."""
+        jobs, changes = self.jobs, {}
+        if config.max_databases > 1:
+            changes["databases"] = databases = rng.randint(1, config.max_databases)
+            jobs = tuple(replace(job, database=rng.randrange(databases)) for job in jobs)
+        if config.crashers:
+            crash_rate = rng.choice((0.0, 0.03, 0.1))
+            jobs = tuple(replace(job, task_path=CRASH_TASK) if job.task_path == TASK and rng.random() < crash_rate else job for job in jobs)
+        if config.hostile_values:
+            changes["hostile_rate"] = rng.choice((0.0, 0.01, 0.05))
+        if config.lease_losses:
+            changes["hang_rate"] = rng.choice((0.0, 0.02, 0.1))
+        return replace(self, jobs=jobs, **changes)

@@ -1,4 +1,4 @@
-"""The simulated world: nodes, pumps running the real Node Driver, one in-memory database.
+"""The simulated world: nodes, pumps running the real Node Driver, in-memory databases.
 
 Theory of operation
 -------------------
@@ -16,7 +16,23 @@ against the InMemoryStore when the request reaches the database, and the answer 
 driver a latency later, so other pumps' statements, lapses and crashes fall in between.
 
 The node's clock (the driver's ``now``) is the virtual time plus a per-node offset that clock
-jumps move forward; the database clock is the virtual time itself.
+jumps move forward; the database clock is the virtual time itself. A seed may draw several
+databases (a backend on another database): every node runs its pumps on each of them, as a
+worker serving every backend's database does, and a job lives on one.
+
+Threads. Every action runs on a simulated thread: the pump's own (its steps and the answers of
+its store calls), a worker thread of its pool (a handler ending), or the hint listener. With
+``Config.thread_checks`` the driver of a pump answers only its own thread (``OwnedDriver``): the
+shell's rule, since the pump thread changes the driver while any other thread would read it.
+With ``Config.pool_threads`` each pump has exactly ``pool_size`` worker threads, and a handler
+keeps its thread until it returns, even after its pump gave its attempt up.
+
+The shell's side channel. Besides the driver, the simulated pump mirrors what the production
+pump does around it, where the shell-level defects live: each attempt's report rides on its
+JobFinished and Outcome into the write (``_job_done``, ``_records``); Django's task_finished is
+sent once the write has landed, for each outcome the store applied (``_answer``,
+``_send_task_finished``); and the hint listener's pre-check (``_hint``). These mirror
+backwave/shell/pump.py and execution.py; when those change, change them here the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +41,9 @@ import heapq
 import random
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 
 from backwave.core import commands as cmd
@@ -36,11 +54,15 @@ from backwave.store.contract import NewJob, OutcomeRecord, StoreError
 from backwave.store.memory import InMemoryStore, MemoryDatabase
 
 from .faults import Faults
+from .handlers import Report, run_handler
 from .invariants import Invariants, SimulationBug
 from .logbook import Logbook, fmt_command, fmt_event
 from .scenario import CRASH_TASK, TASK, Config, Scenario
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
+
+# Job ids of database k start past k * JOB_ID_STRIDE, so that an id names one job in the whole run.
+JOB_ID_STRIDE = 1_000_000
 
 
 class Node:
@@ -53,7 +75,7 @@ class Node:
         self.incarnation = 0
         self.offset = 0.0
         self.alive = True
-        self.pumps: dict[int, SimPump] = {}  # pump slot -> the pump running in it
+        self.pumps: dict[tuple[int, int], SimPump] = {}  # (database, pump slot) -> the pump running in it
 
 
 class SimPump:
@@ -61,15 +83,16 @@ class SimPump:
 
     __slots__ = (
         "name", "node", "driver", "worker_id", "channel", "pending", "busy", "paused_until", "step_scheduled",
-        "wake_at", "stopped", "running", "store", "begun",
+        "wake_at", "stopped", "handlers", "store", "begun", "database", "cut_off_until", "published_free_slots",
     )
 
-    def __init__(self, name: str, node: Node, driver: NodeDriver, store: InMemoryStore):
+    def __init__(self, name: str, node: Node, driver: NodeDriver | OwnedDriver, store: InMemoryStore, database: int):
         self.name = name
         self.node = node
         self.driver = driver
         self.worker_id = name
         self.store = store
+        self.database = database  # index into World.databases
         self.channel: deque[ev.Event] = deque()
         self.pending: deque[cmd.Command] = deque()
         self.busy = False  # a store call is in flight
@@ -78,11 +101,38 @@ class SimPump:
         self.wake_at: float | None = None
         self.stopped = False
         self.begun = False  # Started is handled first, before anything in the channel
-        self.running: dict[int, tuple[int, uuid.UUID]] = {}  # job id -> (attempt, lease) on its workers
+        # (job id, attempt, lease) of each handler running on the pool: one per busy worker thread,
+        # including the handlers of attempts the driver gave up with a lost lease.
+        self.handlers: list[tuple[int, int, uuid.UUID]] = []
+        self.cut_off_until = 0.0  # a network partition between this pump and its database
+        # What the pump thread publishes after each event for other threads (Pump's snapshot).
+        self.published_free_slots = 0
 
     @property
     def alive(self) -> bool:
         return self.node.alive and not self.stopped
+
+
+class OwnedDriver:
+    """A pump's driver that answers only the pump's own thread (see "Threads" above): any other
+    simulated thread reading it is a bug, whatever it reads, because the pump thread may be
+    changing it at that very moment (``free_slots`` iterates the deque of claims in flight)."""
+
+    __slots__ = ("_driver", "_world", "_pump")
+
+    def __init__(self, driver: NodeDriver, world: World, pump: str):
+        self._driver = driver
+        self._world = world
+        self._pump = pump
+
+    def __getattr__(self, name: str):
+        thread = self._world.thread
+        if thread is not None:
+            raise SimulationBug(
+                f"the {thread} read driver.{name} of {self._pump}: only the pump's own thread may touch its driver, "
+                "which that thread changes meanwhile"
+            )
+        return getattr(self._driver, name)
 
 
 class World(Faults):
@@ -95,12 +145,13 @@ class World(Faults):
         self.log = logbook
         self.t = 0.0
         self.options = scenario.options
-        self.database = MemoryDatabase(now=self._db_now)
+        self.databases = [MemoryDatabase(now=self._db_now, last_id=k * JOB_ID_STRIDE) for k in range(scenario.databases)]
         self.invariants = Invariants(self)
         self.nodes = [Node(i) for i in range(scenario.nodes)]
         self.pumps: list[SimPump] = []
         self.quiescing = False
-        self.outage_until = 0.0
+        self.outage_until = [0.0] * scenario.databases  # per database
+        self.thread: str | None = None  # the simulated thread of the action running now; None: a pump's own
         self.steps = 0
         self._heap: list = []
         self._seq = 0
@@ -108,8 +159,9 @@ class World(Faults):
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        for queue, limit in self.scenario.concurrency_limits.items():
-            self.database.queues[queue] = (limit, False)
+        for database in self.databases:
+            for queue, limit in self.scenario.concurrency_limits.items():
+                database.queues[queue] = (limit, False)
         for node in self.nodes:
             self._boot(node)
         for spec in self.scenario.jobs:
@@ -118,17 +170,45 @@ class World(Faults):
             self.at(self.rng.expovariate(1 / self.scenario.fault_every), self._fault)
         self.at(self.scenario.fault_phase, self._quiesce)
         deadline = self.scenario.fault_phase + self.config.quiesce_limit
+        finished_at: float | None = None
         while self._heap:
             when, _, _, action, args = heapq.heappop(self._heap)
-            if when > deadline:
+            if finished_at is None and when > deadline:
                 self.invariants.stuck(deadline)
+            if finished_at is not None and when > finished_at + self.rest_limit:
+                self.invariants.restless(finished_at + self.rest_limit)
             self.t = when
             action(*args)
             self.steps += 1
-            if self.quiescing and self.invariants.all_finished():
+            if not self.quiescing:
+                continue
+            if finished_at is None and self.invariants.all_finished():
+                finished_at = self.t
                 self.log.line(self.t, "world", f"all {len(self.invariants.enqueued)} jobs finished after {self.steps} steps")
+                if not self.config.report_checks:
+                    self.invariants.over()
+                    return
+            if finished_at is not None and all(self.at_rest(pump) for pump in self.pumps):
+                # Nothing runs, nothing is held: what a pump still keeps now, it keeps for ever.
+                self.log.line(self.t, "world", f"every pump at rest after {self.steps} steps")
+                self.invariants.at_rest()
+                self.invariants.over()
                 return
         self.invariants.stuck(self.t)
+
+    @property
+    def rest_limit(self) -> float:
+        """Virtual seconds the pumps may take to come to rest once every job has finished: the
+        longest a handler of an attempt already given up may hang on, and then some."""
+        return 6 * self.options.lease_duration + 10.0
+
+    def at_rest(self, pump: SimPump) -> bool:
+        """A live pump that runs no handler, holds no job (none executing, no outcome buffered or
+        being written) and has no handler's end still to hear of. Its polls, heartbeats and
+        maintenance go on, and find nothing to do: every job has finished."""
+        if not pump.alive:
+            return True
+        return not (pump.handlers or pump.driver.unreported or any(isinstance(event, ev.JobFinished) for event in pump.channel))
 
     def at(self, when: float, action: Callable, *args) -> None:
         """Schedule ``action(*args)`` at virtual time ``when`` (ties ordered by a random draw)."""
@@ -141,19 +221,32 @@ class World(Faults):
     def node_now(self, node: Node) -> float:
         return self.t + node.offset
 
+    @contextmanager
+    def on_thread(self, thread: str) -> Iterator[None]:
+        """Run the body as another simulated thread than the pumps' own (see "Threads")."""
+        self.thread = thread
+        try:
+            yield
+        finally:
+            self.thread = None
+
     # ---- nodes and pumps ----------------------------------------------------------------------
 
     def _boot(self, node: Node) -> None:
         node.alive = True
         node.incarnation += 1
         node.pumps = {}
-        for index in range(self.scenario.pumps_per_node):
-            self._start_pump(node, index)
+        for database in range(len(self.databases)):
+            for index in range(self.scenario.pumps_per_node):
+                self._start_pump(node, database, index)
 
-    def _start_pump(self, node: Node, index: int) -> None:
-        name = f"n{node.index}.{node.incarnation}p{index}.{len(self.pumps)}"
-        pump = SimPump(name, node, NodeDriver(self.options), InMemoryStore(self.database))
-        node.pumps[index] = pump
+    def _start_pump(self, node: Node, database: int, index: int) -> None:
+        on = f"d{database}" if database else ""
+        name = f"n{node.index}.{node.incarnation}{on}p{index}.{len(self.pumps)}"
+        driver = NodeDriver(self.options)
+        owned = OwnedDriver(driver, self, name) if self.config.thread_checks else driver
+        pump = SimPump(name, node, owned, InMemoryStore(self.databases[database]), database)
+        node.pumps[(database, index)] = pump
         self.pumps.append(pump)
         self.log.line(self.t, name, "start")
         self.at(self.t + self.rng.uniform(0, 0.2), self._begin, pump)
@@ -211,6 +304,7 @@ class World(Faults):
             raise SimulationBug(f"{pump.name}: the driver refused an event: {error}") from error
         self.log.line(self.t, pump.name, f"{fmt_event(event)} -> {', '.join(map(fmt_command, commands)) or '-'}")
         pump.pending.extend(commands)
+        pump.published_free_slots = pump.driver.free_slots
         self.invariants.check_driver(pump)
         if pump.driver.state is State.STOPPED and not pump.stopped:
             pump.stopped = True
@@ -220,9 +314,9 @@ class World(Faults):
 
     def _replace(self, stopped: SimPump) -> None:
         node = stopped.node
-        for index, pump in node.pumps.items():
+        for (database, index), pump in node.pumps.items():
             if pump is stopped and node.alive:
-                self._start_pump(node, index)
+                self._start_pump(node, database, index)
                 return
 
     # ---- commands -----------------------------------------------------------------------------
@@ -243,7 +337,7 @@ class World(Faults):
 
     def _statement(self, pump: SimPump, batch: tuple[cmd.Command, ...], incarnation: int) -> None:
         """The request reached the database: run it (it runs even if its node has died since)."""
-        fault = self._fault_for_statement()
+        fault = self._fault_for_statement(pump)
         if fault == "before":
             results = [(ev.StoreFailed, {"command": c, "jitter": self.rng.random()}) for c in batch]
         else:
@@ -265,14 +359,22 @@ class World(Faults):
             self.at(pump.paused_until, self._answer, pump, results, incarnation)
             return
         pump.busy = False
+        if results[0][0] is ev.OutcomesWritten:
+            # Pump._settled: the write landed (a failed one tells nothing: it is written again).
+            write, applied = results[0][1]["write"], results[0][1]["applied"]
+            for outcome in write.outcomes:
+                if outcome.job_id in applied and outcome.report is not None:
+                    self._send_task_finished(pump, outcome, write.lease_id)
         now = self.node_now(pump.node)
         if results[0][0] is ev.StoreFailed and isinstance(results[0][1]["command"], cmd.WriteOutcomes):
             # As the production pump: the claims that follow a failed write were sized for the
             # slots it would have freed, so none of them runs (a Weighted pass has several).
             while pump.pending and isinstance(pump.pending[0], cmd.ClaimJobs):
                 results = [*results, (ev.StoreFailed, {**results[-1][1], "command": pump.pending.popleft()})]
-        for kind, fields in results:
-            self.handle(pump, kind(now=now, **fields))
+        for kind, values in results:
+            if kind is ev.OutcomesWritten:
+                values = {name: value for name, value in values.items() if name != "write"}
+            self.handle(pump, kind(now=now, **values))
             if pump.stopped:
                 return
         self.kick(pump)
@@ -283,18 +385,23 @@ class World(Faults):
         if len(batch) == 2:
             claim = batch[1]
             applied, jobs = store.write_outcomes_then_claim(
-                lease_id=command.lease_id, worker_id=pump.worker_id, outcomes=_records(command.outcomes), queues=claim.queues, limit=claim.limit
+                worker_id=pump.worker_id, outcomes=self._records(pump, command.outcomes), **_arguments(claim)
             )
+            self._written(command, applied)
             self._claimed(pump, claim, jobs)
-            return [(ev.OutcomesWritten, {"applied": frozenset(applied)}), (ev.ClaimReturned, {"jobs": tuple(jobs)})]
+            return [
+                (ev.OutcomesWritten, {"applied": frozenset(applied), "write": command}),
+                (ev.ClaimReturned, {"jobs": tuple(jobs)}),
+            ]
         match command:
             case cmd.ClaimJobs():
-                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=pump.worker_id, queues=command.queues, limit=command.limit)
+                jobs = store.claim_jobs(worker_id=pump.worker_id, **_arguments(command))
                 self._claimed(pump, command, jobs)
                 return [(ev.ClaimReturned, {"jobs": tuple(jobs)})]
             case cmd.WriteOutcomes():
-                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=_records(command.outcomes))
-                return [(ev.OutcomesWritten, {"applied": frozenset(applied)})]
+                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(pump, command.outcomes))
+                self._written(command, applied)
+                return [(ev.OutcomesWritten, {"applied": frozenset(applied), "write": command})]
             case cmd.OpenLease():
                 lease_id = uuid.UUID(int=self.rng.getrandbits(128), version=4)
                 store.open_lease(lease_id=lease_id, worker_id=pump.worker_id, group="sim", hostname=f"n{pump.node.index}", pid=1,
@@ -314,7 +421,7 @@ class World(Faults):
             case cmd.PurgePumps():
                 return [(ev.PumpsPurged, {"purged": store.purge_pumps(older_than=command.older_than)})]
             case cmd.ReconcileLease():
-                released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
+                released = store.reconcile_lease(**_arguments(command))
                 return [(ev.LeaseReconciled, {"released": frozenset(released)})]
             case cmd.ReleaseJobs():
                 released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
@@ -328,55 +435,101 @@ class World(Faults):
         for job in jobs:
             self.invariants.claimed_under[(job.id, job.attempt)] = claim.lease_id
 
+    def _written(self, write: cmd.WriteOutcomes, applied: set[int]) -> None:
+        for outcome in write.outcomes:
+            self.invariants.written(outcome.job_id, outcome.attempt, write.lease_id, outcome.job_id in applied)
+
+    def _records(self, pump: SimPump, outcomes) -> list[OutcomeRecord]:
+        """Pump._records (execution.outcome_record): each outcome with the report that rode on it.
+
+        The report's values go to the store as the handler made them: the attempt's own checks
+        (execution.encode_result, clean_text) are Django-side, so what the simulator tests is the
+        store's wall behind them, which must stand alone."""
+        records = []
+        for outcome in outcomes:
+            report = outcome.report
+            records.append(OutcomeRecord(
+                job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
+                return_value=report.return_value if report else None, error_class=report.error_class if report else "",
+                traceback=report.traceback if report else "", duration=report.duration if report else 0.0,
+            ))
+        return records
+
     # ---- handlers -----------------------------------------------------------------------------
 
     def _start_job(self, pump: SimPump, job: ClaimedJob) -> None:
         lease = self.invariants.claimed_under[(job.id, job.attempt)]
-        pump.running[job.id] = (job.attempt, lease)
+        if self.config.pool_threads and len(pump.handlers) >= self.options.pool_size:
+            given_up = sum(1 for job_id, attempt, _ in pump.handlers if job_id not in pump.driver._executing or pump.driver._executing[job_id].attempt != attempt)
+            raise SimulationBug(
+                f"{pump.name} claimed job {job.id} (attempt {job.attempt}) but all {self.options.pool_size} of its worker threads still run "
+                f"handlers, {given_up} of them of attempts it gave up with its lease: the job waits unstarted while its lease runs"
+            )
+        pump.handlers.append((job.id, job.attempt, lease))
         self.invariants.started(pump, job.id, lease, job.attempt)
-        if job.task_path == CRASH_TASK:
-            self.at(self.t + self.rng.expovariate(1 / 0.05), self._job_kills_its_node, pump, job, pump.node.incarnation)
-            self.kick(pump)
-            return
         if job.task_path != TASK:
             result, duration = "unroutable", 0.001
         else:
             result = "failed" if self.rng.random() < self.scenario.fail_rate else "succeeded"
             long = self.rng.random() < self.scenario.long_job_rate
             duration = self.options.lease_duration * self.rng.uniform(1.0, 2.0) if long else self.rng.expovariate(1 / 0.1)
-        self.at(self.t + duration, self._job_done, pump, job, result, pump.node.incarnation)
+        if job.task_path == CRASH_TASK:
+            result, duration = "crash", self.rng.expovariate(1 / 0.1)
+        if self.config.lease_losses and not self.quiescing and self.rng.random() < self.scenario.hang_rate:
+            # Hung for a few leases; it does return. Only in the fault phase: a hung handler holds
+            # its queue's concurrency slot, and hangs without end would outlast any quiesce.
+            duration = self.options.lease_duration * self.rng.uniform(2.0, 5.0)
+        report = run_handler(
+            self.rng, job_id=job.id, attempt=job.attempt, task_path=job.task_path, result=result, duration=duration,
+            hostile_rate=self.scenario.hostile_rate if self.config.hostile_values else None,
+        )
+        self.at(self.t + duration, self._job_done, pump, job, report, lease, pump.node.incarnation)
         self.kick(pump)
 
-    def _job_kills_its_node(self, pump: SimPump, job: ClaimedJob, incarnation: int) -> None:
-        """The handler ends its process: every pump of the node dies with every job it ran. The
-        process is restarted (a supervisor), during the quiesce too: this is the job, not a fault."""
-        node = pump.node
-        if not node.alive or node.incarnation != incarnation:
-            return
-        self.log.line(self.t, pump.name, f"job #{job.id} attempt {job.attempt} kills n{node.index}")
-        self._crash(node)
-        self.at(self.t + self.rng.uniform(0.2, 2.0), self._restart, node)
-
-    def _job_done(self, pump: SimPump, job: ClaimedJob, result: str, incarnation: int) -> None:
+    def _job_done(self, pump: SimPump, job: ClaimedJob, report: Report, lease: uuid.UUID, incarnation: int) -> None:
         if not pump.node.alive or pump.node.incarnation != incarnation:
             return  # the process died with its workers
-        if pump.running.get(job.id, (None,))[0] == job.attempt:
-            del pump.running[job.id]
+        pump.handlers.remove((job.id, job.attempt, lease))
         self.invariants.finished(pump, job.id, job.attempt)
-        self._post(pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=result, jitter=self.rng.random())
+        if report.result == "crash":
+            self._exit_process(pump, job)
+            return
+        with self.on_thread(f"worker thread of {pump.name}"):
+            # Pump._finished: the report rides on the JobFinished, and on the outcome after it.
+            self._post(pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=report.result, jitter=self.rng.random(), report=report)
+
+    def _send_task_finished(self, pump: SimPump, outcome, lease: uuid.UUID) -> None:
+        """Django's task_finished, where backwave/shell/execution.send_finished sends it: on the
+        pump's thread once the write landed, for an outcome the store applied; never for a job
+        that did not reach its task (unroutable)."""
+        if outcome.report.result != "unroutable":
+            self.invariants.notified(pump, outcome.job_id, outcome.attempt, lease, outcome.report.result)
+
+    def _exit_process(self, pump: SimPump, job: ClaimedJob) -> None:
+        """The handler ends its process (os._exit, a segfault, the OOM killer): every pump of the
+        node dies with every job it ran. The process is restarted (a supervisor), during the
+        quiesce too: this is the job, not a fault."""
+        node = pump.node
+        self.log.line(self.t, pump.name, f"job #{job.id} attempt {job.attempt} kills n{node.index}")
+        self.invariants.process_killed_by(job.id, node)
+        self._crash(node)
+        self.at(self.t + self.rng.uniform(0.2, 2.0), self._restart, node)
 
     # ---- the producer and its hints -----------------------------------------------------------
 
     def _enqueue(self, spec) -> None:
         run_at = self._db_now() + timedelta(seconds=spec.delay) if spec.delay else None
-        (job_id,) = InMemoryStore(self.database).enqueue_many([
+        database = self.databases[spec.database]
+        (job_id,) = InMemoryStore(database).enqueue_many([
             NewJob(task_path=spec.task_path, payload={"args": [], "kwargs": {}}, queue=spec.queue, priority=spec.priority, run_at=run_at,
                    max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max)
         ])
-        self.invariants.enqueued.add(job_id)
+        self.invariants.enqueued[job_id] = database
+        if spec.task_path == CRASH_TASK:
+            self.invariants.crashers.add(job_id)
         self.log.line(self.t, "producer", f"enqueue #{job_id} {spec.queue} due+{spec.delay:.3f}")
-        for pump in self.pumps:
-            if not pump.alive or spec.queue not in self.options.policy.queues:
+        for pump in self.pumps:  # the hint comes from the job's own database
+            if not pump.alive or spec.queue not in self.options.policy.queues or pump.database != spec.database:
                 continue
             if not self.quiescing and self.rng.random() < self.scenario.hint_loss:
                 continue
@@ -385,8 +538,15 @@ class World(Faults):
                 self.at(self.t + self._latency(), self._hint, pump)
 
     def _hint(self, pump: SimPump) -> None:
-        if pump.alive and pump.driver.free_slots:  # Pump.hint's pre-check
-            self._post(pump, ev.HintReceived)
+        """Pump.hint, on the hint listener's thread, with its pre-check on the snapshot the pump
+        publishes after each event (never the driver itself). Unlike Pump.hint, several hints may
+        wait in the channel (duplicates are one of the injected faults): the driver copes with any
+        number of them."""
+        if not pump.alive:
+            return
+        with self.on_thread(f"hint listener thread of n{pump.node.index}"):
+            if pump.published_free_slots:
+                self._post(pump, ev.HintReceived)
 
 
 _READ_ONLY = {
@@ -399,5 +559,7 @@ def _changed(results: list) -> bool:
     return not (len(results) == 1 and results[0][0] in _READ_ONLY and not results[0][1][_READ_ONLY[results[0][0]]])
 
 
-def _records(outcomes) -> list[OutcomeRecord]:
-    return [OutcomeRecord(job_id=o.job_id, attempt=o.attempt, kind=o.kind, retry_delay=o.retry_delay) for o in outcomes]
+def _arguments(command: cmd.Command) -> dict:
+    """A command's fields as the store method's keyword arguments, as the production pump passes
+    them (claim_jobs takes a ClaimJobs' fields, reconcile_lease a ReconcileLease's)."""
+    return {f.name: getattr(command, f.name) for f in fields(command)}
