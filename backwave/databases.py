@@ -141,12 +141,15 @@ def apply_queue_settings(settings_queues, *, database: str | None = None) -> int
     """Write BACKWAVE["QUEUES"] (validated by conf) into the queues' rows of ``database`` (None:
     the Queue model's database). Only the keys a queue's entry names are written; the rest keep
     what the admin set."""
+    upserts = operator.queue_settings_upserts(settings_queues)
+    if not upserts:
+        return 0  # no connection for nothing to write: a database the pumps cannot use is theirs to report
     if database is None:
         from .models import Queue
 
         database = router.db_for_write(Queue)
     with connections[database].cursor() as cursor:
-        return operator.apply_queue_settings(cursor, settings_queues)
+        return sum(operator.upsert_queues(cursor, [name], **values) for name, values in upserts)
 
 
 def write_queue_settings(database: str, claimed: Iterable[str] = ()) -> int:

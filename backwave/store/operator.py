@@ -61,15 +61,14 @@ def upsert_queues(cursor, names: Iterable[str], *, paused: bool = UNSET, concurr
     return len(names)
 
 
-def apply_queue_settings(cursor, settings_queues: Mapping[str, Mapping]) -> int:
-    """Write BACKWAVE["QUEUES"] (validated by conf) into the queues' rows: only the keys a
-    queue's entry names are written; the rest keep what the admin set."""
-    written = 0
+def queue_settings_upserts(settings_queues: Mapping[str, Mapping]) -> list[tuple[str, dict[str, Any]]]:
+    """(queue, columns) to write for BACKWAVE["QUEUES"] (validated by conf): only the keys a
+    queue's entry names, so the rest keep what the admin set; queues naming none are left out."""
+    upserts = []
     for name, spec in settings_queues.items():
-        values = {key: spec[key] for key in ("concurrency_limit", "paused") if key in spec}
-        if values:
-            written += upsert_queues(cursor, [name], **values)
-    return written
+        if values := {key: spec[key] for key in ("concurrency_limit", "paused") if key in spec}:
+            upserts.append((name, values))
+    return upserts
 
 
 def table_statistics(cursor) -> list[tuple]:
