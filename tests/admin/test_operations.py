@@ -1,4 +1,4 @@
-"""backwave.operations and manage.py backwave_queue: one conditional statement per operation."""
+"""backwave.admin.actions and manage.py backwave_queue: one conditional statement per operation."""
 
 from __future__ import annotations
 
