@@ -11,7 +11,7 @@ and a few hooks; ``ExecuteJob`` stays the caller's, which runs handlers its own 
 
 It starts no thread, imports no Django and reads no clock or randomness of its own: the caller
 passes ``clock`` (stamps every event's ``now``), ``jitter`` (a fault's backoff draw) and
-``new_lease_id``.
+``new_lease_id`` (``uuid.uuid4`` in production, a seeded source in tests: ``lease_ids_from``).
 
 The command list rules (``backwave/core/commands.py``): a ``WriteOutcomes`` followed by a
 ``ClaimJobs`` goes out as one pipelined ``write_outcomes_then_claim`` (``take``), and when the
@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import tzinfo
-from random import Random
+from typing import TYPE_CHECKING
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
@@ -47,6 +47,9 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import OutcomeRecord, Store, TransientStoreError
 
 from .schedules import mint_due
+
+if TYPE_CHECKING:
+    from random import Random
 
 Batch = tuple[cmd.Command, ...]
 
@@ -82,11 +85,12 @@ def _nothing(*_args) -> None:
 
 
 class Executor:
-    """Runs one pump's store commands against its store. One per pump, used by its thread only."""
+    """Runs one pump's store commands against ``store`` (which a pump may set once it opens).
+    One per pump, used by its thread only."""
 
     def __init__(
         self,
-        store: Store,
+        store: Store | None,
         *,
         options: WorkerGroupOptions,
         worker_id: str,
@@ -95,7 +99,7 @@ class Executor:
         clock: Callable[[], float],
         jitter: Callable[[], float],
         time_zone: Callable[[], tzinfo],
-        new_lease_id: Callable[[], uuid.UUID] = uuid.uuid4,
+        new_lease_id: Callable[[], uuid.UUID],
         on_applied: Callable[[Outcome, OutcomeRecord | None], None] = _nothing,
         on_lease_held: Callable[[], None] = _nothing,
         on_fault: Callable[[TransientStoreError], None] | None = None,

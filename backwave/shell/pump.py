@@ -210,7 +210,6 @@ class Pump:
         self.health = HEALTHY
         self.health_reason = ""
         self._store_factory = store_factory
-        self._store: Store | None = None
         self._registry = registry
         self._max_traceback_chars = max_traceback_chars
         self._max_result_bytes = max_result_bytes
@@ -225,8 +224,32 @@ class Pump:
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
-        self._executor: Executor | None = None  # made once the store is open
+        self._executor = Executor(
+            None,  # the store, once it is open: see _store
+            options=options,
+            worker_id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            clock=clock,
+            jitter=self._random.random,
+            time_zone=timezone.get_default_timezone,
+            new_lease_id=uuid.uuid4,
+            on_applied=self._applied,
+            on_lease_held=self._report_health,  # the health row's heartbeat rides the lease's cadence
+            on_fault=self._degrade,
+            on_answered=self._recovered,
+            logger=logger,
+        )
         self._abandoned_before = 0
+
+    @property
+    def _store(self) -> Store | None:
+        """The pump's store connection (None until it opens), held by its executor alone."""
+        return self._executor.store
+
+    @_store.setter
+    def _store(self, store: Store | None) -> None:
+        self._executor.store = store
 
     # ---- control from other threads -------------------------------------------------------------
 
@@ -284,21 +307,6 @@ class Pump:
             self._store = self._open_store()
             if self._store is None:
                 return  # drained or stopped before the database ever answered: nothing was held
-            self._executor = Executor(
-                self._store,
-                options=self.options,
-                worker_id=self.worker_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                clock=self._clock,
-                jitter=self._random.random,
-                time_zone=timezone.get_default_timezone,
-                on_applied=self._applied,
-                on_lease_held=self._report_health,  # the health row's heartbeat rides the lease's cadence
-                on_fault=self._degrade,
-                on_answered=self._recovered,
-                logger=logger,
-            )
             self._process(ev.Started(now=self._clock()))
             while self.driver.state is not State.STOPPED and not self._stop_now.is_set():
                 self._process(self._next_event())
