@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING
 
 from croniter import croniter
 
-from backwave.conf import ScheduleConfigError, definitions_from_settings
 from backwave.store.contract import DueSchedule, ScheduleSlot, Store
-from backwave.tasking.registry import TaskRegistry
+
+if TYPE_CHECKING:  # minting needs no Django: the executor, and the simulator through it, load without it
+    from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.schedules")
 
@@ -35,6 +37,8 @@ def sync_schedules(store: Store, schedules: Mapping[str, Mapping], registry: Tas
     ``database``: the store's Django alias; only the schedules whose task's backend enqueues into
     it are written there (a minted job lands where its backend's jobs live), and the others
     count as not declared in it. None writes them all (a store outside Django's databases)."""
+    from backwave.conf import definitions_from_settings  # Django's settings: the sync, not the minting
+
     definitions = definitions_from_settings(schedules, registry)
     if database is not None:
         from backwave.databases import backend_database
