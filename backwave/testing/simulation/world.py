@@ -51,7 +51,7 @@ from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.store.contract import NewJob, OutcomeRecord, StoreError
-from backwave.store.memory import InMemoryStore, MemoryDatabase
+from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
 
 from .faults import Faults
 from .handlers import Report, run_handler

@@ -32,11 +32,11 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob
 
-from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
-from .params import (
+from backwave.store.contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
+from backwave.store.params import (
     applied_from_rows, claim_statement, insert_jobs_params, is_refused_data, known_params, lease_seconds, outcome_batch, write_isolating,
 )
-from .storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
+from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 
 _TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
 _ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed"}
