@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from backwave.core.jobs import OutcomeKind
+from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import Applied, NewJob, OutcomeRecord, StoreError
+from .contract import Applied, NewJob, OutcomeRecord, Store, StoreError
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 # -- leases and claims ---------------------------------------------------------------------------
@@ -168,6 +168,38 @@ def applied_from_rows(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) 
 
 
 # -- the second wall: a batch the server refuses for one row's data ----------------------------
+
+
+def write_then_claim(
+    store: Store,
+    *,
+    lease_id: uuid.UUID,
+    worker_id: str,
+    outcomes: Sequence[OutcomeRecord],
+    queues: Sequence[str],
+    limit: int,
+    together: Callable[[tuple[str, dict[str, Any]]], tuple[Applied, list[ClaimedJob]]],
+    write: Callable[[Sequence[OutcomeRecord]], Applied],
+) -> tuple[Applied, list[ClaimedJob]]:
+    """Every store's write_outcomes_then_claim around its one combined operation
+    ``together(claim statement)``: without outcomes it is a claim, with nothing to claim a write.
+    When the server refuses the batch for a row's data the claim never ran: the outcomes go as
+    write_outcomes_many isolates a refused row (``write``: one statement), then the claim,
+    which still sees every outcome written."""
+    claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+    if not outcomes:
+        return Applied(), store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+    if claim is None:
+        return store.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
+    try:
+        return together(claim)
+    except StoreError as error:
+        if not is_refused_data(error):
+            raise
+        applied = write_isolating(write, outcomes, refused=error)
+        return applied, store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+
+
 
 
 def is_refused_data(error: StoreError) -> bool:

@@ -50,7 +50,7 @@ from backwave.core.options import store_timeouts
 
 from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
 from .params import (
-    applied_from_rows, claim_statement, insert_jobs_params, is_refused_data, known_params, lease_seconds, outcome_batch, write_isolating,
+    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
 )
 from .queries import QUERIES
 from .storable import clean_text
@@ -274,24 +274,16 @@ class PostgresStore:
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
     ) -> tuple[Applied, list[ClaimedJob]]:
         """Write outcomes, then claim, in one round-trip; the claim sees the write's effects."""
-        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if not outcomes:
-            return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if claim is None:
-            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        params, replaced = outcome_batch(lease_id, outcomes)
-        try:
-            written, _, claimed = self._pipeline(
-                "write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim]
-            )
-        except StoreError as error:
-            if not is_refused_data(error):
-                raise
-            # The claim never ran: the outcomes go as write_outcomes_many isolates a refused row,
-            # then the claim, which still sees every outcome written.
-            applied = write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes, refused=error)
-            return applied, self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        return applied_from_rows(written, replaced), [_claimed_job(row) for row in claimed]
+
+        def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
+            params, replaced = outcome_batch(lease_id, outcomes)
+            written, _, claimed = self._pipeline("write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim])
+            return applied_from_rows(written, replaced), [_claimed_job(row) for row in claimed]
+
+        return write_then_claim(
+            self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
+            together=together, write=lambda records: self._write_outcomes(lease_id, records),
+        )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """One write_outcomes_many statement (one round-trip)."""

@@ -34,7 +34,7 @@ from backwave.core.jobs import ClaimedJob
 
 from backwave.store.contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
 from backwave.store.params import (
-    applied_from_rows, claim_statement, insert_jobs_params, is_refused_data, known_params, lease_seconds, outcome_batch, write_isolating,
+    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
 )
 from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 
@@ -323,21 +323,17 @@ class InMemoryStore:
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
     ) -> tuple[Applied, list[ClaimedJob]]:
         """Write outcomes, then claim, as one operation; the claim sees the write's effects."""
-        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if not outcomes:
-            return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if claim is None:
-            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        rows, replaced = _outcome_rows(lease_id, outcomes)
-        try:
+
+        def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
+            rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
                 applied = self._write(db, now, lease_id, rows)
                 return applied_from_rows([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim[1])
-        except StoreError as error:
-            if not is_refused_data(error):
-                raise
-            applied = write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes, refused=error)
-            return applied, self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+
+        return write_then_claim(
+            self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
+            together=together, write=lambda records: self._write_outcomes(lease_id, records),
+        )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         rows, replaced = _outcome_rows(lease_id, outcomes)
