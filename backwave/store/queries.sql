@@ -709,3 +709,13 @@ WITH inserted AS (
     WHERE %(hint)s::boolean
 )
 SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
+
+
+-- name: has_due_jobs
+-- Whether a ready job of these queues (not paused) is due: the deterministic test pump's check
+-- that a drain is finished (backwave/testing/store.py). Not a Storage Contract operation.
+SELECT EXISTS (
+    SELECT FROM backwave_job AS j
+    WHERE j.state = 'ready' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
+      AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = j.queue AND q.paused)
+)

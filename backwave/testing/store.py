@@ -56,12 +56,6 @@ def _statement(name: str, fixed: bool = False) -> str:
     return clocked(QUERIES[name], fixed=fixed)
 
 
-_HAS_DUE_JOBS = clocked(
-    "SELECT EXISTS (SELECT FROM backwave_job AS j WHERE j.state = 'ready' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()"
-    " AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = j.queue AND q.paused))"
-)
-
-
 class DjangoConnectionStore(PostgresStore):
     """The Storage Contract on ``connections[alias]``, the database clock moved by ``clock``."""
 
@@ -90,7 +84,7 @@ class DjangoConnectionStore(PostgresStore):
         """Whether a ready job of ``queues`` (not paused) is due by the virtual clock: the test
         pump's check that a drain is finished; not part of the Storage Contract, not counted."""
         with self._cursor("has_due_jobs", count=False) as cursor:
-            cursor.execute(_HAS_DUE_JOBS, self._with_clock({"queues": list(queues)}))
+            cursor.execute(_statement("has_due_jobs"), self._with_clock({"queues": list(queues)}))
             return cursor.fetchone()[0]
 
     def close(self) -> None:

@@ -52,7 +52,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "write_outcomes_many", "release_jobs_many", "expire_leases",
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
-        "set_transaction_settings", "enqueue_many",
+        "set_transaction_settings", "enqueue_many", "has_due_jobs",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 
