@@ -608,7 +608,7 @@ class NodeDriver:
 
     def _maintenance(self) -> list[cmd.Command]:
         """One maintenance run: each step is harmless when other nodes run it at the same time."""
-        commands: list[cmd.Command] = [cmd.ExpireLeases(), cmd.MintSchedules()]
+        commands: list[cmd.Command] = [cmd.ExpireLeases(limit=cmd.EXPIRY_BATCH), cmd.MintSchedules()]
         commands += self._purge()
         if self.options.retention.pumps is not None:
             commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))
