@@ -816,5 +816,5 @@ _HANDLERS = {
 # Events that report a store call that succeeded: each ends a streak of transient faults.
 _STORE_RESULTS = frozenset({
     ev.LeaseOpened, ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.LeasesExpired,
-    ev.SchedulesMinted, ev.JobsPurged, ev.PumpsPurged, ev.JobsReleased, ev.LeaseReleased,
+    ev.SchedulesMinted, ev.JobsPurged, ev.PumpsPurged, ev.JobsReleased, ev.LeaseReconciled, ev.LeaseReleased,
 })
