@@ -26,54 +26,78 @@ claim statement's rule, not the driver's: the store sees every row under the lea
 claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
 event, command or driver state exists for it.
 
-Lifecycle states and the events each accepts::
+Lifecycle states and the events each accepts (core/transitions.py holds the same table as data,
+and handle() refuses what it does not list before any handler runs)::
 
-    state     | event            | what happens                                        | next
-    ----------+------------------+-----------------------------------------------------+---------
-    NEW       | Started          | OpenLease                                           | OPENING
-    OPENING   | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
-    OPENING   | Tick             | retry OpenLease after a failed one                  | OPENING
-    OPENING   | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
-    OPENING   | DrainRequested   | nothing held yet                                    | STOPPED*
-    RUNNING   | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
-              |                  | heartbeat due: RenewLease; maintenance due:         |
-              |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
-              |                  | a full purge page: the next PurgeJobs;              |
-              |                  | lease presumed lapsed: self-fence                   | OPENING
-    RUNNING   | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
-              |                  | permitting (one pending-poll slot: a burst costs    |
-              |                  | one extra claim); else a free slot: poll now; none: |
-              |                  | nothing                                             |
-    RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
-    RUNNING   | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
-              |                  | buffer; flush when the batch is full or nothing     |
-              |                  | executes: WriteOutcomes + ClaimJobs                 |
-    RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-              |                  | taken until their handlers return), OpenLease       |
-    any*      | JobFinished of   | no outcome; its slot reopens (a poll or a write's   | same
-              | an abandoned     | claim uses it)                                      |
-              | attempt          |                                                     |
-    RUNNING   | JobsPurged       | a full page: purge again on the next tick           | RUNNING
-    any*      | LeasesExpired,   | maintenance results: nothing to do                  | same
-              | SchedulesMinted, |                                                     |
-              | PumpsPurged      |                                                     |
-    RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
-              |                  | after a jittered backoff that doubles per fault in  |
-              |                  | a row (up to half a heartbeat); a failed claim may  |
-              |                  | have committed: the next claim waits for a          |
-              |                  | ReconcileLease(known = (job, attempt) held)         |
-    RUNNING   | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
-    RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
-    DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
-              | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
-              | Tick, ...        | ReleaseLease (gives back what did not finish)       |
-    DRAINING  | LeaseReleased    |                                                     | STOPPED
-    DRAINING  | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
-              |                  | lease lapses and maintenance frees the rest         |
+    state             | event            | what happens                                        | next
+    ------------------+------------------+-----------------------------------------------------+---------
+    NEW               | Started          | OpenLease                                           | OPENING
+    NEW, OPENING      | DrainRequested   | nothing held yet (an OpenLease in flight: see *)    | STOPPED*
+    OPENING           | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
+    OPENING           | Tick             | retry OpenLease after a failed one                  | OPENING
+    OPENING           | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
+    OPENING           | OutcomesWritten  | none is in flight here: refused, unless stale (see  | OPENING
+                      |                  | below)                                              |
+    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
+                      |                  | heartbeat due: RenewLease; maintenance due:         |
+                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
+                      |                  | a full purge page: the next PurgeJobs;              |
+                      |                  | lease presumed lapsed: self-fence                   | OPENING
+    RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
+                      |                  | permitting (one pending-poll slot: a burst costs    |
+                      |                  | one extra claim); else a free slot: poll now; none: |
+                      |                  | nothing                                             |
+    RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
+    RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
+                      |                  | buffer; flush when the batch is full or nothing     |
+                      |                  | executes: WriteOutcomes + ClaimJobs                 |
+    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
+    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
+                      |                  | taken until their handlers return), OpenLease       |
+    RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
+    RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
+                      |                  | after a jittered backoff that doubles per fault in  |
+                      |                  | a row (up to half a heartbeat); a failed claim may  |
+                      |                  | have committed: the next claim waits for a          |
+                      |                  | ReconcileLease(known = (job, attempt) held)         |
+    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
+    RUNNING           | DrainRequested   | stop claiming                                       | DRAINING
+    any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
+                      |                  | reopens (a poll or a write's claim uses it);        |
+                      |                  | outside RUNNING and DRAINING nothing else executes  |
+    any*              | HintReceived     | outside RUNNING: nothing                            | same
+    any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
+                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
+                      | PumpsPurged,     |                                                     |
+                      | JobsPurged       |                                                     |
+    DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
+                      | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
+                      | Tick             | ReleaseLease (gives back what did not finish)       |
+    DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
+    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
+    DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
+    DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
+    DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
+                      |                  | lease lapses and maintenance frees the rest         |
+    DRAINING, STOPPED | DrainRequested   | nothing                                             | same
+    STOPPED           | LeaseOpened      | one that was in flight at the drain: ReleaseLease   | DRAINING
+    STOPPED           | Tick             | nothing                                             | STOPPED
+    STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
 
     * after a LeaseOpened that was already in flight, the lease is released first.
     any*: every state but NEW.
+
+Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
+under the old lease on their way. Each (or its StoreFailed) is swallowed on arrival, in any state
+and before the table above is consulted, while no command of its kind is in flight::
+
+    result           | answers
+    -----------------+---------------
+    ClaimReturned    | ClaimJobs
+    OutcomesWritten  | WriteOutcomes
+    LeaseRenewed     | RenewLease
+    LeaseReconciled  | ReconcileLease
+    LeaseReleased    | ReleaseLease
 
 Reports: a JobFinished may carry the shell's report of the attempt, which the driver never looks
 into. It rides on the Outcome it decides, through the buffer and into WriteOutcomes, where the
@@ -91,7 +115,6 @@ untouched: the shell halts the pump on it (fail-stop).
 
 from __future__ import annotations
 
-import enum
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -101,18 +124,11 @@ from . import events as ev
 from .backoff import fault_delay, retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
+from .transitions import ACCEPTS, STORE_RESULTS, State, accepting, answered_by
 
 # Rows one purge statement deletes at most; a full page means more are due, purged on the next
 # tick, so a large backlog never holds the pump (and its heartbeat) for long.
 PURGE_BATCH = 1000
-
-
-class State(enum.Enum):
-    NEW = "NEW"
-    OPENING = "OPENING"
-    RUNNING = "RUNNING"
-    DRAINING = "DRAINING"
-    STOPPED = "STOPPED"
 
 
 class InvalidEvent(Exception):
@@ -241,20 +257,24 @@ class NodeDriver:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise InvalidEvent(event, self.state, "unknown event type")
-        commands = handler(self, event)
-        if type(event) in _STORE_RESULTS:
+        if self._swallow_stale(event):
+            # Answers a command sent under a lease given up: not ours; the fence made it a no-op.
+            commands = []
+        elif type(event) not in ACCEPTS[self.state]:
+            raise InvalidEvent(event, self.state, f"accepted only in {', '.join(s.value for s in accepting(type(event)))}")
+        else:
+            commands = handler(self, event)
+        if type(event) in STORE_RESULTS:
             self._fault_streak = 0  # the store answered: the next fault backs off from the start
         return commands
 
     # ---- handlers -----------------------------------------------------------------------------
 
     def _on_started(self, event: ev.Started) -> list[cmd.Command]:
-        self._require(event, State.NEW)
         self.state = State.OPENING
         return self._open(event.now)
 
     def _on_lease_opened(self, event: ev.LeaseOpened) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.STOPPED)
         if not self._open_in_flight:
             raise InvalidEvent(event, self.state, "no OpenLease is in flight")
         self._open_in_flight = False
@@ -274,7 +294,6 @@ class NodeDriver:
         return self._on_due(event.now)
 
     def _on_tick(self, event: ev.Tick) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         if self.state is State.STOPPED:
             return []
         if self.state is State.OPENING:
@@ -284,7 +303,6 @@ class NodeDriver:
         return self._on_due(event.now)
 
     def _on_hint(self, event: ev.HintReceived) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         if self.state is not State.RUNNING:
             return []
         if self._claim_limit:
@@ -298,11 +316,6 @@ class NodeDriver:
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
-        if not self._claim_limit and self._stale_claims:
-            # Claimed under a lost lease: not ours to run; maintenance gives those rows back.
-            self._stale_claims -= 1
-            return []
-        self._require(event, State.RUNNING, State.DRAINING)
         if not self._claims:
             raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
         queues, asked = self._claims[0]
@@ -362,7 +375,6 @@ class NodeDriver:
         return commands
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         job = self._executing.get(event.job_id)
         if job is None:
             if (event.job_id, event.attempt) in self._abandoned:
@@ -390,10 +402,6 @@ class NodeDriver:
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
-        if not self._writing and self._stale_writes:
-            self._stale_writes -= 1
-            return []
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING)
         if not self._writing:
             raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
         written = {o.job_id for o in self._writing}
@@ -416,10 +424,6 @@ class NodeDriver:
         return commands
 
     def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
-        if self._renew_sent_at is None and self._stale_renewals:
-            self._stale_renewals -= 1
-            return []  # the lease it renewed was already given up
-        self._require(event, State.RUNNING, State.DRAINING)
         if self._renew_sent_at is None:
             raise InvalidEvent(event, self.state, "no RenewLease is in flight")
         sent_at, self._renew_sent_at = self._renew_sent_at, None
@@ -430,22 +434,18 @@ class NodeDriver:
         return self._lose_lease(event.now)
 
     def _on_leases_expired(self, event: ev.LeasesExpired) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
         return []
 
     def _on_schedules_minted(self, event: ev.SchedulesMinted) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
         if event.minted < 0:
             raise InvalidEvent(event, self.state, f"minted must not be negative, got {event.minted}")
         self.stats.minted += event.minted
         return []
 
     def _on_pumps_purged(self, event: ev.PumpsPurged) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
         return []
 
     def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
         if not self._purge_in_flight:
             raise InvalidEvent(event, self.state, "no PurgeJobs is in flight")
         if not 0 <= event.purged <= PURGE_BATCH:
@@ -459,14 +459,9 @@ class NodeDriver:
         return []
 
     def _on_jobs_released(self, event: ev.JobsReleased) -> list[cmd.Command]:
-        self._require(event, State.DRAINING, State.RUNNING)
         return []
 
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
-        if not self._reconcile_in_flight and self._stale_reconciles:
-            self._stale_reconciles -= 1
-            return []
-        self._require(event, State.RUNNING, State.DRAINING)
         if not self._reconcile_in_flight:
             raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
         given_back_held = event.released & self._held_attempts()
@@ -478,10 +473,6 @@ class NodeDriver:
         return self._claim(event.now) if self.state is State.RUNNING else []
 
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
-        if not self._release_in_flight and self._stale_releases:
-            self._stale_releases -= 1
-            return []
-        self._require(event, State.DRAINING)
         if not self._release_in_flight:
             raise InvalidEvent(event, self.state, "no ReleaseLease is in flight")
         self._release_in_flight = False
@@ -492,14 +483,9 @@ class NodeDriver:
         return []
 
     def _on_store_failed(self, event: ev.StoreFailed) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         failed = event.command
         if not isinstance(failed, cmd.Command):
             raise InvalidEvent(event, self.state, f"unknown command {failed!r}")
-        stale = self._stale_counter_for(failed)
-        if stale:
-            setattr(self, stale, getattr(self, stale) - 1)
-            return []
         if not self._in_flight(failed):
             raise InvalidEvent(event, self.state, f"{type(failed).__name__} is not in flight")
         if not 0.0 <= event.jitter < 1.0:
@@ -564,7 +550,6 @@ class NodeDriver:
         return []
 
     def _on_drain_requested(self, event: ev.DrainRequested) -> list[cmd.Command]:
-        self._require(event, State.NEW, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         if self.state in (State.NEW, State.STOPPED):
             self.state = State.STOPPED
             return []
@@ -683,19 +668,18 @@ class NodeDriver:
         self._release_in_flight = True
         return [cmd.ReleaseLease(lease_id=self.lease_id)]
 
-    def _stale_counter_for(self, command: cmd.Command) -> str | None:
-        """The stale counter a failure of ``command`` settles, when it was sent under a lost lease."""
-        if isinstance(command, cmd.ClaimJobs) and not self._claim_limit and self._stale_claims:
-            return "_stale_claims"
-        if isinstance(command, cmd.WriteOutcomes) and not self._writing and self._stale_writes:
-            return "_stale_writes"
-        if isinstance(command, cmd.RenewLease) and self._renew_sent_at is None and self._stale_renewals:
-            return "_stale_renewals"
-        if isinstance(command, cmd.ReleaseLease) and not self._release_in_flight and self._stale_releases:
-            return "_stale_releases"
-        if isinstance(command, cmd.ReconcileLease) and not self._reconcile_in_flight and self._stale_reconciles:
-            return "_stale_reconciles"
-        return None
+    def _swallow_stale(self, event: ev.Event) -> bool:
+        """Count off a stale result ``event`` reports, if it reports one (see STALE_TOLERANT)."""
+        counter = _STALE_COUNTERS.get(answered_by(event))
+        if counter is None or self._in_flight_tracked(answered_by(event)) or not getattr(self, counter):
+            return False
+        setattr(self, counter, getattr(self, counter) - 1)
+        return True
+
+    def _in_flight_tracked(self, kind: type) -> bool:
+        return {cmd.ClaimJobs: bool(self._claim_limit), cmd.WriteOutcomes: bool(self._writing),
+                cmd.RenewLease: self._renew_sent_at is not None, cmd.ReleaseLease: self._release_in_flight,
+                cmd.ReconcileLease: self._reconcile_in_flight}[kind]
 
     def _in_flight(self, command: cmd.Command) -> bool:
         match command:
@@ -774,10 +758,6 @@ class NodeDriver:
         # least until sent_at + lease_duration; stop a margin before that.
         self._lease_trusted_until = sent_at + self.options.lease_duration * (1.0 - SELF_FENCE_MARGIN)
 
-    def _require(self, event: ev.Event, *states: State) -> None:
-        if self.state not in states:
-            raise InvalidEvent(event, self.state, f"accepted only in {', '.join(s.value for s in states)}")
-
 
 def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
     decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
@@ -813,8 +793,7 @@ _HANDLERS = {
     ev.DrainRequested: NodeDriver._on_drain_requested,
 }
 
-# Events that report a store call that succeeded: each ends a streak of transient faults.
-_STORE_RESULTS = frozenset({
-    ev.LeaseOpened, ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.LeasesExpired,
-    ev.SchedulesMinted, ev.JobsPurged, ev.PumpsPurged, ev.JobsReleased, ev.LeaseReconciled, ev.LeaseReleased,
-})
+_STALE_COUNTERS = {
+    cmd.ClaimJobs: "_stale_claims", cmd.WriteOutcomes: "_stale_writes", cmd.RenewLease: "_stale_renewals",
+    cmd.ReleaseLease: "_stale_releases", cmd.ReconcileLease: "_stale_reconciles",
+}
