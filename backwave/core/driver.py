@@ -117,47 +117,19 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from dataclasses import dataclass
-
 from . import claims
 from . import commands as cmd
 from . import events as ev
 from .backoff import FaultStreak
 from .jobs import ClaimedJob, Outcome
 from .ledger import Ledger
+from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 from .outcomes import decide
-from .transitions import ACCEPTS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, State, accepting, answered_by
+from .stats import DriverStats
+from .transitions import ACCEPTS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
-# Rows one purge statement deletes at most; a full page means more are due, purged on the next
-# tick, so a large backlog never holds the pump (and its heartbeat) for long.
-PURGE_BATCH = 1000
-
-
-class InvalidEvent(Exception):
-    """The driver cannot accept this event in its current state; nothing was changed."""
-
-    def __init__(self, event: ev.Event, state: State, reason: str):
-        self.event = event
-        self.state = state
-        super().__init__(f"{type(event).__name__} cannot be accepted in state {state.value}: {reason}")
-
-
-@dataclass(slots=True)
-class DriverStats:
-    """Counters the shell logs and the tests pin."""
-
-    claims: int = 0
-    claimed: int = 0
-    writes: int = 0
-    applied: int = 0
-    lost: int = 0  # outcomes the fence refused: the lease was no longer ours
-    abandoned: int = 0  # jobs given up on because the lease was lost
-    heartbeats: int = 0
-    store_faults: int = 0
-    minted: int = 0  # jobs minted from schedules by this pump's maintenance
-    purged: int = 0  # finished jobs purged by this pump's maintenance
-    reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
+__all__ = ["PURGE_BATCH", "SELF_FENCE_MARGIN", "DriverStats", "InvalidEvent", "NodeDriver", "State"]
 
 
 class NodeDriver:
@@ -175,18 +147,12 @@ class NodeDriver:
         # returned yet: each still occupies a thread of the pool, so it still takes a slot.
         self._abandoned: set[tuple[int, int]] = set()
         self._ledger = Ledger()  # the store commands in flight, and stale results still due
-        self._pass = claims.ClaimPass()
+        self._claims = claims.Claims(options, self._ledger)
         self._faults = FaultStreak()
-        # A claim failed without an answer: it may have committed jobs this pump never heard
-        # of, still running under its lease. Before the next claim, give back whatever runs
-        # under the lease that the driver does not know (ReconcileLease).
-        self._reconcile_needed = False
+        self._maintenance = Maintenance(options, self._ledger)
         self._lease_trusted_until = 0.0
-        self._next_poll = 0.0
         self._next_heartbeat = 0.0
-        self._next_maintenance = 0.0
         self._next_open = 0.0
-        self._next_purge: float | None = None  # set after a full purge page
         self._drain_deadline: float | None = None
 
     # ---- what the shell may ask -------------------------------------------------------------
@@ -209,7 +175,7 @@ class NodeDriver:
     @property
     def idle(self) -> bool:
         """Running, nothing held, and the last claim found fewer jobs than it asked for."""
-        return self.state is State.RUNNING and self._pass.last_short and not self.unreported and not self._claim_limit
+        return self.state is State.RUNNING and self._claims.last_short and not self.unreported and not self._claim_limit
 
     def next_wakeup(self) -> float | None:
         """When the shell should send the next Tick; None once stopped."""
@@ -219,17 +185,14 @@ class NodeDriver:
             return None if self._ledger.busy(cmd.OpenLease) else self._next_open
         deadlines = [self._next_heartbeat, self._lease_trusted_until]
         if self.state is State.RUNNING:
-            deadlines += [self._next_poll, self._next_maintenance]
-            if self._next_purge is not None:
-                deadlines.append(self._next_purge)
+            deadlines += [self._claims.next_poll, self._maintenance.next_due()]
         elif self._drain_deadline is not None:
             deadlines.append(self._drain_deadline)
         return min(deadlines)
 
     @property
     def _claim_limit(self) -> int:
-        """Jobs asked for by the claims in flight (their slots are reserved until they return)."""
-        return sum(claim.limit for claim in self._ledger.in_flight(cmd.ClaimJobs))
+        return self._claims.limit_in_flight
 
     @property
     def _writing(self) -> tuple[Outcome, ...]:
@@ -248,7 +211,7 @@ class NodeDriver:
             # Sent under a lease given up: not ours any more, and the store's fence made it a no-op.
             commands = []
         elif type(event) not in ACCEPTS[self.state]:
-            raise InvalidEvent(event, self.state, f"accepted only in {', '.join(s.value for s in accepting(type(event)))}")
+            raise InvalidEvent.refused(event, self.state)
         else:
             commands = handler(self, event)
         if type(event) in STORE_RESULTS:
@@ -275,8 +238,8 @@ class NodeDriver:
             return [self._ledger.send(cmd.ReleaseLease(lease_id=event.lease_id), event.now)]
         self.state = State.RUNNING
         # Maintenance at once: a worker that crashed before us may have left lapsed leases.
-        self._next_maintenance = event.now
-        self._next_poll = event.now
+        self._maintenance.next_run = event.now
+        self._claims.next_poll = event.now
         return self._on_due(event.now)
 
     def _on_tick(self, event: ev.Tick) -> list[cmd.Command]:
@@ -292,13 +255,13 @@ class NodeDriver:
         if self.state is not State.RUNNING:
             return []
         if self._claim_limit:
-            self._pass.hinted = True
+            self._claims.hinted = True
             return []
         if not self.free_slots:
             # Nothing to claim with; a slot that reopens through a write claims anyway. (Polling
             # now would only flush a half-full buffer early.)
             return []
-        self._next_poll = min(self._next_poll, event.now)
+        self._claims.next_poll = min(self._claims.next_poll, event.now)
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
@@ -315,8 +278,7 @@ class NodeDriver:
             abandoned=len(self._abandoned), pool_size=self.options.pool_size,
         ):
             raise InvalidEvent(event, self.state, reason)
-        self._ledger.landed(cmd.ClaimJobs)
-        self._pass.landed(asked.queues, asked.limit, len(event.jobs))
+        self._claims.landed(len(event.jobs))
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
         if obsolete:
@@ -395,12 +357,8 @@ class NodeDriver:
             raise InvalidEvent(event, self.state, "no PurgeJobs is in flight")
         if not 0 <= event.purged <= PURGE_BATCH:
             raise InvalidEvent(event, self.state, f"a purge page holds 0 to {PURGE_BATCH} jobs, got {event.purged}")
-        self._ledger.landed(cmd.PurgeJobs)
+        self._maintenance.page_purged(event.purged, event.now, running=self.state is State.RUNNING)
         self.stats.purged += event.purged
-        if event.purged == PURGE_BATCH and self.state is State.RUNNING:
-            # A full page: more are due. Purge again on the next tick, after whatever else is
-            # waiting (outcomes, the heartbeat), not in a loop that would hold the pump.
-            self._next_purge = event.now
         return []
 
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
@@ -409,8 +367,7 @@ class NodeDriver:
         given_back_held = event.released & self._held_attempts()
         if given_back_held:
             raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
-        self._ledger.landed(cmd.ReconcileLease)
-        self._reconcile_needed = False
+        self._claims.reconciled()
         self.stats.reconciled += len(event.released)
         return self._claim(event.now) if self.state is State.RUNNING else []
 
@@ -468,33 +425,19 @@ class NodeDriver:
         self._ledger.failed(cmd.OpenLease)
         self._next_open = retry_at
 
-    def _undo_claim(self, retry_at: float) -> None:
-        self._reconcile_needed = True
-        self._ledger.failed(cmd.ClaimJobs)
-        self._pass.hinted = False
-        if not self._claim_limit:
-            self._pass.forget()
-        self._next_poll = max(self._next_poll, retry_at)
-
     def _undo_write(self, retry_at: float) -> None:
         # Nothing was written: the batch goes back to the front of the buffer, and is written
         # once on a later tick.
         write, _ = self._ledger.failed(cmd.WriteOutcomes)
         self._buffer.extendleft(reversed(write.outcomes))
-        self._next_poll = max(self._next_poll, retry_at)
-
-    def _undo_reconcile(self, retry_at: float) -> None:
-        self._ledger.failed(cmd.ReconcileLease)  # still needed: tried again before the next claim
-        self._next_poll = max(self._next_poll, retry_at)
+        self._claims.retry_no_sooner_than(retry_at)
 
     def _undo_renew(self, retry_at: float) -> None:
         self._ledger.failed(cmd.RenewLease)
         self._next_heartbeat = min(self._next_heartbeat, retry_at)
 
     def _undo_purge(self, retry_at: float) -> None:
-        # The next maintenance run starts over; nothing was deleted.
-        self._ledger.failed(cmd.PurgeJobs)
-        self._next_purge = None
+        self._maintenance.purge_failed()
 
     # ---- decisions ----------------------------------------------------------------------------
 
@@ -506,8 +449,8 @@ class NodeDriver:
             return self._lose_lease(now)
         if self.state is State.DRAINING:
             commands += self._drain_step(now)
-        elif now >= self._next_poll:
-            self._next_poll = now + self.options.poll_interval
+        elif now >= self._claims.next_poll:
+            self._claims.next_poll = now + self.options.poll_interval
             # The claim is sized before the buffer drains, so buffered outcomes keep their slots.
             if not self._claim_limit and self.free_slots:
                 commands += self._claim(now)
@@ -516,26 +459,8 @@ class NodeDriver:
             self._next_heartbeat = now + self.options.heartbeat_every
             commands.append(self._ledger.send(cmd.RenewLease(lease_id=self.lease_id), now))
         if self.state is State.RUNNING:
-            if now >= self._next_maintenance:
-                self._next_maintenance = now + self.options.maintenance_interval
-                commands += self._maintenance(now)
-            elif self._next_purge is not None and now >= self._next_purge:
-                commands += self._purge(now)
+            commands += self._maintenance.due(now)
         return commands
-
-    def _maintenance(self, now: float) -> list[cmd.Command]:
-        """One maintenance run: each step is harmless when other nodes run it at the same time."""
-        commands: list[cmd.Command] = [cmd.ExpireLeases(), cmd.MintSchedules()]
-        commands += self._purge(now)
-        if self.options.retention.pumps is not None:
-            commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))
-        return commands
-
-    def _purge(self, now: float) -> list[cmd.Command]:
-        self._next_purge = None
-        if self._ledger.busy(cmd.PurgeJobs) or not self.options.retention.job_states:
-            return []
-        return [self._ledger.send(cmd.PurgeJobs(retention=self.options.retention, limit=PURGE_BATCH), now)]
 
     def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
         """Start the jobs a claim returned; at the end of the pass, claim again if more is waiting."""
@@ -543,13 +468,13 @@ class NodeDriver:
         for job in jobs:
             self._executing[job.id] = job
             commands.append(cmd.ExecuteJob(job=job))
-        self._next_poll = now + self.options.poll_interval
+        self._claims.next_poll = now + self.options.poll_interval
         if self._claim_limit:
             return commands  # the rest of this pass is still on its way
         # With room left, claim again now, leaving out the queues this pass found empty (their
         # share goes to the others); with none, the claim that rides the next outcome write picks
         # the rest up (a tick now would only flush a half-full buffer).
-        skip = self._pass.end()
+        skip = self._claims.end()
         if skip is not None and self.free_slots:
             commands += self._claim(now, skip=skip)
         return commands
@@ -562,23 +487,7 @@ class NodeDriver:
         limit = min(self.free_slots, self.options.max_claim_batch)
         if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._trusted(now):
             return []
-        return self._plan(now, limit, skip)
-
-    def _plan(self, now: float, limit: int, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
-        """One pass of the dispatch policy: the claims for ``limit`` slots, sent through the ledger."""
-        if self._reconcile_needed:
-            # No claim until the lease is reconciled: one that ran before it could add to jobs
-            # the pump does not know, and one that ran despite a failed reconcile would too.
-            # LeaseReconciled claims again.
-            self._next_poll = now + self.options.poll_interval
-            if self._ledger.busy(cmd.ReconcileLease):
-                return []
-            known = tuple(sorted(self._held_attempts()))
-            return [self._ledger.send(cmd.ReconcileLease(lease_id=self.lease_id, known=known), now)]
-        planned = self._pass.plan(self.options.policy, limit, skip)
-        if planned:
-            self._next_poll = now + self.options.poll_interval
-        return [self._ledger.send(cmd.ClaimJobs(lease_id=self.lease_id, queues=queues, limit=n), now) for queues, n in planned]
+        return self._claims.send(now, limit, self.lease_id, self._held_attempts, skip)
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         if self._writing or not self._buffer:
@@ -595,7 +504,7 @@ class NodeDriver:
             held = len(self._executing) + len(self._buffer) + len(self._abandoned)
             limit = min(self.options.pool_size - held, self.options.max_claim_batch)
             if limit > 0:
-                commands += self._plan(now, limit)
+                commands += self._claims.send(now, limit, self.lease_id, self._held_attempts)
         return commands
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
@@ -633,11 +542,8 @@ class NodeDriver:
         self._executing.clear()
         if drop_buffer:
             self._buffer.clear()
-        if self._claim_limit:
-            self._pass.forget()
+        self._claims.lease_lost()
         self._ledger.lease_lost(STALE_TOLERANT)
-        # Whatever a lost claim left under the old lease lapses with it.
-        self._reconcile_needed = False
 
     def _held_attempts(self) -> set[tuple[int, int]]:
         """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
@@ -674,9 +580,9 @@ _HANDLERS = {
 # What a StoreFailed of each command undoes; a command missing here left nothing to undo.
 _UNDO = {
     cmd.OpenLease: NodeDriver._undo_open,
-    cmd.ClaimJobs: NodeDriver._undo_claim,
+    cmd.ClaimJobs: lambda driver, retry_at: driver._claims.failed(retry_at),
     cmd.WriteOutcomes: NodeDriver._undo_write,
-    cmd.ReconcileLease: NodeDriver._undo_reconcile,
+    cmd.ReconcileLease: lambda driver, retry_at: driver._claims.reconcile_failed(retry_at),
     cmd.RenewLease: NodeDriver._undo_renew,
     cmd.PurgeJobs: NodeDriver._undo_purge,
 }

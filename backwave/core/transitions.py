@@ -22,6 +22,20 @@ class State(enum.Enum):
     STOPPED = "STOPPED"
 
 
+class InvalidEvent(Exception):
+    """The driver cannot accept this event in its current state; nothing was changed."""
+
+    def __init__(self, event: ev.Event, state: State, reason: str):
+        self.event = event
+        self.state = state
+        super().__init__(f"{type(event).__name__} cannot be accepted in state {state.value}: {reason}")
+
+    @classmethod
+    def refused(cls, event: ev.Event, state: State) -> InvalidEvent:
+        """The table does not list ``event`` in ``state``."""
+        return cls(event, state, f"accepted only in {', '.join(s.value for s in accepting(type(event)))}")
+
+
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
 _MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged})
 # What every state but NEW takes: timers, hints, handlers returning, faults, maintenance, a drain.
