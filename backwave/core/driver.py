@@ -17,14 +17,7 @@ runs on one of the pool's ``pool_size`` threads, and a job claimed for that thre
 the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
 A drain never waits for abandoned handlers: their jobs are no longer the pump's.
 
-Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
-the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
-suspect. A ClaimedJob carries its ``forgiven_attempts``; the driver decides FAILED against
-``max_attempts`` and sizes a retry's backoff on ``counted_attempt`` (attempt - forgiven), never
-on the raw attempt number. Which jobs may share a pump (at most one suspect per lease) is the
-claim statement's rule, not the driver's: the store sees every row under the lease, those of a
-claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
-event, command or driver state exists for it.
+Counted attempts and the reports outcomes carry: see core/outcomes.py.
 
 Lifecycle states and the events each accepts (core/transitions.py holds the same table as data,
 and handle() refuses what it does not list before any handler runs)::
@@ -98,12 +91,6 @@ and before the table above is consulted, while no command of its kind is in flig
     LeaseRenewed     | RenewLease
     LeaseReconciled  | ReconcileLease
     LeaseReleased    | ReleaseLease
-
-Reports: a JobFinished may carry the shell's report of the attempt, which the driver never looks
-into. It rides on the Outcome it decides, through the buffer and into WriteOutcomes, where the
-shell takes it back to write the record and signal the result. Whatever drops an outcome (a lost
-lease clears the buffer, a claim makes a buffered one obsolete) drops its report with it, and a
-JobFinished of an abandoned attempt leaves nothing behind, so the shell needs no map of reports.
 
 Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
 landed was sent. Past that the driver sends no claim and no outcome write under it; the next

@@ -1,5 +1,21 @@
 """What a finished attempt turns into: the Node Driver's verdict, decided before any change so a
-refused JobFinished leaves no trace."""
+refused JobFinished leaves no trace.
+
+Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
+the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
+suspect. A ClaimedJob carries its ``forgiven_attempts``; the driver decides FAILED against
+``max_attempts`` and sizes a retry's backoff on ``counted_attempt`` (attempt - forgiven), never
+on the raw attempt number. Which jobs may share a pump (at most one suspect per lease) is the
+claim statement's rule, not the driver's: the store sees every row under the lease, those of a
+claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
+event, command or driver state exists for it.
+
+Reports: a JobFinished may carry the shell's report of the attempt, which the driver never looks
+into. It rides on the Outcome it decides, through the buffer and into WriteOutcomes, where the
+shell takes it back to write the record and signal the result. Whatever drops an outcome (a lost
+lease clears the buffer, a claim makes a buffered one obsolete) drops its report with it, and a
+JobFinished of an abandoned attempt leaves nothing behind, so the shell needs no map of reports.
+"""
 
 from __future__ import annotations
 
