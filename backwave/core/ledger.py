@@ -44,11 +44,16 @@ class Ledger:
     def landed(self, kind: type[Command]) -> tuple[Command, float]:
         """The oldest command of ``kind`` was answered: no longer in flight. Returns it and when
         it was sent."""
-        return self._sent[kind].popleft()
+        return self._settle(kind)
 
     def failed(self, kind: type[Command]) -> tuple[Command, float]:
         """The oldest command of ``kind`` failed: no longer in flight either (the caller undoes
         what it had counted on). Returns it and when it was sent."""
+        return self._settle(kind)
+
+    def _settle(self, kind: type[Command]) -> tuple[Command, float]:
+        if not self.busy(kind):
+            raise LookupError(f"no {kind.__name__} is in flight")
         return self._sent[kind].popleft()
 
     def lease_lost(self, kinds: Iterable[type[Command]]) -> None:
