@@ -382,8 +382,9 @@ class NodeDriver:
         retry_at = self._faults.retry_at(now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=cap)
         if isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
             if self.state is State.DRAINING:
-                # Give up: the lease lapses and maintenance anywhere gives the jobs back.
-                if self._ledger.busy(cmd.ReleaseLease):
+                # Give up: the lease lapses and maintenance anywhere gives the jobs back. A
+                # ReleaseLease sent behind a failed ReleaseJobs still answers: a stale result.
+                if isinstance(failed, cmd.ReleaseLease):
                     self._ledger.failed(cmd.ReleaseLease)
                 self._give_up_lease()
                 self.state = State.STOPPED
