@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from .jobs import ClaimedJob, Outcome
 from .options import Retention
 
+# Jobs of lapsed leases released per ExpireLeases; the rest wait for the next maintenance run.
+EXPIRY_BATCH = 1000
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
@@ -58,7 +61,9 @@ class RenewLease(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExpireLeases(Command):
-    """Maintenance: release the jobs of leases that lapsed (anyone's)."""
+    """Maintenance: release up to ``limit`` jobs of leases that lapsed (anyone's)."""
+
+    limit: int = EXPIRY_BATCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,7 +32,7 @@ class Maintenance:
         """The commands due at ``now``: a whole run on its interval, else the next purge page."""
         if now >= self.next_run:
             self.next_run = now + self.options.maintenance_interval
-            commands: list[cmd.Command] = [cmd.ExpireLeases(), cmd.MintSchedules()]
+            commands: list[cmd.Command] = [cmd.ExpireLeases(limit=cmd.EXPIRY_BATCH), cmd.MintSchedules()]
             commands += self._purge(now)
             if self.options.retention.pumps is not None:
                 commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))

@@ -30,7 +30,7 @@ from django.tasks.signals import task_finished, task_started
 
 from backwave.conf import DEFAULTS
 from backwave.core.events import JobResult
-from backwave.core.jobs import ClaimedJob, Outcome
+from backwave.core.jobs import ClaimedJob
 from backwave.results import task_result_for_attempt
 from backwave.store.contract import OutcomeRecord
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
@@ -250,24 +250,6 @@ def _running_result(job: ClaimedJob, task, worker_id: str) -> TaskResult:
         started_at=job.started_at,
         attempted_at=job.attempted_at,
         earlier_worker_ids=job.previous_worker_ids,
-    )
-
-
-def outcome_record(outcome: Outcome) -> OutcomeRecord:
-    """The outcome as the store writes it: the driver's verdict plus the report that rode on it
-    (if its JobFinished carried one: the simulator's carry none)."""
-    report = outcome.report
-    if report is None:
-        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay)
-    return OutcomeRecord(
-        job_id=outcome.job_id,
-        attempt=outcome.attempt,
-        kind=outcome.kind,
-        retry_delay=outcome.retry_delay,
-        return_value=report.return_value,
-        error_class=report.error_class,
-        traceback=report.traceback,
-        duration=report.duration,
     )
 
 

@@ -17,8 +17,10 @@ the pump thread publishes after each event. A hint costs the listener one flag t
 ``HintReceived`` waits in the channel at a time (the pump lowers the flag when it takes it), so a
 burst of NOTIFYs wakes the loop once.
 
-A ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one pipelined round-trip: the write
-lands first, then the claim, which is how a pump at steady state spends one round-trip per batch.
+The store commands run in the executor (``backwave/shell/executor.py``), the one interpreter the
+test pump and the simulator share: a ``WriteOutcomes`` followed by a ``ClaimJobs`` goes out as one
+pipelined round-trip (the write lands first, then the claim), which is how a pump at steady state
+spends one round-trip per batch. The pump adds its loop, its threads and the hooks below.
 
 Reports: a worker thread posts each attempt's report inside its ``JobFinished``; it rides on the
 driver's Outcome and comes back with the ``WriteOutcomes``, so the pump keeps no map of reports
@@ -52,20 +54,20 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import NamedTuple
+
+from django.utils import timezone
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.backoff import fault_delay
 from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
-from backwave.store.contract import OutcomeRecord, PumpHealth, Store, StoreError, TransientStoreError
+from backwave.store.contract import PumpHealth, Store, StoreError, TransientStoreError
 
-from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
-from .maintenance import run_maintenance
+from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from .executor import Executor
 from .registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
@@ -208,7 +210,6 @@ class Pump:
         self.health = HEALTHY
         self.health_reason = ""
         self._store_factory = store_factory
-        self._store: Store | None = None
         self._registry = registry
         self._max_traceback_chars = max_traceback_chars
         self._max_result_bytes = max_result_bytes
@@ -223,7 +224,32 @@ class Pump:
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
+        self._executor = Executor(
+            None,  # the store, once it is open: see _store
+            options=options,
+            worker_id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            clock=clock,
+            jitter=self._random.random,
+            time_zone=timezone.get_default_timezone,
+            new_lease_id=uuid.uuid4,
+            on_applied=self._applied,
+            on_lease_held=self._report_health,  # the health row's heartbeat rides the lease's cadence
+            on_fault=self._degrade,
+            on_answered=self._recovered,
+            logger=logger,
+        )
         self._abandoned_before = 0
+
+    @property
+    def _store(self) -> Store | None:
+        """The pump's store connection (None until it opens), held by its executor alone."""
+        return self._executor.store
+
+    @_store.setter
+    def _store(self, store: Store | None) -> None:
+        self._executor.store = store
 
     # ---- control from other threads -------------------------------------------------------------
 
@@ -344,22 +370,7 @@ class Pump:
         return event
 
     def _process(self, event: ev.Event) -> None:
-        pending = deque(self._handle(event))
-        while pending:
-            if self._stop_now.is_set():
-                return
-            command = pending.popleft()
-            if isinstance(command, cmd.WriteOutcomes) and pending and isinstance(pending[0], cmd.ClaimJobs):
-                results = self._write_then_claim(command, pending.popleft())
-                if isinstance(results[0], ev.StoreFailed):
-                    # Every claim that follows the write (a Weighted pass has one per queue) was
-                    # sized for the slots the write frees: none may run once it failed.
-                    while pending and isinstance(pending[0], cmd.ClaimJobs):
-                        results.append(replace(results[-1], command=pending.popleft()))
-            else:
-                results = self._execute(command)
-            for result in results:
-                pending.extend(self._handle(result))
+        self._executor.process(self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set)
 
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""
@@ -378,89 +389,11 @@ class Pump:
         self._abandoned_before = self.driver.stats.abandoned
         return commands
 
-    def _execute(self, command: cmd.Command) -> list[ev.Event]:
-        if isinstance(command, cmd.ExecuteJob):
-            if is_async(command.job, self._registry):
-                self._event_loop().submit(self._run_async_job(command.job))
-            else:
-                self._pool.submit(command.job)
-            return []
-        try:
-            result = self._call_store(command)
-        except TransientStoreError as error:
-            self._degrade(error)
-            return [ev.StoreFailed(now=self._clock(), command=command, jitter=self._random.random())]
-        self._recovered()
-        return [result]
-
-    def _write_then_claim(self, write: cmd.WriteOutcomes, claim: cmd.ClaimJobs) -> list[ev.Event]:
-        try:
-            applied, jobs = self._store.write_outcomes_then_claim(
-                lease_id=write.lease_id,
-                worker_id=self.worker_id,
-                outcomes=self._records(write.outcomes),
-                queues=claim.queues,
-                limit=claim.limit,
-            )
-        except TransientStoreError as error:
-            self._degrade(error)
-            now = self._clock()
-            # The claim never ran: a failed write aborts the rest of the pipeline.
-            jitter = self._random.random()
-            return [ev.StoreFailed(now=now, command=write, jitter=jitter), ev.StoreFailed(now=now, command=claim, jitter=jitter)]
-        self._recovered()
-        self._settled(write.outcomes, applied)
-        now = self._clock()
-        return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
-
-    def _call_store(self, command: cmd.Command) -> ev.Event:
-        store = self._store
-        match command:
-            case cmd.ClaimJobs():
-                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=self.worker_id, queues=command.queues, limit=command.limit)
-                return ev.ClaimReturned(now=self._clock(), jobs=tuple(jobs))
-            case cmd.WriteOutcomes():
-                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
-                self._settled(command.outcomes, applied)
-                return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied))
-            case cmd.OpenLease():
-                lease_id = uuid.uuid4()
-                store.open_lease(
-                    lease_id=lease_id,
-                    worker_id=self.worker_id,
-                    group=self.options.name,
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                    duration=self.options.lease_duration,
-                )
-                self._report_health()
-                return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
-            case cmd.RenewLease():
-                held = store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration)
-                if held:
-                    self._report_health()  # the health row's heartbeat rides the lease's cadence
-                return ev.LeaseRenewed(now=self._clock(), held=held)
-            case cmd.MintSchedules() | cmd.PurgeJobs() | cmd.PurgePumps():
-                return run_maintenance(store, command, clock=self._clock)
-            case cmd.ExpireLeases():
-                released = store.expire_leases(limit=1000)
-                if released:
-                    logger.info("Released %d job(s) from lapsed leases", released)
-                return ev.LeasesExpired(now=self._clock(), released=released)
-            case cmd.ReconcileLease():
-                released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
-                if released:
-                    logger.warning("Pump %s gave back %d job(s) a lost claim answer had left under its lease", self.worker_id, len(released))
-                return ev.LeaseReconciled(now=self._clock(), released=frozenset(released))
-            case cmd.ReleaseJobs():
-                released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
-                return ev.JobsReleased(now=self._clock(), released=frozenset(released))
-            case cmd.ReleaseLease():
-                released = store.release_lease(lease_id=command.lease_id)
-                if released:
-                    logger.info("Pump %s gave back %d unfinished job(s)", self.worker_id, len(released))
-                return ev.LeaseReleased(now=self._clock())
-        raise TypeError(f"the pump cannot execute {command!r}")
+    def _submit(self, job) -> None:
+        if is_async(job, self._registry):
+            self._event_loop().submit(self._run_async_job(job))
+        else:
+            self._pool.submit(job)
 
     # ---- jobs -------------------------------------------------------------------------------------
 
@@ -487,17 +420,9 @@ class Pump:
             ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report)
         )
 
-    def _records(self, outcomes) -> list[OutcomeRecord]:
-        return [outcome_record(outcome) for outcome in outcomes]
-
-    def _settled(self, outcomes, applied) -> None:
-        """The write landed: tell Django's task_finished of each outcome it applied, and say so
-        when the fence refused some."""
-        replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
-        for outcome in outcomes:
-            if outcome.job_id in applied and outcome.report is not None:
-                send_finished(outcome.report, replaced.get(outcome.job_id))
-        self._note_refused(outcomes, applied)
+    def _applied(self, outcome, written) -> None:
+        if outcome.report is not None:
+            send_finished(outcome.report, written)
 
     # ---- health -----------------------------------------------------------------------------------
 
@@ -540,13 +465,6 @@ class Pump:
             self.health = HEALTHY
             self.health_reason = ""
             self._report_health()
-
-    def _note_refused(self, outcomes, applied) -> None:
-        if len(applied) < len(outcomes):
-            logger.warning(
-                "Pump %s: the lease fence refused %d of %d outcome(s); those jobs were expired or re-claimed and run elsewhere",
-                self.worker_id, len(outcomes) - len(applied), len(outcomes),
-            )
 
     def _halt(self, error: Exception) -> None:
         self.health = HALTED

@@ -16,12 +16,14 @@ import difflib
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING
 
 from croniter import croniter
 
 from backwave.store.contract import DueSchedule, ScheduleDefinition, ScheduleSlot, Store
 
-from .registry import TaskRegistry
+if TYPE_CHECKING:  # minting needs no Django: the executor, and the simulator through it, load without it
+    from .registry import TaskRegistry
 
 logger = logging.getLogger("backwave.schedules")
 

@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 Like the production pump (``backwave/shell/pump.py``), it feeds events to a ``NodeDriver`` and runs
-the commands that come back in order, each result becoming the next event; a ``WriteOutcomes``
-followed by a ``ClaimJobs`` goes to the store as one ``write_outcomes_then_claim``. So with the
-same options it makes the same scheduling decisions. What differs is the shell around it:
+the commands that come back through the same executor (``backwave/shell/executor.py``), each
+result becoming the next event. So with the same options it makes the same scheduling decisions
+and the same store calls. What differs is the shell around it:
 
 * One thread, the test's. An ``ExecuteJob`` runs the handler at once, inline, through the same
   ``run_attempt`` as a worker; its ``JobFinished`` joins the event queue behind the commands still
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib
 import random
-import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -39,17 +38,17 @@ from types import ModuleType
 from django.conf import settings
 from django.db import connections, transaction
 from django.tasks import Task
+from django.utils import timezone
 
 from backwave import conf
-from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
-from backwave.shell.execution import AttemptReport, is_async, outcome_record, run_attempt, run_attempt_async, send_finished
+from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from backwave.shell.executor import Executor, lease_ids_from
 from backwave.shell.registry import TaskRegistry
-from backwave.store.contract import OutcomeRecord
 
 from .clock import VirtualClock
 from .store import DjangoConnectionStore
@@ -126,6 +125,19 @@ class DeterministicPump:
         self._counts: dict[str, int] = {}
         self._busy = False
         self._first = self._stop_after = 0
+        # Store errors are not caught (no on_fault): the test sees them.
+        self._executor = Executor(
+            self.store,
+            options=self.options,
+            worker_id=worker_id,
+            hostname="test",
+            pid=0,
+            clock=self.clock.monotonic,
+            jitter=self._random.random,
+            time_zone=timezone.get_default_timezone,
+            new_lease_id=lease_ids_from(self._random),
+            on_applied=self._applied,
+        )
 
     # ---- the public API ---------------------------------------------------------------------
 
@@ -200,56 +212,7 @@ class DeterministicPump:
                 )
 
     def _process(self, event: ev.Event) -> None:
-        pending = deque(self.driver.handle(event))
-        while pending:
-            command = pending.popleft()
-            if isinstance(command, cmd.WriteOutcomes) and pending and isinstance(pending[0], cmd.ClaimJobs):
-                results = self._write_then_claim(command, pending.popleft())
-            elif isinstance(command, cmd.ExecuteJob):
-                self._run_job(command.job)
-                results = []
-            else:
-                results = [self._call_store(command)]
-            for result in results:
-                pending.extend(self.driver.handle(result))
-
-    def _write_then_claim(self, write: cmd.WriteOutcomes, claim: cmd.ClaimJobs) -> list[ev.Event]:
-        applied, jobs = self.store.write_outcomes_then_claim(
-            lease_id=write.lease_id, worker_id=self.worker_id, outcomes=self._records(write.outcomes), queues=claim.queues, limit=claim.limit
-        )
-        self._settled(write.outcomes, applied)
-        now = self.clock.monotonic()
-        return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
-
-    def _call_store(self, command: cmd.Command) -> ev.Event:
-        store, now = self.store, self.clock.monotonic()
-        match command:
-            case cmd.ClaimJobs():
-                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=self.worker_id, queues=command.queues, limit=command.limit)
-                return ev.ClaimReturned(now=now, jobs=tuple(jobs))
-            case cmd.WriteOutcomes():
-                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(command.outcomes))
-                self._settled(command.outcomes, applied)
-                return ev.OutcomesWritten(now=now, applied=frozenset(applied))
-            case cmd.OpenLease():
-                lease_id = uuid.UUID(int=self._random.getrandbits(128), version=4)
-                store.open_lease(lease_id=lease_id, worker_id=self.worker_id, group=self.options.name, hostname="test", pid=0, duration=self.options.lease_duration)
-                return ev.LeaseOpened(now=now, lease_id=lease_id)
-            case cmd.RenewLease():
-                return ev.LeaseRenewed(now=now, held=store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration))
-            case cmd.ExpireLeases():
-                return ev.LeasesExpired(now=now, released=store.expire_leases(limit=1000))
-            case cmd.ReconcileLease():
-                return ev.LeaseReconciled(now=now, released=frozenset(store.reconcile_lease(lease_id=command.lease_id, known=command.known)))
-            case cmd.ReleaseJobs():
-                return ev.JobsReleased(now=now, released=frozenset(store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)))
-            case cmd.ReleaseLease():
-                store.release_lease(lease_id=command.lease_id)
-                return ev.LeaseReleased(now=now)
-        # Maintenance beyond lease expiry (schedules, retention) runs as the worker runs it.
-        from backwave.shell.maintenance import run_maintenance
-
-        return run_maintenance(store, command, clock=self.clock.monotonic)
+        self._executor.process(self.driver.handle, event, execute_job=self._run_job)
 
     def _run_job(self, job) -> None:
         arguments = dict(
@@ -271,20 +234,12 @@ class DeterministicPump:
             )
         )
 
-    def _records(self, outcomes) -> list[OutcomeRecord]:
-        return [outcome_record(outcome) for outcome in outcomes]
-
-    def _settled(self, outcomes, applied) -> None:
-        """Count what the store applied (as it was written) and send task_finished for each."""
-        replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
-        for outcome in outcomes:
-            if outcome.job_id not in applied:
-                continue
-            written = replaced.get(outcome.job_id)
-            field = _KIND_FIELD[(written or outcome).kind]
-            self._counts[field] = self._counts.get(field, 0) + 1
-            if outcome.report is not None:
-                send_finished(outcome.report, written)
+    def _applied(self, outcome, written) -> None:
+        """Count what the store applied (as it was written) and send task_finished for it."""
+        field = _KIND_FIELD[(written or outcome).kind]
+        self._counts[field] = self._counts.get(field, 0) + 1
+        if outcome.report is not None:
+            send_finished(outcome.report, written)
 
     def _turn(self):
         if self._busy:

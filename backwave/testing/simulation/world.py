@@ -9,11 +9,14 @@ seed's random source, so that one source decides every interleaving, every laten
 handler's duration and outcome, and every fault. Nothing reads the host clock.
 
 Each simulated pump is a shell around a real ``NodeDriver`` that behaves as the production pump
-does (``backwave/shell/pump.py``): one event at a time, its commands in order, a WriteOutcomes
-followed by a ClaimJobs sent as one ``write_outcomes_then_claim``, one store call in flight,
-handlers on a pool that posts ``JobFinished``. A store call is split in two: the statement runs
-against the InMemoryStore when the request reaches the database, and the answer reaches the
-driver a latency later, so other pumps' statements, lapses and crashes fall in between.
+does (``backwave/shell/pump.py``): one event at a time, its commands in order, one store call in
+flight, handlers on a pool that posts ``JobFinished``. Its store commands run in the production
+pump's own executor (``backwave/shell/executor.py``: the pipelined write then claim, the outcome
+records, maintenance, the claims a failed write takes down), so what is simulated is the code
+that ships. A store call is split in two: the executor runs the statement against the
+InMemoryStore when the request reaches the database, and the answer reaches the driver a latency
+later, so other pumps' statements, lapses and crashes fall in between. Faults are injected around
+the executor: a statement lost on its way fails unrun, one whose answer is lost ran.
 
 The node's clock (the driver's ``now``) is the virtual time plus a per-node offset that clock
 jumps move forward; the database clock is the virtual time itself. A seed may draw several
@@ -29,8 +32,8 @@ keeps its thread until it returns, even after its pump gave its attempt up.
 
 The shell's side channel. Besides the driver, the simulated pump mirrors what the production
 pump does around it, where the shell-level defects live: each attempt's report rides on its
-JobFinished and Outcome into the write (``_job_done``, ``_records``); Django's task_finished is
-sent once the write has landed, for each outcome the store applied (``_answer``,
+JobFinished and Outcome into the write (``_job_done``); Django's task_finished is sent once the
+write's answer has arrived, for each outcome the executor says the store applied (``_answer``,
 ``_send_task_finished``); and the hint listener's pre-check (``_hint``). These mirror
 backwave/shell/pump.py and execution.py; when those change, change them here the same way.
 """
@@ -43,14 +46,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
-from backwave.store.contract import NewJob, OutcomeRecord, StoreError
+from backwave.shell.executor import Executor, lease_ids_from
+from backwave.store.contract import NewJob, StoreError
 from backwave.store.memory import InMemoryStore, MemoryDatabase
 
 from .faults import Faults
@@ -83,7 +87,7 @@ class SimPump:
 
     __slots__ = (
         "name", "node", "driver", "worker_id", "channel", "pending", "busy", "paused_until", "step_scheduled",
-        "wake_at", "stopped", "handlers", "store", "begun", "database", "cut_off_until", "published_free_slots",
+        "wake_at", "stopped", "handlers", "store", "begun", "database", "cut_off_until", "published_free_slots", "executor", "landed",
     )
 
     def __init__(self, name: str, node: Node, driver: NodeDriver | OwnedDriver, store: InMemoryStore, database: int):
@@ -107,6 +111,8 @@ class SimPump:
         self.cut_off_until = 0.0  # a network partition between this pump and its database
         # What the pump thread publishes after each event for other threads (Pump's snapshot).
         self.published_free_slots = 0
+        self.executor: Executor | None = None  # set by the world, which owns its clock and random source
+        self.landed: list = []  # outcomes the statement running now applied, told of once its answer arrives
 
     @property
     def alive(self) -> bool:
@@ -246,6 +252,18 @@ class World(Faults):
         driver = NodeDriver(self.options)
         owned = OwnedDriver(driver, self, name) if self.config.thread_checks else driver
         pump = SimPump(name, node, owned, InMemoryStore(self.databases[database]), database)
+        pump.executor = Executor(
+            pump.store,
+            options=self.options,
+            worker_id=pump.worker_id,
+            hostname=f"n{node.index}",
+            pid=1,
+            clock=lambda: self.node_now(node),
+            jitter=self.rng.random,
+            time_zone=lambda: UTC,
+            new_lease_id=lease_ids_from(self.rng),
+            on_applied=lambda outcome, written: pump.landed.append(outcome) if outcome.report is not None else None,
+        )
         node.pumps[(database, index)] = pump
         self.pumps.append(pump)
         self.log.line(self.t, name, "start")
@@ -326,9 +344,7 @@ class World(Faults):
         if isinstance(command, cmd.ExecuteJob):
             self._start_job(pump, command.job)
             return
-        batch: tuple[cmd.Command, ...] = (command,)
-        if isinstance(command, cmd.WriteOutcomes) and pump.pending and isinstance(pump.pending[0], cmd.ClaimJobs):
-            batch = (command, pump.pending.popleft())  # pipelined, as the production pump does
+        batch = pump.executor.take(command, pump.pending)  # a write and the claim after it go as one
         pump.busy = True
         self.at(self.t + self._latency(), self._statement, pump, batch, pump.node.incarnation)
 
@@ -336,124 +352,56 @@ class World(Faults):
         return self.rng.expovariate(1 / 0.002) if self.rng.random() < 0.95 else self.rng.uniform(0.05, 0.5)
 
     def _statement(self, pump: SimPump, batch: tuple[cmd.Command, ...], incarnation: int) -> None:
-        """The request reached the database: run it (it runs even if its node has died since)."""
+        """The request reached the database: the executor runs it (it runs even if its node has
+        died since); the answer reaches the pump a latency later, in ``_answer``."""
         fault = self._fault_for_statement(pump)
         if fault == "before":
-            results = [(ev.StoreFailed, {"command": c, "jitter": self.rng.random()}) for c in batch]
+            results = pump.executor.failed(batch, pump.pending)
         else:
             try:
-                results = self._apply(pump, batch)
+                results = pump.executor.run(batch)
             except (StoreError, ValueError, TypeError) as error:  # a pump halts on any of these
                 raise SimulationBug(f"{pump.name}: {' + '.join(type(c).__name__ for c in batch)} raised {type(error).__name__}: {error}") from error
+            self._observe(pump, batch, results)
             if _changed(results):
                 self.invariants.check_store()
-            if fault == "after":  # committed, but the answer is lost
-                results = [(ev.StoreFailed, {"command": c, "jitter": self.rng.random()}) for c in batch]
+            if fault == "after":  # committed, but the answer is lost: the pump hears of no write
+                pump.landed.clear()
+                results = pump.executor.failed(batch, pump.pending)
+        landed, pump.landed = pump.landed, []
         self.log.line(self.t, pump.name, f"db {'+'.join(type(c).__name__ for c in batch)}{' FAULT-' + fault if fault else ''}")
-        self.at(self.t + self._latency(), self._answer, pump, results, incarnation)
+        self.at(self.t + self._latency(), self._answer, pump, results, landed, batch[0], incarnation)
 
-    def _answer(self, pump: SimPump, results: list, incarnation: int) -> None:
+    def _answer(self, pump: SimPump, results: list[ev.Event], landed: list, first: cmd.Command, incarnation: int) -> None:
         if not pump.node.alive or pump.node.incarnation != incarnation or pump.stopped:
             return
         if self.t < pump.paused_until:
-            self.at(pump.paused_until, self._answer, pump, results, incarnation)
+            self.at(pump.paused_until, self._answer, pump, results, landed, first, incarnation)
             return
         pump.busy = False
-        if results[0][0] is ev.OutcomesWritten:
-            # Pump._settled: the write landed (a failed one tells nothing: it is written again).
-            write, applied = results[0][1]["write"], results[0][1]["applied"]
-            for outcome in write.outcomes:
-                if outcome.job_id in applied and outcome.report is not None:
-                    self._send_task_finished(pump, outcome, write.lease_id)
+        for outcome in landed:  # the executor's on_applied, heard on the pump's thread once the write landed
+            self._send_task_finished(pump, outcome, first.lease_id)
         now = self.node_now(pump.node)
-        if results[0][0] is ev.StoreFailed and isinstance(results[0][1]["command"], cmd.WriteOutcomes):
-            # As the production pump: the claims that follow a failed write were sized for the
-            # slots it would have freed, so none of them runs (a Weighted pass has several).
-            while pump.pending and isinstance(pump.pending[0], cmd.ClaimJobs):
-                results = [*results, (ev.StoreFailed, {**results[-1][1], "command": pump.pending.popleft()})]
-        for kind, values in results:
-            if kind is ev.OutcomesWritten:
-                values = {name: value for name, value in values.items() if name != "write"}
-            self.handle(pump, kind(now=now, **values))
+        for event in results:
+            self.handle(pump, replace(event, now=now))  # stamped when the answer arrives
             if pump.stopped:
                 return
         self.kick(pump)
 
-    def _apply(self, pump: SimPump, batch: tuple[cmd.Command, ...]) -> list:
-        """Run the batch against the store as the production pump's _call_store does."""
-        store, command = pump.store, batch[0]
-        if len(batch) == 2:
-            claim = batch[1]
-            applied, jobs = store.write_outcomes_then_claim(
-                worker_id=pump.worker_id, outcomes=self._records(pump, command.outcomes), **_arguments(claim)
-            )
-            self._written(command, applied)
-            self._claimed(pump, claim, jobs)
-            return [
-                (ev.OutcomesWritten, {"applied": frozenset(applied), "write": command}),
-                (ev.ClaimReturned, {"jobs": tuple(jobs)}),
-            ]
-        match command:
-            case cmd.ClaimJobs():
-                jobs = store.claim_jobs(worker_id=pump.worker_id, **_arguments(command))
-                self._claimed(pump, command, jobs)
-                return [(ev.ClaimReturned, {"jobs": tuple(jobs)})]
-            case cmd.WriteOutcomes():
-                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=self._records(pump, command.outcomes))
-                self._written(command, applied)
-                return [(ev.OutcomesWritten, {"applied": frozenset(applied), "write": command})]
-            case cmd.OpenLease():
-                lease_id = uuid.UUID(int=self.rng.getrandbits(128), version=4)
-                store.open_lease(lease_id=lease_id, worker_id=pump.worker_id, group="sim", hostname=f"n{pump.node.index}", pid=1,
-                                 duration=self.options.lease_duration)
-                self.invariants.lease_owner[lease_id] = pump
-                return [(ev.LeaseOpened, {"lease_id": lease_id})]
-            case cmd.RenewLease():
-                return [(ev.LeaseRenewed, {"held": store.renew_lease(lease_id=command.lease_id, duration=self.options.lease_duration)})]
-            case cmd.ExpireLeases():
-                return [(ev.LeasesExpired, {"released": store.expire_leases(limit=1000)})]
-            case cmd.MintSchedules():
-                if store.due_schedules(limit=100):
-                    raise SimulationBug("the simulation defines no schedules, yet one is due")
-                return [(ev.SchedulesMinted, {"minted": 0})]
-            case cmd.PurgeJobs():
-                return [(ev.JobsPurged, {"purged": store.purge_jobs(older_than=command.retention.job_states, limit=command.limit)})]
-            case cmd.PurgePumps():
-                return [(ev.PumpsPurged, {"purged": store.purge_pumps(older_than=command.older_than)})]
-            case cmd.ReconcileLease():
-                released = store.reconcile_lease(**_arguments(command))
-                return [(ev.LeaseReconciled, {"released": frozenset(released)})]
-            case cmd.ReleaseJobs():
-                released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
-                return [(ev.JobsReleased, {"released": frozenset(released)})]
-            case cmd.ReleaseLease():
-                store.release_lease(lease_id=command.lease_id)
-                return [(ev.LeaseReleased, {})]
-        raise SimulationBug(f"{pump.name}: the simulation cannot run {command!r}")
-
-    def _claimed(self, pump: SimPump, claim: cmd.ClaimJobs, jobs: list[ClaimedJob]) -> None:
-        for job in jobs:
-            self.invariants.claimed_under[(job.id, job.attempt)] = claim.lease_id
-
-    def _written(self, write: cmd.WriteOutcomes, applied: set[int]) -> None:
-        for outcome in write.outcomes:
-            self.invariants.written(outcome.job_id, outcome.attempt, write.lease_id, outcome.job_id in applied)
-
-    def _records(self, pump: SimPump, outcomes) -> list[OutcomeRecord]:
-        """Pump._records (execution.outcome_record): each outcome with the report that rode on it.
-
-        The report's values go to the store as the handler made them: the attempt's own checks
-        (execution.encode_result, clean_text) are Django-side, so what the simulator tests is the
-        store's wall behind them, which must stand alone."""
-        records = []
-        for outcome in outcomes:
-            report = outcome.report
-            records.append(OutcomeRecord(
-                job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
-                return_value=report.return_value if report else None, error_class=report.error_class if report else "",
-                traceback=report.traceback if report else "", duration=report.duration if report else 0.0,
-            ))
-        return records
+    def _observe(self, pump: SimPump, batch: tuple[cmd.Command, ...], results: list[ev.Event]) -> None:
+        """What the invariants learn from a statement that ran: claims, writes, leases."""
+        for command, event in zip(batch, results, strict=True):
+            match event:
+                case ev.ClaimReturned():
+                    for job in event.jobs:
+                        self.invariants.claimed_under[(job.id, job.attempt)] = command.lease_id
+                case ev.OutcomesWritten():
+                    for outcome in command.outcomes:
+                        self.invariants.written(outcome.job_id, outcome.attempt, command.lease_id, outcome.job_id in event.applied)
+                case ev.LeaseOpened():
+                    self.invariants.lease_owner[event.lease_id] = pump
+                case ev.SchedulesMinted() if event.minted:
+                    raise SimulationBug("the simulation defines no schedules, yet one was minted")
 
     # ---- handlers -----------------------------------------------------------------------------
 
@@ -554,12 +502,8 @@ _READ_ONLY = {
 }
 
 
-def _changed(results: list) -> bool:
+def _changed(results: list[ev.Event]) -> bool:
     """Whether the statement may have changed a row (an empty claim or maintenance run did not)."""
-    return not (len(results) == 1 and results[0][0] in _READ_ONLY and not results[0][1][_READ_ONLY[results[0][0]]])
-
-
-def _arguments(command: cmd.Command) -> dict:
-    """A command's fields as the store method's keyword arguments, as the production pump passes
-    them (claim_jobs takes a ClaimJobs' fields, reconcile_lease a ReconcileLease's)."""
-    return {f.name: getattr(command, f.name) for f in fields(command)}
+    if len(results) != 1 or type(results[0]) not in _READ_ONLY:
+        return True
+    return bool(getattr(results[0], _READ_ONLY[type(results[0])]))

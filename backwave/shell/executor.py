@@ -1,0 +1,263 @@
+"""The executor: the one interpreter of the Node Driver's store commands.
+
+Theory of operation
+-------------------
+The driver answers each event with commands; the executor runs the store's part of them and
+turns each result into the event that reports it. The production pump, the deterministic test
+pump and the simulator's pump all run their commands here, so they make the same calls with the
+same arguments and report the same events: "the test pump decides as production does" holds by
+construction. What differs per caller is its loop (a thread, the test's thread, simulated time)
+and a few hooks; ``ExecuteJob`` stays the caller's, which runs handlers its own way.
+
+It starts no thread, imports no Django and reads no clock or randomness of its own: the caller
+passes ``clock`` (stamps every event's ``now``), ``jitter`` (a fault's backoff draw) and
+``new_lease_id`` (``uuid.uuid4`` in production, a seeded source in tests: ``lease_ids_from``).
+
+The command list rules (``backwave/core/commands.py``): a ``WriteOutcomes`` followed by a
+``ClaimJobs`` goes out as one pipelined ``write_outcomes_then_claim`` (``take``), and when the
+write fails, every ``ClaimJobs`` that follows it in the pass fails with it unrun (``failed``):
+they were sized for the slots the write would free.
+
+Reports: each attempt's report rides on its outcome; ``record`` joins the two into the row the
+store writes, and once a write lands ``on_applied(outcome, written)`` is called for each outcome
+the fence let through (``written``: the record the store wrote instead when it could not store
+the attempt's own), never for one it refused.
+
+Faults: with ``on_fault`` given, a ``TransientStoreError`` is passed to it and reported to the
+driver as ``StoreFailed``; without it (the test pump, the simulator), every store error
+propagates to the caller. ``on_answered`` is called after every store call that completed.
+What a pump says about its own calls goes to ``logger`` (none: silent); maintenance reports to
+``backwave.maintenance`` whoever runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import tzinfo
+from typing import TYPE_CHECKING
+
+from backwave.core import commands as cmd
+from backwave.core import events as ev
+from backwave.core.jobs import ClaimedJob, Outcome
+from backwave.core.options import WorkerGroupOptions
+from backwave.store.contract import OutcomeRecord, Store, TransientStoreError
+
+from .schedules import mint_due
+
+if TYPE_CHECKING:
+    from random import Random
+
+Batch = tuple[cmd.Command, ...]
+
+# Schedules and retention report here whoever runs them; the rest goes to the caller's logger.
+maintenance_logger = logging.getLogger("backwave.maintenance")
+
+
+def outcome_record(outcome: Outcome) -> OutcomeRecord:
+    """The outcome as the store writes it: the driver's verdict plus the report that rode on it
+    (if its JobFinished carried one)."""
+    report = outcome.report
+    if report is None:
+        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay)
+    return OutcomeRecord(
+        job_id=outcome.job_id,
+        attempt=outcome.attempt,
+        kind=outcome.kind,
+        retry_delay=outcome.retry_delay,
+        return_value=report.return_value,
+        error_class=report.error_class,
+        traceback=report.traceback,
+        duration=report.duration,
+    )
+
+
+def lease_ids_from(rng: Random) -> Callable[[], uuid.UUID]:
+    """Lease ids drawn from a seeded source: the same run every time (tests, the simulator)."""
+    return lambda: uuid.UUID(int=rng.getrandbits(128), version=4)
+
+
+def _nothing(*_args) -> None:
+    return None
+
+
+class Executor:
+    """Runs one pump's store commands against ``store`` (which a pump may set once it opens).
+    One per pump, used by its thread only."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        *,
+        options: WorkerGroupOptions,
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        clock: Callable[[], float],
+        jitter: Callable[[], float],
+        time_zone: Callable[[], tzinfo],
+        new_lease_id: Callable[[], uuid.UUID],
+        on_applied: Callable[[Outcome, OutcomeRecord | None], None] = _nothing,
+        on_lease_held: Callable[[], None] = _nothing,
+        on_fault: Callable[[TransientStoreError], None] | None = None,
+        on_answered: Callable[[], None] = _nothing,
+        logger: logging.Logger | None = None,
+    ):
+        self.store = store
+        self.options = options
+        self.worker_id = worker_id
+        self._hostname = hostname
+        self._pid = pid
+        self._clock = clock
+        self._jitter = jitter
+        self._time_zone = time_zone  # cron is evaluated in it; asked per run, as settings may change
+        self._new_lease_id = new_lease_id
+        self._on_applied = on_applied
+        self._on_lease_held = on_lease_held  # the production pump's health row rides the lease
+        self._on_fault = on_fault
+        self._on_answered = on_answered
+        self._logger = logger
+
+    # ---- the loop every synchronous caller shares -----------------------------------------------
+
+    def process(
+        self,
+        handle: Callable[[ev.Event], Iterable[cmd.Command]],
+        event: ev.Event,
+        *,
+        execute_job: Callable[[ClaimedJob], None],
+        stop: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Feed ``event`` to ``handle`` (the driver) and run what it answers, each result fed
+        back as the next event, until nothing is left (or ``stop()`` says to leave at once)."""
+        pending = deque(handle(event))
+        while pending and not stop():
+            command = pending.popleft()
+            if isinstance(command, cmd.ExecuteJob):
+                execute_job(command.job)
+                continue
+            for result in self.call(self.take(command, pending), pending):
+                pending.extend(handle(result))
+
+    # ---- the steps, for a caller that runs them apart (the simulator) ---------------------------
+
+    @staticmethod
+    def take(command: cmd.Command, pending: deque[cmd.Command]) -> Batch:
+        """The batch ``command`` starts: itself, or a write with the claim that follows it."""
+        if isinstance(command, cmd.WriteOutcomes) and pending and isinstance(pending[0], cmd.ClaimJobs):
+            return (command, pending.popleft())
+        return (command,)
+
+    def call(self, batch: Batch, pending: deque[cmd.Command]) -> list[ev.Event]:
+        """Run the batch; a transient fault becomes ``StoreFailed`` when the caller handles faults."""
+        try:
+            events = self.run(batch)
+        except TransientStoreError as error:
+            if self._on_fault is None:
+                raise
+            self._on_fault(error)
+            return self.failed(batch, pending)
+        self._on_answered()
+        return events
+
+    def failed(self, batch: Batch, pending: deque[cmd.Command]) -> list[ev.Event]:
+        """The events of a batch whose answer never came: each command failed. A failed write
+        takes down every claim that follows it (popped from ``pending``), unrun."""
+        now = self._clock()
+        results: list[ev.Event] = [ev.StoreFailed(now=now, command=command, jitter=self._jitter()) for command in batch]
+        if isinstance(batch[0], cmd.WriteOutcomes):
+            while pending and isinstance(pending[0], cmd.ClaimJobs):
+                results.append(replace(results[-1], command=pending.popleft()))
+        return results
+
+    def run(self, batch: Batch) -> list[ev.Event]:
+        """Run the batch against the store: one event per command. Store errors propagate."""
+        if len(batch) == 2:
+            write, claim = batch
+            applied, jobs = self.store.write_outcomes_then_claim(
+                lease_id=write.lease_id,
+                worker_id=self.worker_id,
+                outcomes=[outcome_record(outcome) for outcome in write.outcomes],
+                queues=claim.queues,
+                limit=claim.limit,
+            )
+            self._settled(write.outcomes, applied)
+            now = self._clock()
+            return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
+        return [self._run_one(batch[0])]
+
+    def _run_one(self, command: cmd.Command) -> ev.Event:
+        store, options = self.store, self.options
+        match command:
+            case cmd.ClaimJobs():
+                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=self.worker_id, queues=command.queues, limit=command.limit)
+                return ev.ClaimReturned(now=self._clock(), jobs=tuple(jobs))
+            case cmd.WriteOutcomes():
+                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=[outcome_record(o) for o in command.outcomes])
+                self._settled(command.outcomes, applied)
+                return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied))
+            case cmd.OpenLease():
+                lease_id = self._new_lease_id()
+                store.open_lease(
+                    lease_id=lease_id, worker_id=self.worker_id, group=options.name, hostname=self._hostname, pid=self._pid,
+                    duration=options.lease_duration,
+                )
+                self._on_lease_held()
+                return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
+            case cmd.RenewLease():
+                held = store.renew_lease(lease_id=command.lease_id, duration=options.lease_duration)
+                if held:
+                    self._on_lease_held()
+                return ev.LeaseRenewed(now=self._clock(), held=held)
+            case cmd.ReconcileLease():
+                released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
+                if released:
+                    self._log(logging.WARNING, "Pump %s gave back %d job(s) a lost claim answer had left under its lease", self.worker_id, len(released))
+                return ev.LeaseReconciled(now=self._clock(), released=frozenset(released))
+            case cmd.ReleaseJobs():
+                released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
+                return ev.JobsReleased(now=self._clock(), released=frozenset(released))
+            case cmd.ReleaseLease():
+                released = store.release_lease(lease_id=command.lease_id)
+                if released:
+                    self._log(logging.INFO, "Pump %s gave back %d unfinished job(s)", self.worker_id, len(released))
+                return ev.LeaseReleased(now=self._clock())
+            case cmd.ExpireLeases():
+                expired = store.expire_leases(limit=command.limit)
+                if expired:
+                    self._log(logging.INFO, "Released %d job(s) from lapsed leases", expired)
+                return ev.LeasesExpired(now=self._clock(), released=expired)
+            case cmd.MintSchedules():
+                return ev.SchedulesMinted(now=self._clock(), minted=len(mint_due(store, self._time_zone())))
+            case cmd.PurgeJobs():
+                purged = store.purge_jobs(older_than=command.retention.job_states, limit=command.limit)
+                if purged:
+                    maintenance_logger.info("Retention: purged %d finished job(s)", purged)
+                return ev.JobsPurged(now=self._clock(), purged=purged)
+            case cmd.PurgePumps():
+                purged = store.purge_pumps(older_than=command.older_than)
+                if purged:
+                    maintenance_logger.info("Forgot %d pump(s) silent for more than %.0f s", purged, command.older_than)
+                return ev.PumpsPurged(now=self._clock(), purged=purged)
+        raise TypeError(f"the executor cannot run {command!r}")
+
+    def _settled(self, outcomes: tuple[Outcome, ...], applied) -> None:
+        """The write landed: hand each outcome the fence let through to ``on_applied``, with the
+        record written in its place if any, and say so when the fence refused some."""
+        replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
+        for outcome in outcomes:
+            if outcome.job_id in applied:
+                self._on_applied(outcome, replaced.get(outcome.job_id))
+        if len(applied) < len(outcomes):
+            self._log(
+                logging.WARNING,
+                "Pump %s: the lease fence refused %d of %d outcome(s); those jobs were expired or re-claimed and run elsewhere",
+                self.worker_id, len(outcomes) - len(applied), len(outcomes),
+            )
+
+    def _log(self, level: int, message: str, *args) -> None:
+        if self._logger is not None:
+            self._logger.log(level, message, *args)
