@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def retry_delay(*, attempt: int, base: float, cap: float, jitter: float) -> float:
     """Seconds to wait before the attempt after ``attempt`` (1-based).
@@ -35,3 +37,23 @@ def fault_delay(*, streak: int, base: float, cap: float, jitter: float) -> float
         raise ValueError(f"fault backoff base and cap must not be negative (base={base}, cap={cap})")
     nominal = min(cap, base * (2.0 ** min(streak - 1, 62)))
     return nominal * (0.5 + jitter)
+
+
+@dataclass
+class FaultStreak:
+    """Transient store faults in a row; any store result ends the streak."""
+
+    faults: int = 0
+    last_at: float = 0.0
+
+    def retry_at(self, *, now: float, jitter: float, base: float, cap: float) -> float:
+        """Count a fault at ``now``; when to try the store again."""
+        if not (self.faults and now == self.last_at):
+            # Failures reported at one instant are one failed round-trip (a pipelined claim
+            # fails with the write it rode on): they back off as one fault.
+            self.faults += 1
+        self.last_at = now
+        return now + fault_delay(streak=self.faults, base=base, cap=cap, jitter=jitter)
+
+    def end(self) -> None:
+        self.faults = 0

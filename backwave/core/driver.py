@@ -17,69 +17,80 @@ runs on one of the pool's ``pool_size`` threads, and a job claimed for that thre
 the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
 A drain never waits for abandoned handlers: their jobs are no longer the pump's.
 
-Counted attempts: a worker that dies takes every job under its lease down, so expiry forgives
-the first lapse since a job's last outcome (store/queries.sql, expire_leases) and marks it
-suspect. A ClaimedJob carries its ``forgiven_attempts``; the driver decides FAILED against
-``max_attempts`` and sizes a retry's backoff on ``counted_attempt`` (attempt - forgiven), never
-on the raw attempt number. Which jobs may share a pump (at most one suspect per lease) is the
-claim statement's rule, not the driver's: the store sees every row under the lease, those of a
-claim in flight, a claim whose reply was lost or an outcome not yet written included, so no
-event, command or driver state exists for it.
+Counted attempts and the reports outcomes carry: see core/outcomes.py.
 
-Lifecycle states and the events each accepts::
+Lifecycle states and the events each accepts (core/transitions.py holds the same table as data,
+and handle() refuses what it does not list before any handler runs)::
 
-    state     | event            | what happens                                        | next
-    ----------+------------------+-----------------------------------------------------+---------
-    NEW       | Started          | OpenLease                                           | OPENING
-    OPENING   | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
-    OPENING   | Tick             | retry OpenLease after a failed one                  | OPENING
-    OPENING   | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
-    OPENING   | DrainRequested   | nothing held yet                                    | STOPPED*
-    RUNNING   | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
-              |                  | heartbeat due: RenewLease; maintenance due:         |
-              |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
-              |                  | a full purge page: the next PurgeJobs;              |
-              |                  | lease presumed lapsed: self-fence                   | OPENING
-    RUNNING   | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
-              |                  | permitting (one pending-poll slot: a burst costs    |
-              |                  | one extra claim); else a free slot: poll now; none: |
-              |                  | nothing                                             |
-    RUNNING   | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
-    RUNNING   | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
-              |                  | buffer; flush when the batch is full or nothing     |
-              |                  | executes: WriteOutcomes + ClaimJobs                 |
-    RUNNING   | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING   | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-              |                  | taken until their handlers return), OpenLease       |
-    any*      | JobFinished of   | no outcome; its slot reopens (a poll or a write's   | same
-              | an abandoned     | claim uses it)                                      |
-              | attempt          |                                                     |
-    RUNNING   | JobsPurged       | a full page: purge again on the next tick           | RUNNING
-    any*      | LeasesExpired,   | maintenance results: nothing to do                  | same
-              | SchedulesMinted, |                                                     |
-              | PumpsPurged      |                                                     |
-    RUNNING   | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
-              |                  | after a jittered backoff that doubles per fault in  |
-              |                  | a row (up to half a heartbeat); a failed claim may  |
-              |                  | have committed: the next claim waits for a          |
-              |                  | ReconcileLease(known = (job, attempt) held)         |
-    RUNNING   | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
-    RUNNING   | DrainRequested   | stop claiming                                       | DRAINING
-    DRAINING  | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
-              | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
-              | Tick, ...        | ReleaseLease (gives back what did not finish)       |
-    DRAINING  | LeaseReleased    |                                                     | STOPPED
-    DRAINING  | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
-              |                  | lease lapses and maintenance frees the rest         |
+    state             | event            | what happens                                        | next
+    ------------------+------------------+-----------------------------------------------------+---------
+    NEW               | Started          | OpenLease                                           | OPENING
+    NEW, OPENING      | DrainRequested   | nothing held yet (an OpenLease in flight: see *)    | STOPPED*
+    OPENING           | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
+    OPENING           | Tick             | retry OpenLease after a failed one                  | OPENING
+    OPENING           | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
+    OPENING           | OutcomesWritten  | none is in flight here: refused, unless stale (see  | OPENING
+                      |                  | below)                                              |
+    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
+                      |                  | heartbeat due: RenewLease; maintenance due:         |
+                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
+                      |                  | a full purge page: the next PurgeJobs;              |
+                      |                  | lease presumed lapsed: self-fence                   | OPENING
+    RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
+                      |                  | permitting (one pending-poll slot: a burst costs    |
+                      |                  | one extra claim); else a free slot: poll now; none: |
+                      |                  | nothing                                             |
+    RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
+    RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
+                      |                  | buffer; flush when the batch is full or nothing     |
+                      |                  | executes: WriteOutcomes + ClaimJobs                 |
+    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
+    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
+                      |                  | taken until their handlers return), OpenLease       |
+    RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
+    RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
+                      |                  | after a jittered backoff that doubles per fault in  |
+                      |                  | a row (up to half a heartbeat); a failed claim may  |
+                      |                  | have committed: the next claim waits for a          |
+                      |                  | ReconcileLease(known = (job, attempt) held)         |
+    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
+    RUNNING           | DrainRequested   | stop claiming                                       | DRAINING
+    any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
+                      |                  | reopens (a poll or a write's claim uses it);        |
+                      |                  | outside RUNNING and DRAINING nothing else executes  |
+    any*              | HintReceived     | outside RUNNING: nothing                            | same
+    any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
+                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
+                      | PumpsPurged,     |                                                     |
+                      | JobsPurged       |                                                     |
+    DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
+                      | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
+                      | Tick             | ReleaseLease (gives back what did not finish)       |
+    DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
+    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
+    DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
+    DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
+    DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
+                      |                  | lease lapses and maintenance frees the rest         |
+    DRAINING, STOPPED | DrainRequested   | nothing                                             | same
+    STOPPED           | LeaseOpened      | one that was in flight at the drain: ReleaseLease   | DRAINING
+    STOPPED           | Tick             | nothing                                             | STOPPED
+    STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
 
     * after a LeaseOpened that was already in flight, the lease is released first.
     any*: every state but NEW.
 
-Reports: a JobFinished may carry the shell's report of the attempt, which the driver never looks
-into. It rides on the Outcome it decides, through the buffer and into WriteOutcomes, where the
-shell takes it back to write the record and signal the result. Whatever drops an outcome (a lost
-lease clears the buffer, a claim makes a buffered one obsolete) drops its report with it, and a
-JobFinished of an abandoned attempt leaves nothing behind, so the shell needs no map of reports.
+Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
+under the old lease on their way. Each (or its StoreFailed) is swallowed on arrival, in any state
+and before the table above is consulted, while no command of its kind is in flight::
+
+    result           | answers
+    -----------------+---------------
+    ClaimReturned    | ClaimJobs
+    OutcomesWritten  | WriteOutcomes
+    LeaseRenewed     | RenewLease
+    LeaseReconciled  | ReconcileLease
+    LeaseReleased    | ReleaseLease
 
 Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
 landed was sent. Past that the driver sends no claim and no outcome write under it; the next
@@ -91,54 +102,21 @@ untouched: the shell halts the pump on it (fail-stop).
 
 from __future__ import annotations
 
-import enum
 import uuid
 from collections import deque
-from dataclasses import dataclass
-
+from . import claims
 from . import commands as cmd
 from . import events as ev
-from .backoff import fault_delay, retry_delay
-from .jobs import ClaimedJob, Outcome, OutcomeKind
+from .backoff import FaultStreak
+from .jobs import ClaimedJob, Outcome
+from .ledger import Ledger
+from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
+from .outcomes import decide
+from .stats import DriverStats
+from .transitions import ACCEPTS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
-# Rows one purge statement deletes at most; a full page means more are due, purged on the next
-# tick, so a large backlog never holds the pump (and its heartbeat) for long.
-PURGE_BATCH = 1000
-
-
-class State(enum.Enum):
-    NEW = "NEW"
-    OPENING = "OPENING"
-    RUNNING = "RUNNING"
-    DRAINING = "DRAINING"
-    STOPPED = "STOPPED"
-
-
-class InvalidEvent(Exception):
-    """The driver cannot accept this event in its current state; nothing was changed."""
-
-    def __init__(self, event: ev.Event, state: State, reason: str):
-        self.event = event
-        self.state = state
-        super().__init__(f"{type(event).__name__} cannot be accepted in state {state.value}: {reason}")
-
-
-@dataclass(slots=True)
-class DriverStats:
-    """Counters the shell logs and the tests pin."""
-
-    claims: int = 0
-    claimed: int = 0
-    writes: int = 0
-    applied: int = 0
-    lost: int = 0  # outcomes the fence refused: the lease was no longer ours
-    abandoned: int = 0  # jobs given up on because the lease was lost
-    heartbeats: int = 0
-    store_faults: int = 0
-    minted: int = 0  # jobs minted from schedules by this pump's maintenance
-    purged: int = 0  # finished jobs purged by this pump's maintenance
-    reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
+__all__ = ["PURGE_BATCH", "SELF_FENCE_MARGIN", "DriverStats", "InvalidEvent", "NodeDriver", "State"]
 
 
 class NodeDriver:
@@ -152,43 +130,17 @@ class NodeDriver:
         self.lease_id: uuid.UUID | None = None
         self._executing: dict[int, ClaimedJob] = {}
         self._buffer: deque[Outcome] = deque()
-        self._writing: tuple[Outcome, ...] = ()
         # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
         # returned yet: each still occupies a thread of the pool, so it still takes a slot.
         self._abandoned: set[tuple[int, int]] = set()
-        # Claims in flight, in the order they were sent (their answers come back in that order).
-        self._claims: deque[tuple[tuple[str, ...], int]] = deque()
-        self._policy_state: dict[str, int] = {}  # the dispatch policy's round-robin memory
-        self._pass_skip: set[str] = set()  # queues whose claim came back short this pass
-        self._pass_full = False  # some claim of this pass came back full
-        self._renew_sent_at: float | None = None
+        self._ledger = Ledger()  # the store commands in flight, and stale results still due
+        self._claims = claims.Claims(options, self._ledger)
+        self._faults = FaultStreak()
+        self._maintenance = Maintenance(options, self._ledger)
         self._lease_trusted_until = 0.0
-        self._open_in_flight = False
-        self._open_sent_at = 0.0
-        self._release_in_flight = False
-        # A claim failed without an answer: it may have committed jobs this pump never heard
-        # of, still running under its lease. Before the next claim, give back whatever runs
-        # under the lease that the driver does not know (ReconcileLease).
-        self._reconcile_needed = False
-        self._reconcile_in_flight = False
-        self._next_poll = 0.0
         self._next_heartbeat = 0.0
-        self._next_maintenance = 0.0
         self._next_open = 0.0
-        self._hint_during_claim = False
         self._drain_deadline: float | None = None
-        self._last_claim_short = False
-        self._purge_in_flight = False
-        self._next_purge: float | None = None  # set after a full purge page
-        self._fault_streak = 0  # transient store faults in a row; any store result resets it
-        self._last_fault_at = 0.0
-        # Results still on their way for commands sent under a lease the driver gave up on.
-        # They are swallowed when they arrive: the store's fence makes them no-ops anyway.
-        self._stale_claims = 0
-        self._stale_writes = 0
-        self._stale_renewals = 0
-        self._stale_releases = 0
-        self._stale_reconciles = 0
 
     # ---- what the shell may ask -------------------------------------------------------------
 
@@ -202,11 +154,6 @@ class NodeDriver:
         return len(self._executing) + len(self._buffer) + len(self._writing)
 
     @property
-    def _claim_limit(self) -> int:
-        """Jobs asked for by the claims in flight (their slots are reserved until they return)."""
-        return sum(limit for _, limit in self._claims)
-
-    @property
     def free_slots(self) -> int:
         """Threads of the pool no job holds: claimed jobs, claims in flight and abandoned handlers
         each take one."""
@@ -215,24 +162,29 @@ class NodeDriver:
     @property
     def idle(self) -> bool:
         """Running, nothing held, and the last claim found fewer jobs than it asked for."""
-        return self.state is State.RUNNING and self._last_claim_short and not self.unreported and not self._claim_limit
+        return self.state is State.RUNNING and self._claims.last_short and not self.unreported and not self._claim_limit
 
     def next_wakeup(self) -> float | None:
         """When the shell should send the next Tick; None once stopped."""
-        if self.state is State.STOPPED:
-            return None
-        if self.state is State.NEW:
+        if self.state in (State.NEW, State.STOPPED):
             return None
         if self.state is State.OPENING:
-            return self._next_open if not self._open_in_flight else None
+            return None if self._ledger.busy(cmd.OpenLease) else self._next_open
         deadlines = [self._next_heartbeat, self._lease_trusted_until]
         if self.state is State.RUNNING:
-            deadlines += [self._next_poll, self._next_maintenance]
-            if self._next_purge is not None:
-                deadlines.append(self._next_purge)
+            deadlines += [self._claims.next_poll, self._maintenance.next_due()]
         elif self._drain_deadline is not None:
             deadlines.append(self._drain_deadline)
         return min(deadlines)
+
+    @property
+    def _claim_limit(self) -> int:
+        return self._claims.limit_in_flight
+
+    @property
+    def _writing(self) -> tuple[Outcome, ...]:
+        write = self._ledger.oldest(cmd.WriteOutcomes)
+        return write.outcomes if write else ()
 
     # ---- the one entry point ----------------------------------------------------------------
 
@@ -241,145 +193,103 @@ class NodeDriver:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise InvalidEvent(event, self.state, "unknown event type")
-        commands = handler(self, event)
-        if type(event) in _STORE_RESULTS:
-            self._fault_streak = 0  # the store answered: the next fault backs off from the start
+        answered = answered_by(event)
+        if answered in STALE_TOLERANT and self._ledger.swallow_stale(answered):
+            # Sent under a lease given up: not ours any more, and the store's fence made it a no-op.
+            commands = []
+        elif type(event) not in ACCEPTS[self.state]:
+            raise InvalidEvent.refused(event, self.state)
+        else:
+            commands = handler(self, event)
+        if type(event) in STORE_RESULTS:
+            self._faults.end()  # the store answered: the next fault backs off from the start
         return commands
 
-    # ---- handlers -----------------------------------------------------------------------------
+    # ---- handlers: each checks its event's preconditions before it changes anything ---------
 
     def _on_started(self, event: ev.Started) -> list[cmd.Command]:
-        self._require(event, State.NEW)
         self.state = State.OPENING
         return self._open(event.now)
 
     def _on_lease_opened(self, event: ev.LeaseOpened) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.STOPPED)
-        if not self._open_in_flight:
+        if not self._ledger.busy(cmd.OpenLease):
             raise InvalidEvent(event, self.state, "no OpenLease is in flight")
-        self._open_in_flight = False
+        _, sent_at = self._ledger.landed(cmd.OpenLease)
         self.lease_id = event.lease_id
         # Trusted and heartbeated from now on, even while it is being given straight back below.
-        self._trust_lease_from(self._open_sent_at)
+        self._trust_lease_from(sent_at)
         self._next_heartbeat = event.now + self.options.heartbeat_every
         if self.state is State.STOPPED:
             # Drain came while the lease was being opened: give it straight back.
             self.state = State.DRAINING
-            self._release_in_flight = True
-            return [cmd.ReleaseLease(lease_id=event.lease_id)]
+            return [self._ledger.send(cmd.ReleaseLease(lease_id=event.lease_id), event.now)]
         self.state = State.RUNNING
         # Maintenance at once: a worker that crashed before us may have left lapsed leases.
-        self._next_maintenance = event.now
-        self._next_poll = event.now
+        self._maintenance.next_run = event.now
+        self._claims.next_poll = event.now
         return self._on_due(event.now)
 
     def _on_tick(self, event: ev.Tick) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         if self.state is State.STOPPED:
             return []
         if self.state is State.OPENING:
-            if self._open_in_flight or event.now < self._next_open:
+            if self._ledger.busy(cmd.OpenLease) or event.now < self._next_open:
                 return []
             return self._open(event.now)
         return self._on_due(event.now)
 
     def _on_hint(self, event: ev.HintReceived) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         if self.state is not State.RUNNING:
             return []
         if self._claim_limit:
-            self._hint_during_claim = True
+            self._claims.hinted = True
             return []
         if not self.free_slots:
             # Nothing to claim with; a slot that reopens through a write claims anyway. (Polling
             # now would only flush a half-full buffer early.)
             return []
-        self._next_poll = min(self._next_poll, event.now)
+        self._claims.next_poll = min(self._claims.next_poll, event.now)
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
-        if not self._claim_limit and self._stale_claims:
-            # Claimed under a lost lease: not ours to run; maintenance gives those rows back.
-            self._stale_claims -= 1
-            return []
-        self._require(event, State.RUNNING, State.DRAINING)
-        if not self._claims:
+        asked = self._ledger.oldest(cmd.ClaimJobs)
+        if asked is None:
             raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
-        queues, asked = self._claims[0]
-        if len(event.jobs) > asked:
-            raise InvalidEvent(event, self.state, f"the claim asked for {asked} jobs and got {len(event.jobs)}")
-        ids = [job.id for job in event.jobs]
-        if len(set(ids)) != len(ids) or any(i in self._executing for i in ids):
-            raise InvalidEvent(event, self.state, f"the claim returned a job this pump already holds: {ids}")
         # An outcome still buffered for a job the claim just returned is from an older attempt
         # whose write did land (its reply was lost): the job ran on and is due again. It is
         # obsolete, and it must not share a batch with the new attempt's outcome.
-        claimed_ids = set(ids)
+        claimed_ids = {job.id for job in event.jobs}
         obsolete = [o for o in self._buffer if o.job_id in claimed_ids]
-        if self.unreported - len(obsolete) + len(self._abandoned) + len(event.jobs) > self.options.pool_size:
-            abandoned = f" + {len(self._abandoned)} abandoned" if self._abandoned else ""
-            raise InvalidEvent(
-                event,
-                self.state,
-                f"backpressure violated: {self.unreported} unreported{abandoned} + {len(event.jobs)} claimed > pool_size {self.options.pool_size}",
-            )
-        self._claims.popleft()
-        if len(event.jobs) < asked:
-            self._pass_skip.update(queues)
-        else:
-            self._pass_full = True
-        self._last_claim_short = len(event.jobs) < asked
+        if reason := claims.refusal(
+            event.jobs, asked.limit, self._executing, unreported=self.unreported, obsolete=len(obsolete),
+            abandoned=len(self._abandoned), pool_size=self.options.pool_size,
+        ):
+            raise InvalidEvent(event, self.state, reason)
+        self._claims.landed(len(event.jobs))
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
         if obsolete:
             self._buffer = deque(o for o in self._buffer if o.job_id not in claimed_ids)
             self.stats.lost += len(obsolete)
         if self.state is State.DRAINING:
-            commands: list[cmd.Command] = []
-            if event.jobs:
-                commands.append(cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=tuple(ids)))
-            return commands + self._drain_step(event.now)
-        commands = []
-        for job in event.jobs:
-            self._executing[job.id] = job
-            commands.append(cmd.ExecuteJob(job=job))
-        self._next_poll = event.now + self.options.poll_interval
-        if self._claims:
-            return commands  # the rest of this pass is still on its way
-        more_waiting, self._pass_full = self._pass_full, False
-        if self._hint_during_claim or more_waiting:
-            # A full batch says more is waiting; a hint said the same while we were busy. With
-            # room left, claim again now, leaving out the queues this pass found empty (their
-            # share goes to the others); with none, the claim that rides the next outcome write
-            # picks the rest up (a tick now would only flush a half-full buffer).
-            skip = frozenset() if self._hint_during_claim else frozenset(self._pass_skip)
-            self._hint_during_claim = False
-            self._pass_skip.clear()
-            if self.free_slots:
-                commands += self._claim(event.now, skip=skip)
-        else:
-            self._pass_skip.clear()
-        return commands
+            ids = tuple(job.id for job in event.jobs)
+            released: list[cmd.Command] = [cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=ids)] if ids else []
+            return released + self._drain_step(event.now)
+        return self._run(event.jobs, event.now)
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         job = self._executing.get(event.job_id)
-        if job is None:
+        if job is None or job.attempt != event.attempt:
             if (event.job_id, event.attempt) in self._abandoned:
+                # Abandoned with a lost lease (perhaps finishing after its job was claimed again).
                 self._abandoned.discard((event.job_id, event.attempt))
                 return []
-            raise InvalidEvent(event, self.state, f"job {event.job_id} is not executing on this pump")
-        if job.attempt != event.attempt:
-            if (event.job_id, event.attempt) in self._abandoned:
-                # An attempt abandoned with a lost lease, finishing after the job was claimed again.
-                self._abandoned.discard((event.job_id, event.attempt))
-                return []
+            if job is None:
+                raise InvalidEvent(event, self.state, f"job {event.job_id} is not executing on this pump")
             raise InvalidEvent(event, self.state, f"job {event.job_id} runs attempt {job.attempt}, not {event.attempt}")
-        if event.result not in ("succeeded", "failed", "unroutable"):
-            raise InvalidEvent(event, self.state, f"unknown result {event.result!r}")
         try:
-            outcome = _decide(job, event)  # before any change: a refused event leaves no trace
-        except ValueError as error:  # e.g. jitter outside [0, 1)
+            outcome = decide(job, event)  # before any change: a refused event leaves no trace
+        except ValueError as error:  # an unknown result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
         del self._executing[event.job_id]
         self._buffer.append(outcome)
@@ -390,10 +300,6 @@ class NodeDriver:
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
-        if not self._writing and self._stale_writes:
-            self._stale_writes -= 1
-            return []
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING)
         if not self._writing:
             raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
         written = {o.job_id for o in self._writing}
@@ -402,181 +308,124 @@ class NodeDriver:
         self.stats.writes += 1
         self.stats.applied += len(event.applied)
         self.stats.lost += len(written) - len(event.applied)
-        self._writing = ()
+        self._ledger.landed(cmd.WriteOutcomes)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
             return []
-        commands: list[cmd.Command] = []
         if len(self._buffer) >= self.options.outcome_batch or (self._buffer and not self._executing):
-            commands += self._flush(event.now, then_claim=not self._claim_limit)
-        elif not self._claim_limit and self.free_slots:
+            return self._flush(event.now, then_claim=not self._claim_limit)
+        if not self._claim_limit and self.free_slots:
             # Re-poll after an applied batch: work may have become due meanwhile.
-            commands += self._claim(event.now)
-        return commands
+            return self._claim(event.now)
+        return []
 
     def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
-        if self._renew_sent_at is None and self._stale_renewals:
-            self._stale_renewals -= 1
-            return []  # the lease it renewed was already given up
-        self._require(event, State.RUNNING, State.DRAINING)
-        if self._renew_sent_at is None:
+        if not self._ledger.busy(cmd.RenewLease):
             raise InvalidEvent(event, self.state, "no RenewLease is in flight")
-        sent_at, self._renew_sent_at = self._renew_sent_at, None
+        _, sent_at = self._ledger.landed(cmd.RenewLease)
         self.stats.heartbeats += 1
         if event.held:
             self._trust_lease_from(sent_at)
             return []
         return self._lose_lease(event.now)
 
-    def _on_leases_expired(self, event: ev.LeasesExpired) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
+    def _on_nothing_to_do(self, event: ev.Event) -> list[cmd.Command]:
         return []
 
     def _on_schedules_minted(self, event: ev.SchedulesMinted) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
         if event.minted < 0:
             raise InvalidEvent(event, self.state, f"minted must not be negative, got {event.minted}")
         self.stats.minted += event.minted
         return []
 
-    def _on_pumps_purged(self, event: ev.PumpsPurged) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
-        return []
-
     def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
-        self._require(event, State.RUNNING, State.DRAINING, State.OPENING, State.STOPPED)
-        if not self._purge_in_flight:
+        if not self._ledger.busy(cmd.PurgeJobs):
             raise InvalidEvent(event, self.state, "no PurgeJobs is in flight")
         if not 0 <= event.purged <= PURGE_BATCH:
             raise InvalidEvent(event, self.state, f"a purge page holds 0 to {PURGE_BATCH} jobs, got {event.purged}")
-        self._purge_in_flight = False
+        self._maintenance.page_purged(event.purged, event.now, running=self.state is State.RUNNING)
         self.stats.purged += event.purged
-        if event.purged == PURGE_BATCH and self.state is State.RUNNING:
-            # A full page: more are due. Purge again on the next tick, after whatever else is
-            # waiting (outcomes, the heartbeat), not in a loop that would hold the pump.
-            self._next_purge = event.now
-        return []
-
-    def _on_jobs_released(self, event: ev.JobsReleased) -> list[cmd.Command]:
-        self._require(event, State.DRAINING, State.RUNNING)
         return []
 
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
-        if not self._reconcile_in_flight and self._stale_reconciles:
-            self._stale_reconciles -= 1
-            return []
-        self._require(event, State.RUNNING, State.DRAINING)
-        if not self._reconcile_in_flight:
+        if not self._ledger.busy(cmd.ReconcileLease):
             raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
         given_back_held = event.released & self._held_attempts()
         if given_back_held:
             raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
-        self._reconcile_in_flight = False
-        self._reconcile_needed = False
+        self._claims.reconciled()
         self.stats.reconciled += len(event.released)
         return self._claim(event.now) if self.state is State.RUNNING else []
 
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
-        if not self._release_in_flight and self._stale_releases:
-            self._stale_releases -= 1
-            return []
-        self._require(event, State.DRAINING)
-        if not self._release_in_flight:
+        if not self._ledger.busy(cmd.ReleaseLease):
             raise InvalidEvent(event, self.state, "no ReleaseLease is in flight")
-        self._release_in_flight = False
-        self._abandon_all()
-        self._forget_in_flight()
+        self._ledger.landed(cmd.ReleaseLease)
+        self._give_up_lease()
         self.lease_id = None
         self.state = State.STOPPED
         return []
 
     def _on_store_failed(self, event: ev.StoreFailed) -> list[cmd.Command]:
-        self._require(event, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
         failed = event.command
         if not isinstance(failed, cmd.Command):
             raise InvalidEvent(event, self.state, f"unknown command {failed!r}")
-        stale = self._stale_counter_for(failed)
-        if stale:
-            setattr(self, stale, getattr(self, stale) - 1)
-            return []
-        if not self._in_flight(failed):
+        if type(failed) not in UNTRACKED and not self._ledger.busy(type(failed)):
             raise InvalidEvent(event, self.state, f"{type(failed).__name__} is not in flight")
         if not 0.0 <= event.jitter < 1.0:
             raise InvalidEvent(event, self.state, f"jitter must be in [0, 1), got {event.jitter}")
         self.stats.store_faults += 1
-        if not (self._fault_streak and event.now == self._last_fault_at):
-            # Failures reported at one instant are one failed round-trip (a pipelined claim
-            # fails with the write it rode on): they back off as one fault.
-            self._fault_streak += 1
-        self._last_fault_at = event.now
-        retry_at = event.now + fault_delay(
-            streak=self._fault_streak,
-            base=self.options.poll_interval,
-            # Never back off past half a heartbeat: a renewal retried later than that could
-            # miss the lease's end after a short outage and self-fence for nothing.
-            cap=max(self.options.poll_interval, self.options.heartbeat_every / 2),
-            jitter=event.jitter,
-        )
-        if isinstance(failed, cmd.OpenLease):
-            self._open_in_flight = False
-            self._next_open = retry_at
-            if self.state is State.STOPPED:
-                return []
-        elif isinstance(failed, cmd.ClaimJobs):
-            self._reconcile_needed = True
-            self._claims.popleft()
-            if not self._claims:
-                self._pass_skip.clear()
-                self._pass_full = False
-            self._hint_during_claim = False
-            self._next_poll = max(self._next_poll, retry_at)
-        elif isinstance(failed, cmd.WriteOutcomes):
-            # Nothing was written: the batch goes back to the front of the buffer, and is
-            # written once on a later tick.
-            self._buffer.extendleft(reversed(self._writing))
-            self._writing = ()
-            self._next_poll = max(self._next_poll, retry_at)
-        elif isinstance(failed, cmd.ReconcileLease):
-            self._reconcile_in_flight = False  # still needed: tried again before the next claim
-            self._next_poll = max(self._next_poll, retry_at)
-        elif isinstance(failed, cmd.RenewLease):
-            self._renew_sent_at = None
-            self._next_heartbeat = min(self._next_heartbeat, retry_at)
-        elif isinstance(failed, cmd.PurgeJobs):
-            # The next maintenance run starts over; nothing was deleted.
-            self._purge_in_flight = False
-            self._next_purge = None
-        elif isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
+        # Never back off past half a heartbeat: a renewal retried later than that could miss the
+        # lease's end after a short outage and self-fence for nothing.
+        cap = max(self.options.poll_interval, self.options.heartbeat_every / 2)
+        retry_at = self._faults.retry_at(now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=cap)
+        if isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
             if self.state is State.DRAINING:
-                # Give up: the lease lapses and maintenance anywhere gives the jobs back.
-                self._release_in_flight = False
-                self._abandon_all()
-                self._forget_in_flight()
+                # Give up: the lease lapses and maintenance anywhere gives the jobs back. A
+                # ReleaseLease sent behind a failed ReleaseJobs still answers: a stale result.
+                if isinstance(failed, cmd.ReleaseLease):
+                    self._ledger.failed(cmd.ReleaseLease)
+                self._give_up_lease()
                 self.state = State.STOPPED
             return []
-        # ExpireLeases, MintSchedules, PurgePumps: the next maintenance run tries again.
+        if undo := _UNDO.get(type(failed)):  # ExpireLeases, MintSchedules, PurgePumps: none
+            undo(self, retry_at)
         if self.state is State.DRAINING and self._drain_deadline is not None and event.now >= self._drain_deadline:
-            self._abandon_all()
-            self._forget_in_flight()
-            self._buffer.clear()
+            self._give_up_lease(drop_buffer=True)
             self.state = State.STOPPED
         return []
 
     def _on_drain_requested(self, event: ev.DrainRequested) -> list[cmd.Command]:
-        self._require(event, State.NEW, State.OPENING, State.RUNNING, State.DRAINING, State.STOPPED)
-        if self.state in (State.NEW, State.STOPPED):
-            self.state = State.STOPPED
-            return []
-        if self.state is State.OPENING:
-            # If an OpenLease is in flight, LeaseOpened will release the new lease at once.
-            self.state = State.STOPPED
-            return []
         if self.state is State.DRAINING:
+            return []
+        if self.state is not State.RUNNING:
+            # Nothing held. If an OpenLease is in flight, LeaseOpened will release the new lease.
+            self.state = State.STOPPED
             return []
         self.state = State.DRAINING
         self._drain_deadline = event.now + event.timeout
         return self._drain_step(event.now)
+
+    # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
+
+    def _undo_open(self, retry_at: float) -> None:
+        self._ledger.failed(cmd.OpenLease)
+        self._next_open = retry_at
+
+    def _undo_write(self, retry_at: float) -> None:
+        # Nothing was written: the batch goes back to the front of the buffer, and is written
+        # once on a later tick.
+        write, _ = self._ledger.failed(cmd.WriteOutcomes)
+        self._buffer.extendleft(reversed(write.outcomes))
+        self._claims.retry_no_sooner_than(retry_at)
+
+    def _undo_renew(self, retry_at: float) -> None:
+        self._ledger.failed(cmd.RenewLease)
+        self._next_heartbeat = min(self._next_heartbeat, retry_at)
+
+    def _undo_purge(self, retry_at: float) -> None:
+        self._maintenance.purge_failed()
 
     # ---- decisions ----------------------------------------------------------------------------
 
@@ -588,38 +437,35 @@ class NodeDriver:
             return self._lose_lease(now)
         if self.state is State.DRAINING:
             commands += self._drain_step(now)
-        elif now >= self._next_poll:
-            self._next_poll = now + self.options.poll_interval
+        elif now >= self._claims.next_poll:
+            self._claims.next_poll = now + self.options.poll_interval
             # The claim is sized before the buffer drains, so buffered outcomes keep their slots.
             if not self._claim_limit and self.free_slots:
                 commands += self._claim(now)
             commands += self._flush(now, then_claim=False)
-        if now >= self._next_heartbeat and self._renew_sent_at is None and self.lease_id is not None:
+        if now >= self._next_heartbeat and not self._ledger.busy(cmd.RenewLease) and self.lease_id is not None:
             self._next_heartbeat = now + self.options.heartbeat_every
-            self._renew_sent_at = now
-            commands.append(cmd.RenewLease(lease_id=self.lease_id))
+            commands.append(self._ledger.send(cmd.RenewLease(lease_id=self.lease_id), now))
         if self.state is State.RUNNING:
-            if now >= self._next_maintenance:
-                self._next_maintenance = now + self.options.maintenance_interval
-                commands += self._maintenance()
-            elif self._next_purge is not None and now >= self._next_purge:
-                commands += self._purge()
+            commands += self._maintenance.due(now)
         return commands
 
-    def _maintenance(self) -> list[cmd.Command]:
-        """One maintenance run: each step is harmless when other nodes run it at the same time."""
-        commands: list[cmd.Command] = [cmd.ExpireLeases(limit=cmd.EXPIRY_BATCH), cmd.MintSchedules()]
-        commands += self._purge()
-        if self.options.retention.pumps is not None:
-            commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))
+    def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
+        """Start the jobs a claim returned; at the end of the pass, claim again if more is waiting."""
+        commands: list[cmd.Command] = []
+        for job in jobs:
+            self._executing[job.id] = job
+            commands.append(cmd.ExecuteJob(job=job))
+        self._claims.next_poll = now + self.options.poll_interval
+        if self._claim_limit:
+            return commands  # the rest of this pass is still on its way
+        # With room left, claim again now, leaving out the queues this pass found empty (their
+        # share goes to the others); with none, the claim that rides the next outcome write picks
+        # the rest up (a tick now would only flush a half-full buffer).
+        skip = self._claims.end()
+        if skip is not None and self.free_slots:
+            commands += self._claim(now, skip=skip)
         return commands
-
-    def _purge(self) -> list[cmd.Command]:
-        self._next_purge = None
-        if self._purge_in_flight or not self.options.retention.job_states:
-            return []
-        self._purge_in_flight = True
-        return [cmd.PurgeJobs(retention=self.options.retention, limit=PURGE_BATCH)]
 
     def _trusted(self, now: float) -> bool:
         """Whether the lease may still be written under (see the self-fencing note above)."""
@@ -627,26 +473,9 @@ class NodeDriver:
 
     def _claim(self, now: float, *, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
         limit = min(self.free_slots, self.options.max_claim_batch)
-        if limit <= 0 or self._claims or self.state is not State.RUNNING or not self._trusted(now):
+        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._trusted(now):
             return []
-        return self._plan(now, limit, skip)
-
-    def _plan(self, now: float, limit: int, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
-        """One pass of the dispatch policy: the claims for ``limit`` slots, remembered in flight."""
-        if self._reconcile_needed:
-            # No claim until the lease is reconciled: one that ran before it could add to jobs
-            # the pump does not know, and one that ran despite a failed reconcile would too.
-            # LeaseReconciled claims again.
-            self._next_poll = now + self.options.poll_interval
-            if self._reconcile_in_flight:
-                return []
-            self._reconcile_in_flight = True
-            return [cmd.ReconcileLease(lease_id=self.lease_id, known=tuple(sorted(self._held_attempts())))]
-        claims = self.options.policy.plan(limit, self._policy_state, skip)
-        self._claims.extend(claims)
-        if claims:
-            self._next_poll = now + self.options.poll_interval
-        return [cmd.ClaimJobs(lease_id=self.lease_id, queues=queues, limit=n) for queues, n in claims]
+        return self._claims.send(now, limit, self.lease_id, self._held_attempts, skip)
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         if self._writing or not self._buffer:
@@ -656,22 +485,19 @@ class NodeDriver:
             # at once (next_wakeup is past) drops them and starts over with a new lease.
             return []
         batch = tuple(self._buffer.popleft() for _ in range(min(len(self._buffer), self.options.outcome_batch)))
-        self._writing = batch
-        commands: list[cmd.Command] = [cmd.WriteOutcomes(lease_id=self.lease_id, outcomes=batch)]
+        commands: list[cmd.Command] = [self._ledger.send(cmd.WriteOutcomes(lease_id=self.lease_id, outcomes=batch), now)]
         if then_claim and self.state is State.RUNNING and not self._claim_limit:
             # The claim runs after the write lands, so the slots the write frees are counted as
             # free: size it without the batch being written.
-            limit = min(
-                self.options.pool_size - len(self._executing) - len(self._buffer) - len(self._abandoned),
-                self.options.max_claim_batch,
-            )
+            held = len(self._executing) + len(self._buffer) + len(self._abandoned)
+            limit = min(self.options.pool_size - held, self.options.max_claim_batch)
             if limit > 0:
-                commands += self._plan(now, limit)
+                commands += self._claims.send(now, limit, self.lease_id, self._held_attempts)
         return commands
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
         """Move a drain forward: write what is buffered, then give the lease back."""
-        if self._claim_limit or self._writing or self._release_in_flight:
+        if self._claim_limit or self._writing or self._ledger.busy(cmd.ReleaseLease):
             return []
         past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
         if self._executing and not past_deadline:
@@ -680,47 +506,10 @@ class NodeDriver:
             return []
         if self._buffer:
             return self._flush(now, then_claim=False)
-        self._release_in_flight = True
-        return [cmd.ReleaseLease(lease_id=self.lease_id)]
-
-    def _stale_counter_for(self, command: cmd.Command) -> str | None:
-        """The stale counter a failure of ``command`` settles, when it was sent under a lost lease."""
-        if isinstance(command, cmd.ClaimJobs) and not self._claim_limit and self._stale_claims:
-            return "_stale_claims"
-        if isinstance(command, cmd.WriteOutcomes) and not self._writing and self._stale_writes:
-            return "_stale_writes"
-        if isinstance(command, cmd.RenewLease) and self._renew_sent_at is None and self._stale_renewals:
-            return "_stale_renewals"
-        if isinstance(command, cmd.ReleaseLease) and not self._release_in_flight and self._stale_releases:
-            return "_stale_releases"
-        if isinstance(command, cmd.ReconcileLease) and not self._reconcile_in_flight and self._stale_reconciles:
-            return "_stale_reconciles"
-        return None
-
-    def _in_flight(self, command: cmd.Command) -> bool:
-        match command:
-            case cmd.OpenLease():
-                return self._open_in_flight
-            case cmd.ClaimJobs():
-                return bool(self._claim_limit)
-            case cmd.WriteOutcomes():
-                return bool(self._writing)
-            case cmd.RenewLease():
-                return self._renew_sent_at is not None
-            case cmd.ReleaseLease():
-                return self._release_in_flight
-            case cmd.ReconcileLease():
-                return self._reconcile_in_flight
-            case cmd.PurgeJobs():
-                return self._purge_in_flight
-            case cmd.ReleaseJobs() | cmd.ExpireLeases() | cmd.MintSchedules() | cmd.PurgePumps():
-                return True  # not tracked: the driver waits for none of them
-        return False
+        return [self._ledger.send(cmd.ReleaseLease(lease_id=self.lease_id), now)]
 
     def _lose_lease(self, now: float) -> list[cmd.Command]:
-        self._abandon_all()
-        self._buffer.clear()
-        self._forget_in_flight()
+        self._give_up_lease(drop_buffer=True)
         self.lease_id = None
         if self.state is State.DRAINING:
             self.state = State.STOPPED
@@ -729,32 +518,20 @@ class NodeDriver:
         return self._open(now)
 
     def _open(self, now: float) -> list[cmd.Command]:
-        self._open_in_flight = True
-        self._open_sent_at = now
-        return [cmd.OpenLease()]
+        return [self._ledger.send(cmd.OpenLease(), now)]
 
-    def _forget_in_flight(self) -> None:
-        """The lease is gone: whatever is in flight under it will come back as a stale result."""
-        if self._claims:
-            self._stale_claims += len(self._claims)
-            self._claims.clear()
-            self._pass_skip.clear()
-            self._pass_full = False
-            self._hint_during_claim = False
-        if self._writing:
-            self._stale_writes += 1
-            self._writing = ()
-        if self._renew_sent_at is not None:
-            self._stale_renewals += 1
-            self._renew_sent_at = None
-        if self._release_in_flight:
-            self._stale_releases += 1
-            self._release_in_flight = False
-        if self._reconcile_in_flight:
-            self._stale_reconciles += 1
-            self._reconcile_in_flight = False
-        # Whatever a lost claim left under the old lease lapses with it.
-        self._reconcile_needed = False
+    def _give_up_lease(self, *, drop_buffer: bool = False) -> None:
+        """Stop working under the lease: abandon what runs, and wait for nothing sent under it
+        (whatever is in flight will come back as a stale result)."""
+        self.stats.abandoned += len(self._executing)
+        # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
+        # first lease lapsed, then that lease lost too) and hear of both, in either order.
+        self._abandoned.update((job.id, job.attempt) for job in self._executing.values())
+        self._executing.clear()
+        if drop_buffer:
+            self._buffer.clear()
+        self._claims.lease_lost()
+        self._ledger.lease_lost(STALE_TOLERANT)
 
     def _held_attempts(self) -> set[tuple[int, int]]:
         """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
@@ -762,35 +539,10 @@ class NodeDriver:
         held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
         return held
 
-    def _abandon_all(self) -> None:
-        self.stats.abandoned += len(self._executing)
-        # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
-        # first lease lapsed, then that lease lost too) and hear of both, in either order.
-        self._abandoned.update((job.id, job.attempt) for job in self._executing.values())
-        self._executing.clear()
-
     def _trust_lease_from(self, sent_at: float) -> None:
         # The database stamped the renewal no earlier than we sent it, so the lease is ours at
         # least until sent_at + lease_duration; stop a margin before that.
         self._lease_trusted_until = sent_at + self.options.lease_duration * (1.0 - SELF_FENCE_MARGIN)
-
-    def _require(self, event: ev.Event, *states: State) -> None:
-        if self.state not in states:
-            raise InvalidEvent(event, self.state, f"accepted only in {', '.join(s.value for s in states)}")
-
-
-def _decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
-    decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
-    if event.result == "succeeded":
-        return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
-    if event.result == "unroutable":
-        return Outcome(**decided, kind=OutcomeKind.QUARANTINED)
-    # Attempts forgiven after a lapse (the job may only have been beside a worker's death) count
-    # neither towards the limit nor towards the backoff.
-    if job.counted_attempt >= job.max_attempts:
-        return Outcome(**decided, kind=OutcomeKind.FAILED)
-    delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
-    return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=delay)
 
 
 _HANDLERS = {
@@ -802,19 +554,23 @@ _HANDLERS = {
     ev.JobFinished: NodeDriver._on_job_finished,
     ev.OutcomesWritten: NodeDriver._on_outcomes_written,
     ev.LeaseRenewed: NodeDriver._on_lease_renewed,
-    ev.LeasesExpired: NodeDriver._on_leases_expired,
+    ev.LeasesExpired: NodeDriver._on_nothing_to_do,
     ev.SchedulesMinted: NodeDriver._on_schedules_minted,
     ev.JobsPurged: NodeDriver._on_jobs_purged,
-    ev.PumpsPurged: NodeDriver._on_pumps_purged,
-    ev.JobsReleased: NodeDriver._on_jobs_released,
+    ev.PumpsPurged: NodeDriver._on_nothing_to_do,
+    ev.JobsReleased: NodeDriver._on_nothing_to_do,
     ev.LeaseReleased: NodeDriver._on_lease_released,
     ev.LeaseReconciled: NodeDriver._on_lease_reconciled,
     ev.StoreFailed: NodeDriver._on_store_failed,
     ev.DrainRequested: NodeDriver._on_drain_requested,
 }
 
-# Events that report a store call that succeeded: each ends a streak of transient faults.
-_STORE_RESULTS = frozenset({
-    ev.LeaseOpened, ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.LeasesExpired,
-    ev.SchedulesMinted, ev.JobsPurged, ev.PumpsPurged, ev.JobsReleased, ev.LeaseReleased,
-})
+# What a StoreFailed of each command undoes; a command missing here left nothing to undo.
+_UNDO = {
+    cmd.OpenLease: NodeDriver._undo_open,
+    cmd.ClaimJobs: lambda driver, retry_at: driver._claims.failed(retry_at),
+    cmd.WriteOutcomes: NodeDriver._undo_write,
+    cmd.ReconcileLease: lambda driver, retry_at: driver._claims.reconcile_failed(retry_at),
+    cmd.RenewLease: NodeDriver._undo_renew,
+    cmd.PurgeJobs: NodeDriver._undo_purge,
+}

@@ -4,7 +4,8 @@ An enqueue sends ``NOTIFY backwave_hint, '<queue>'`` inside the enqueuing transa
 hint goes out only on commit (and PostgreSQL folds identical notifications of one transaction
 into one, so a bulk enqueue sends one per queue). The listener hands each hint to the pumps that
 serve that queue; a pump turns it into a ``HintReceived`` for its driver, which only brings the
-next poll forward through the single pending-poll slot.
+next poll forward through the single pending-poll slot. The session itself is the store's
+(``backwave.store.hints.HintConnection``): this module speaks no SQL and no psycopg.
 
 Hints are never needed for correctness: while the listener is down (connection lost, server
 restarting) it reconnects with backoff, and the pumps fall back to polling every
@@ -12,7 +13,7 @@ restarting) it reconnects with backoff, and the pumps fall back to polling every
 through a transaction-mode pooler (PgBouncer in transaction mode drops LISTEN state).
 
 Nothing a subscriber raises reaches the listener (it is logged with its traceback, and the other
-subscribers still get the hint), and any error of its own (not only psycopg's) is a lost
+subscribers still get the hint), and any error of its own (not only the store's) is a lost
 connection: logged, ``connected`` cleared, reconnected after a backoff. Should the thread end all
 the same (a BaseException), ``health()`` says so, and the worker's health endpoint answers 503:
 latency would otherwise fall to ``poll_interval`` with nothing shown.
@@ -27,29 +28,24 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import psycopg
+from backwave.store.contract import StoreError
+from backwave.store.hints import CHANNEL, HintConnection
 
-from backwave.store.postgres import worker_connect_params
+__all__ = ["CHANNEL", "HintListener"]
 
 logger = logging.getLogger("backwave.hints")
-
-CHANNEL = "backwave_hint"
 
 
 class HintListener:
     """A daemon thread that LISTENs and fans hints out to subscribers by queue name."""
 
     def __init__(self, connect_params: Mapping[str, Any], *, max_backoff: float = 5.0, wait_step: float = 0.5):
-        # Named, so an operator (or a test) can find the LISTEN sessions in pg_stat_activity. With
-        # TCP keepalives, a silent partition ends the LISTEN with an error within seconds and it
-        # reconnects, instead of waiting for hints that can no longer come.
-        self._connect_params = {**worker_connect_params(connect_params), "application_name": "backwave-hints"}
+        self._session = HintConnection(connect_params)
         self._subscribers: dict[str, list[Callable[[], None]]] = defaultdict(list)
         self._stop = threading.Event()
         self._max_backoff = max_backoff
         self._wait_step = wait_step
         self._random = random.Random()
-        self._connection: psycopg.Connection | None = None
         self.connected = threading.Event()
         self.hints_received = 0
         self.subscriber_failures = 0
@@ -89,12 +85,7 @@ class HintListener:
 
     def stop(self) -> None:
         self._stop.set()
-        connection = self._connection
-        if connection is not None:
-            try:
-                connection.cancel_safe()
-            except Exception:
-                pass
+        self._session.cancel()
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
@@ -114,30 +105,30 @@ class HintListener:
                 if self.connected.is_set():
                     backoff = 0.1  # it was listening: a new outage backs off from the start
                 self.connected.clear()
-                self.last_error = f"{type(error).__name__}: {error}"
+                # A StoreError's text already names the database error behind it.
+                self.last_error = str(error) if isinstance(error, StoreError) else f"{type(error).__name__}: {error}"
                 if self._stop.is_set():
                     break
                 delay = backoff * (0.5 + self._random.random() / 2)
-                if isinstance(error, psycopg.Error):
+                if isinstance(error, StoreError):
                     logger.warning("Wake-up hint listener lost its connection (%s); polling covers until it reconnects in %.1fs", error, delay)
                 else:
                     logger.error("Wake-up hint listener failed; polling covers until it reconnects in %.1fs", delay, exc_info=error)
                 self._stop.wait(delay)
                 backoff = min(backoff * 2, self._max_backoff)
             finally:
-                self._close()
+                self._session.close()
 
     def _listen(self) -> None:
-        self._connection = psycopg.connect(**self._connect_params, autocommit=True)
-        self._connection.execute(f"LISTEN {CHANNEL}")
+        self._session.open()
         self.connected.set()
         logger.debug("Listening for wake-up hints on %s", CHANNEL)
         while not self._stop.is_set():
             # A bounded wait, so stop() is noticed even when no hint ever comes.
-            for notify in self._connection.notifies(timeout=self._wait_step):
+            for queue in self._session.notifies(timeout=self._wait_step):
                 self.hints_received += 1
-                for callback in self._subscribers.get(notify.payload, ()):
-                    self._deliver(callback, notify.payload)
+                for callback in self._subscribers.get(queue, ()):
+                    self._deliver(callback, queue)
 
     def _deliver(self, callback: Callable[[], None], queue: str) -> None:
         try:
@@ -145,11 +136,3 @@ class HintListener:
         except BaseException:  # a subscriber's bug is its own: the others still get their hints
             self.subscriber_failures += 1
             logger.error("A wake-up hint subscriber failed on a hint for queue %r; the listener carries on", queue, exc_info=True)
-
-    def _close(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            try:
-                connection.close()
-            except Exception:
-                pass

@@ -38,20 +38,22 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from backwave.core.jobs import ClaimedJob, OutcomeKind
+from backwave.core.jobs import ClaimedJob
 from backwave.core.options import store_timeouts
 
 from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
-from .enqueue import INSERT_JOBS_AND_HINT_SQL, insert_jobs_params
+from .params import (
+    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
+)
 from .queries import QUERIES
-from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
+from .storable import clean_text
 
 DEFAULT_APPLICATION_NAME = "backwave"
 DEFAULT_CONNECT_TIMEOUT = 10  # seconds (libpq's connect_timeout)
@@ -230,12 +232,12 @@ class PostgresStore:
 
     def open_lease(self, *, lease_id: uuid.UUID, worker_id: str, group: str, hostname: str, pid: int, duration: float) -> None:
         """Create the pump's lease, expiring ``duration`` seconds from now by the database clock."""
-        params = {"lease_id": lease_id, "worker_id": worker_id, "group": group, "hostname": hostname, "pid": pid, "duration": _seconds(duration)}
+        params = {"lease_id": lease_id, "worker_id": worker_id, "group": group, "hostname": hostname, "pid": pid, "duration": lease_seconds(duration)}
         self._execute("open_lease", params)
 
     def renew_lease(self, *, lease_id: uuid.UUID, duration: float) -> bool:
         """Push the lease's expiry to now + duration. False when it is gone or already lapsed."""
-        return bool(self._execute("renew_lease", {"lease_id": lease_id, "duration": _seconds(duration)}))
+        return bool(self._execute("renew_lease", {"lease_id": lease_id, "duration": lease_seconds(duration)}))
 
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Hand the lease's running jobs back (ready, attempt refunded) and delete it."""
@@ -255,7 +257,7 @@ class PostgresStore:
         One round-trip: the claim goes down one pipeline behind lock_limited_queues, in one
         transaction, so a queue's concurrency limit holds however many pumps claim at once.
         """
-        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return []
         _, claimed = self._pipeline("claim_jobs", [_lock_statement(claim), claim])
@@ -272,29 +274,21 @@ class PostgresStore:
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
     ) -> tuple[Applied, list[ClaimedJob]]:
         """Write outcomes, then claim, in one round-trip; the claim sees the write's effects."""
-        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if not outcomes:
-            return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if claim is None:
-            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        params, replaced = _outcome_batch(lease_id, outcomes)
-        try:
-            written, _, claimed = self._pipeline(
-                "write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim]
-            )
-        except StoreError as error:
-            if not is_refused_data(error):
-                raise
-            # The claim never ran: the outcomes go as write_outcomes_many isolates a refused row,
-            # then the claim, which still sees every outcome written.
-            applied = write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes, refused=error)
-            return applied, self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        return _applied(written, replaced), [_claimed_job(row) for row in claimed]
+
+        def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
+            params, replaced = outcome_batch(lease_id, outcomes)
+            written, _, claimed = self._pipeline("write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim])
+            return applied_from_rows(written, replaced), [_claimed_job(row) for row in claimed]
+
+        return write_then_claim(
+            self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
+            together=together, write=lambda records: self._write_outcomes(lease_id, records),
+        )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """One write_outcomes_many statement (one round-trip)."""
-        params, replaced = _outcome_batch(lease_id, outcomes)
-        return _applied(self._execute("write_outcomes_many", params), replaced)
+        params, replaced = outcome_batch(lease_id, outcomes)
+        return applied_from_rows(self._execute("write_outcomes_many", params), replaced)
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
         """Run the named statements in order in one round-trip and one transaction."""
@@ -357,15 +351,14 @@ class PostgresStore:
     def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
         """Give back the jobs running under the lease at an attempt not in ``known`` ((job id,
         attempt) pairs, after a claim whose answer was lost); returns their (id, attempt)."""
-        params = {"lease_id": lease_id, **_known_params(known)}
+        params = {"lease_id": lease_id, **known_params(known)}
         return {(row[0], row[1]) for row in self._execute("reconcile_lease", params)}
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:
             return []
-        (rows,) = self._round_trip("enqueue_many", [("enqueue_many", INSERT_JOBS_AND_HINT_SQL, insert_jobs_params(jobs))])
-        return [row[0] for row in rows]
+        return [row[0] for row in self._execute("enqueue_many", insert_jobs_params(jobs, hint=True))]
 
     # -- maintenance: schedules, retention, pump health -----------------------------------------
 
@@ -413,7 +406,7 @@ class PostgresStore:
         rows = [
             {
                 "worker_id": p.worker_id, "group": p.group, "hostname": p.hostname, "pid": p.pid, "status": p.status,
-                "reason": _text(p.reason), "in_flight": p.in_flight, "lease_duration": float(p.lease_duration),
+                "reason": clean_text(p.reason), "in_flight": p.in_flight, "lease_duration": float(p.lease_duration),
             }
             for p in pumps
         ]
@@ -495,34 +488,6 @@ def _milliseconds(name: str, seconds: float | None) -> str | None:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def _seconds(duration: float) -> float:
-    if not duration > 0:
-        raise ValueError(f"a lease duration must be a positive number of seconds, got {duration!r}")
-    return float(duration)
-
-
-def _claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> tuple[str, dict[str, Any]] | None:
-    """The claim query's name and parameters, or None when nothing can be claimed."""
-    if isinstance(queues, str):
-        raise TypeError(f"queues must be a sequence of queue names, not the string {queues!r}; pass [{queues!r}]")
-    unique = list(dict.fromkeys(queues))  # a queue listed twice would see its own locked rows again
-    if limit <= 0 or not unique:
-        return None
-    params: dict[str, Any] = {"lease_id": lease_id, "worker_id": worker_id, "limit": limit}
-    if len(unique) == 1:
-        return "claim_jobs_one_queue", {**params, "queue": unique[0]}
-    return "claim_jobs_many_queues", {**params, "queues": unique}
-
-
-def _known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
-    """reconcile_lease's (job id, attempt) pairs as the two arrays its unnest() zips back."""
-    for pair in known:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)):
-            raise TypeError(f"reconcile_lease's known holds (job id, attempt) pairs of integers, got {pair!r}")
-    pairs = list(known)
-    return {"known_ids": [job_id for job_id, _ in pairs], "known_attempts": [attempt for _, attempt in pairs]}
-
-
 def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     """lock_limited_queues for the queues of a claim statement."""
     params = claim[1]
@@ -539,170 +504,3 @@ def _claimed_job(row: tuple) -> ClaimedJob:
         previous_worker_ids=tuple(previous_worker_ids) if previous_worker_ids else (),
         forgiven_attempts=forgiven_attempts, suspect=suspect,
     )
-
-
-def _outcome_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
-    """The parameters of write_outcomes_many (see _outcome_batch)."""
-    return _outcome_batch(lease_id, outcomes)[0]
-
-
-def _outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[dict[str, Any], dict[int, OutcomeRecord]]:
-    """The parameters of write_outcomes_many (the batch as one JSON array), and the records put
-    in place of those that could not be encoded, by job id.
-
-    A SUCCEEDED outcome's return value travels boxed as ``{"v": value}``, so a task that returned
-    None stores JSON ``null`` (a value); every other kind stores SQL NULL (no value at all).
-    A record whose row cannot be encoded (a return value that is not JSON, NaN, an int too long
-    for text) or that carries a NUL escape jsonb refuses is replaced here, before anything is
-    sent, by the failed attempt that says why (``unstorable_replacement``): one bad value would
-    otherwise fail the whole batch.
-    """
-    if len({o.job_id for o in outcomes}) != len(outcomes):
-        seen: set[int] = set()
-        duplicate = next(o.job_id for o in outcomes if o.job_id in seen or seen.add(o.job_id))
-        raise ValueError(f"job {duplicate} has two outcomes in one batch; a batch holds one outcome per job")
-    rows = [_outcome_row(o) for o in outcomes]
-    replaced: dict[int, OutcomeRecord] = {}
-    # One encode for the whole batch on the hot path; only when it fails, or when a NUL escape
-    # shows up, is each row encoded alone, to find the ones at fault.
-    try:
-        encoded = json.dumps(rows, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        encoded = None
-    if encoded is None or _JSON_NUL.search(encoded):
-        rows = []
-        for outcome in outcomes:
-            problem = _row_problem(outcome)
-            if problem is not None:
-                outcome = replaced[outcome.job_id] = _encodable(unstorable_replacement(outcome, problem))
-            rows.append(_outcome_row(outcome))
-        encoded = json.dumps(rows, allow_nan=False)
-    return {"lease_id": lease_id, "outcomes": encoded}, replaced
-
-
-def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
-    return {
-        "job_id": o.job_id,
-        "attempt": o.attempt,
-        "kind": o.kind.value,
-        "retry_delay": float(o.retry_delay or 0.0),
-        "boxed": {"v": o.return_value} if o.kind is OutcomeKind.SUCCEEDED else None,
-        "error_class": error_class_text(o.error_class),
-        "traceback": clean_text(o.traceback),
-        "duration": float(o.duration),
-    }
-
-
-def _row_problem(outcome: OutcomeRecord) -> str | None:
-    """Why this outcome's row cannot be encoded for jsonb, or None."""
-    try:
-        encoded = json.dumps(_outcome_row(outcome), allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as error:
-        if outcome.kind is OutcomeKind.SUCCEEDED:
-            return f"its return value cannot be stored: {result_problem(outcome.return_value) or error}"
-        return f"its outcome cannot be encoded as JSON: {error}"
-    if _JSON_NUL.search(encoded):
-        return f"its return value cannot be stored: {result_problem(outcome.return_value) or 'it holds a NUL character'}"
-    return None
-
-
-def _encodable(replacement: OutcomeRecord) -> OutcomeRecord:
-    """The replacement, or when even it cannot be encoded (its retry delay is NaN), the last one."""
-    if _row_problem(replacement) is None:
-        return replacement
-    return unstorable_replacement(replacement, "its retry delay or duration is not a finite number", keep_decision=False)
-
-
-# A \u0000 escape in JSON text, not preceded by an escaped backslash of the string's own.
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def _text(value: str) -> str:
-    """Text as a text column holds it (a NUL or a lone surrogate escaped: see storable.clean_text)."""
-    return clean_text(value)
-
-
-def _applied(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) -> Applied:
-    """The ids a write's RETURNING gave back, with the replacements among them."""
-    ids = {row[0] for row in rows}
-    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids})
-
-
-# -- the second wall: a batch the server refuses for one row's data ----------------------------
-
-
-def is_refused_data(error: StoreError) -> bool:
-    """Whether the outcome write was refused for the data it carried (SQLSTATE class 22: a
-    jsonb escape, a number or a timestamp out of range, a character the encoding lacks)."""
-    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement == "write_outcomes_many"
-
-
-def write_isolating(
-    write: Callable[[Sequence[OutcomeRecord]], Applied], outcomes: Sequence[OutcomeRecord], *, refused: StoreError | None = None
-) -> Applied:
-    """``write(outcomes)`` (one statement), and when the server refuses it for a row's data, the
-    same write bisected until each refused row stands alone; that row is then written as its
-    replacement (``unstorable_replacement``). ``refused``: the batch was already refused once.
-
-    Bisection because the server names no row: one refused row among n costs about 2·log2(n)
-    statements more, and only ever when the attempt's own checks missed something. Shared by
-    every store, so they isolate, and count round-trips, alike.
-    """
-    if refused is None:
-        try:
-            return write(outcomes)
-        except StoreError as error:
-            if not is_refused_data(error):
-                raise
-            refused = error
-    if len(outcomes) == 1:
-        return _write_replacement(write, outcomes[0], refused)
-    middle = len(outcomes) // 2
-    first, second = write_isolating(write, outcomes[:middle]), write_isolating(write, outcomes[middle:])
-    return Applied(first | second, {**first.replaced, **second.replaced})
-
-
-def _write_replacement(write: Callable[[Sequence[OutcomeRecord]], Applied], outcome: OutcomeRecord, refused: StoreError) -> Applied:
-    reason = f"PostgreSQL refused it [{refused.sqlstate}]: {_server_reason(refused)}"
-    replacement = unstorable_replacement(outcome, reason)
-    for keep_decision in (True, False):
-        if not keep_decision:
-            replacement = unstorable_replacement(outcome, reason, keep_decision=False)
-        try:
-            applied = write([replacement])
-        except StoreError as again:
-            if not is_refused_data(again) or not keep_decision:
-                raise
-            reason += f"; written as it was decided ({outcome.kind.value}), it was refused again [{again.sqlstate}]: {_server_reason(again)}"
-            continue
-        return Applied(applied, {outcome.job_id: replacement} if outcome.job_id in applied else {})
-    raise AssertionError("unreachable: the last replacement is written or raises")
-
-
-def unstorable_replacement(outcome: OutcomeRecord, reason: str, *, keep_decision: bool = True) -> OutcomeRecord:
-    """The failed attempt written in place of an outcome whose data cannot be stored.
-
-    A SUCCEEDED outcome cannot stand (its value is what could not be stored): it becomes FAILED,
-    not a retry, since the task already ran to the end and would return the same value again.
-    RETRY, FAILED and QUARANTINED keep their kind and delay, with their own error text, escaped
-    to plain ASCII, below the reason; ``keep_decision=False`` (that was refused too) fails the
-    job with the reason alone. The error class is always backwave.UnstorableResult.
-    """
-    if outcome.kind is OutcomeKind.SUCCEEDED or not keep_decision:
-        what = "the task returned, but" if outcome.kind is OutcomeKind.SUCCEEDED else f"the attempt ended ({outcome.kind.value}), but"
-        text = f"{UNSTORABLE_RESULT}: {what} {ascii_text(reason)}. The job is failed without another attempt; retry it from the admin once that is fixed.\n"
-        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=OutcomeKind.FAILED, error_class=UNSTORABLE_RESULT, traceback=text)
-    own = "\n".join(part for part in (ascii_text(outcome.error_class), ascii_text(outcome.traceback)) if part)
-    text = f"{UNSTORABLE_RESULT}: this attempt's outcome could not be stored as it was: {ascii_text(reason)}.\n\nIts own error, escaped:\n{own}\n"
-    return OutcomeRecord(
-        job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
-        error_class=UNSTORABLE_RESULT, traceback=text, duration=outcome.duration,
-    )
-
-
-def _server_reason(error: StoreError) -> str:
-    """The server's message and detail (the context line quotes the refused data: left out)."""
-    message = str(error).split("]: ", 1)[-1]
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    kept = [line for line in lines if not line.startswith(("CONTEXT:", "unnamed portal", "LINE ", "^", "HINT:"))]
-    return " ".join(kept) or "(no message)"

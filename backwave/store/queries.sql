@@ -671,6 +671,56 @@ WHERE j.id = s.id
 RETURNING j.id, s.attempts
 
 
+-- name: enqueue_many
+-- Shared by the tasks backend (on Django's connection, inside the caller's transaction) and the
+-- stores (on their own). One statement for any number of jobs, with the batch as one parameter:
+-- a JSON array that jsonb_to_recordset() turns into rows. The parameter count stays the same
+-- however many jobs there are (a multi-row VALUES list hits PostgreSQL's 65,535-parameter limit
+-- at a few thousand jobs), and encoding the batch is one C call (json.dumps) instead of ten
+-- Python-built arrays. A NULL run_at means "due now" by the database clock.
+-- With hint true, one Wake-Up Hint per distinct queue: pg_notify() inside the enqueuing
+-- transaction goes out only on commit (a rolled-back enqueue wakes nobody), and PostgreSQL folds
+-- identical notifications of one transaction into one, so a bulk enqueue sends one per queue.
+-- With hint false the filter is a one-time gate: no queue is even read. The SELECT-only CTE runs
+-- only when referenced, hence the cross join with its one-row count. Ids come from the sequence
+-- in insertion order, which WITH ORDINALITY plus the ORDER BY makes the input order, so ORDER BY
+-- id gives ids in input order.
+WITH inserted AS (
+    INSERT INTO backwave_job (
+        task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
+        backend, tags, state, attempts, enqueued_at, worker_id
+    )
+    SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
+           n.backoff_base, n.backoff_max, n.backend,
+           coalesce(n.tags, '{}'::varchar[]),
+           'ready', 0, now(), ''
+    FROM ROWS FROM (
+             jsonb_to_recordset(%(jobs)s::jsonb)
+             AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
+                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[])
+         ) WITH ORDINALITY
+         AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
+              backend, tags, position)
+    ORDER BY n.position
+    RETURNING id, queue
+), hinted AS (
+    SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
+    FROM (SELECT DISTINCT queue FROM inserted) AS q
+    WHERE %(hint)s::boolean
+)
+SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
+
+
+-- name: has_due_jobs
+-- Whether a ready job of these queues (not paused) is due: the deterministic test pump's check
+-- that a drain is finished (backwave/testing/store.py). Not a Storage Contract operation.
+SELECT EXISTS (
+    SELECT FROM backwave_job AS j
+    WHERE j.state = 'ready' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
+      AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = j.queue AND q.paused)
+)
+
+
 -- ===========================================================================================
 -- The operator's statements: the admin's pages and actions, manage.py backwave_queue, a
 -- worker's start-up write of BACKWAVE["QUEUES"] and the connection-budget check. They run on

@@ -7,9 +7,9 @@ alone, never a batch or a pump. Two walls see to it:
   so one PostgreSQL cannot store, or one over ``BACKWAVE["MAX_RESULT_BYTES"]``, fails that
   attempt with ``UnstorableResult`` (retried under the task's normal rules), and it cleans and
   cuts the error texts to what their columns hold (``clean_text``, ``cut_tail``).
-* The store's outcome write (``backwave/store/postgres.py``) re-checks a batch whose encoding
-  fails and isolates a row the server refuses, so whatever slips past the first wall is written
-  as that one job's failure.
+* The store's outcome write (``backwave/store/params.py``, shared by every store) re-checks a
+  batch whose encoding fails and isolates a row the server refuses, so whatever slips past the
+  first wall is written as that one job's failure.
 
 What jsonb and text refuse, and why each check exists: NaN and infinities (JSON has no such
 numbers), a NUL character (text cannot hold U+0000, jsonb refuses its escape), a lone surrogate

@@ -32,9 +32,8 @@ import psycopg
 from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import JsonbLoader
 
-from backwave.core.jobs import ClaimedJob
-from backwave.store.contract import NewJob, OutcomeRecord, StoreError, TransientStoreError
-from backwave.store.enqueue import INSERT_JOBS_SQL, insert_jobs_params
+from backwave.store.contract import NewJob, StoreError, TransientStoreError
+from backwave.store.params import insert_jobs_params
 from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
 
@@ -55,13 +54,6 @@ def clocked(sql: str, *, fixed: bool = False) -> str:
 @cache
 def _statement(name: str, fixed: bool = False) -> str:
     return clocked(QUERIES[name], fixed=fixed)
-
-
-_INSERT_JOBS = clocked(INSERT_JOBS_SQL.replace("%s", "%(jobs)s"))
-_HAS_DUE_JOBS = clocked(
-    "SELECT EXISTS (SELECT FROM backwave_job AS j WHERE j.state = 'ready' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()"
-    " AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = j.queue AND q.paused))"
-)
 
 
 class DjangoConnectionStore(PostgresStore):
@@ -86,16 +78,13 @@ class DjangoConnectionStore(PostgresStore):
         """Insert jobs in one statement (no Wake-Up Hint); returns their ids in input order."""
         if not jobs:
             return []
-        (document,) = insert_jobs_params(jobs)
-        with self._cursor("enqueue_many") as cursor:
-            cursor.execute(_INSERT_JOBS, self._with_clock({"jobs": document}))
-            return [row[0] for row in cursor.fetchall()]
+        return [row[0] for row in self._execute("enqueue_many", insert_jobs_params(jobs, hint=False))]
 
     def has_due_jobs(self, queues: Sequence[str]) -> bool:
         """Whether a ready job of ``queues`` (not paused) is due by the virtual clock: the test
         pump's check that a drain is finished; not part of the Storage Contract, not counted."""
         with self._cursor("has_due_jobs", count=False) as cursor:
-            cursor.execute(_HAS_DUE_JOBS, self._with_clock({"queues": list(queues)}))
+            cursor.execute(_statement("has_due_jobs"), self._with_clock({"queues": list(queues)}))
             return cursor.fetchone()[0]
 
     def close(self) -> None:

@@ -239,3 +239,17 @@ def test_a_lost_renewal_while_draining_swallows_the_results_still_in_flight():
     assert t.driver.state is State.STOPPED
     assert t.lease_released(now=10.1) == []  # the stale answer is swallowed, not a halt
     assert t.driver.state is State.STOPPED
+
+
+def test_a_failed_release_of_jobs_with_the_lease_release_behind_it_stops_cleanly():
+    """The shell reports the ReleaseLease it did not run after the ReleaseJobs that failed: the
+    second failure is the give-up's own stale result, not a reason to halt the pump."""
+    t = Trace.running(pool_size=4)
+    t.drain(now=0.1)
+    a, b = t.jobs.make(2)
+    release_jobs, release_lease = t.returned(a, b, now=0.2)
+    assert release_lease == RELEASE
+    assert t.failed(release_jobs, now=0.3) == []
+    assert t.driver.state is State.STOPPED
+    assert t.failed(release_lease, now=0.3) == []
+    assert t.driver.state is State.STOPPED

@@ -146,6 +146,19 @@ def test_claims_that_keep_failing_back_off_exponentially_then_reset():
     assert t.driver.next_wakeup() == 65.0
 
 
+def test_a_reconcile_that_lands_ends_the_fault_streak():
+    """LeaseReconciled is the store answering: the fault after it backs off from the start."""
+    t = Trace.running(poll_interval=1.0, lease_duration=3000.0, maintenance_interval=5000.0)
+    t.failed(claim(20), now=0.0)  # streak 1: the reconcile is due at 1
+    (reconcile,) = of_type(t.tick_at_wakeup(), cmd.ReconcileLease)
+    assert t.now == 1.0
+    (claim_after,) = t.send(ev.LeaseReconciled(now=1.0, released=frozenset()))
+    assert claim_after == claim(20)
+    t.failed(claim_after, now=1.5)
+    # A streak of one again: the nominal poll_interval, not twice it.
+    assert t.driver.next_wakeup() == 2.5
+
+
 def test_the_backoff_never_exceeds_half_a_heartbeat():
     t = Trace.running(poll_interval=1.0, lease_duration=12.0, maintenance_interval=5000.0)
     t.failed(claim(20), now=0.0)

@@ -17,7 +17,8 @@ from django.db import connection
 from backwave.core.jobs import OutcomeKind
 from backwave.models import Attempt, Job, Lease, Schedule
 from backwave.store.contract import OutcomeRecord
-from backwave.store.postgres import PostgresStore, _outcome_params, django_conninfo
+from backwave.store.params import outcome_params
+from backwave.store.postgres import PostgresStore, django_conninfo
 from backwave.store.queries import QUERIES
 from tests.faults import tasks
 
@@ -72,7 +73,7 @@ def test_3_a_job_finishing_while_its_lease_is_expired_is_not_resurrected(start_w
     canary, canary_job = running_job_under_a_lease(duration=60)
     write = raw_connection()
     outcome = OutcomeRecord(job_id=job_a, attempt=1, kind=OutcomeKind.SUCCEEDED, return_value="done")
-    applied = write.execute(QUERIES["write_outcomes_many"], _outcome_params(lease_a, [outcome])).fetchall()
+    applied = write.execute(QUERIES["write_outcomes_many"], outcome_params(lease_a, [outcome])).fetchall()
     assert applied == [(job_a,)]
     lapse(lease_a)  # the lease lapses while the write is still open
     lapse(canary)  # a lapsed lease nobody holds: proof that maintenance runs meanwhile

@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 
 from backwave.core import driver as driver_module
 from backwave.core import events as ev
-from backwave.store import memory
+from backwave.testing import memory_store as memory
 from backwave.testing.simulation import CLASSIC, Config, SimulationFailure, handlers, replay_command, run_seed, world
 from backwave.testing.simulation.__main__ import _parser, main
 

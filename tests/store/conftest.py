@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from backwave.store.memory import InMemoryStore, MemoryDatabase
+from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
 from backwave.store.postgres import PostgresStore
 from backwave.testing.store import DjangoConnectionStore
 

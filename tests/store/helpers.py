@@ -18,7 +18,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule
-from backwave.store.memory import AttemptRow, MemoryDatabase
+from backwave.testing.memory_store import AttemptRow, MemoryDatabase
 from backwave.store.queries import QUERIES
 from tests.factories import JobFactory
 

@@ -13,7 +13,7 @@ import pytest
 from django.db import DataError, connection, transaction
 
 from backwave.store.contract import StoreError
-from backwave.store.memory import jsonb_input
+from backwave.testing.memory_store import jsonb_input
 
 DOCUMENTS = {
     "plain": '{"v": "plain", "n": [1, 2.5, null, true]}',

@@ -21,7 +21,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from backwave.store.memory import MemoryDatabase
+    from backwave.testing.memory_store import MemoryDatabase
 
     from .world import Node, SimPump, World
 

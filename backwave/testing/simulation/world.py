@@ -55,7 +55,7 @@ from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.shell.executor import Executor, lease_ids_from
 from backwave.store.contract import NewJob, StoreError
-from backwave.store.memory import InMemoryStore, MemoryDatabase
+from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
 
 from .faults import Faults
 from .handlers import Report, run_handler

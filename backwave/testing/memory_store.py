@@ -7,8 +7,8 @@ per operation, as a statement sees one ``now()``. Each ``InMemoryStore`` is one 
 such a database (several stores may share one, as several pumps share one PostgreSQL).
 
 Every operation mirrors its statement in ``queries.sql``, clause for clause; the comments name
-the clause. The inputs travel through the same encoders as PostgresStore's (``_outcome_batch``,
-``insert_jobs_params``, ``_claim_statement``), so a value PostgreSQL would refuse is refused here
+the clause. The inputs travel through the same encoders as PostgresStore's (``backwave.store.params``:
+``outcome_batch``, ``insert_jobs_params``, ``claim_statement``), so a value PostgreSQL would refuse is refused here
 with the same error, before anything changes. What the server itself refuses in an outcome batch
 (a lone surrogate in jsonb, a number past numeric, a time past timestamptz) is refused here with
 the server's SQLSTATE, and isolated by the same bisection (``write_isolating``); a document taken
@@ -32,10 +32,11 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob
 
-from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
-from .enqueue import insert_jobs_params
-from .postgres import _applied, _claim_statement, _known_params, _outcome_batch, _seconds, _text, is_refused_data, write_isolating
-from .storable import NUMERIC_MAX_DIGITS, text_problem
+from backwave.store.contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
+from backwave.store.params import (
+    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
+)
+from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 
 _TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
 _ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed"}
@@ -239,7 +240,7 @@ class InMemoryStore:
 
     def open_lease(self, *, lease_id: uuid.UUID, worker_id: str, group: str, hostname: str, pid: int, duration: float) -> None:
         """Create the pump's lease, expiring ``duration`` seconds from now by the database clock."""
-        duration = _seconds(duration)
+        duration = lease_seconds(duration)
         with self._operation() as (db, now):
             if lease_id in db.leases:
                 raise StoreError('open_lease failed [23505]: duplicate key value violates unique constraint "backwave_lease_pkey"')
@@ -250,7 +251,7 @@ class InMemoryStore:
 
     def renew_lease(self, *, lease_id: uuid.UUID, duration: float) -> bool:
         """Push the lease's expiry to now + duration. False when it is gone or already lapsed."""
-        duration = _seconds(duration)
+        duration = lease_seconds(duration)
         with self._operation() as (db, now):
             lease = db.leases.get(lease_id)
             if lease is None or not lease.expires_at > now:  # "expires_at > now()": never revived
@@ -305,7 +306,7 @@ class InMemoryStore:
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
         """Take up to ``limit`` due ready jobs of ``queues`` under a live lease, in claim order."""
-        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
         if claim is None:
             return []
         with self._operation() as (db, now):
@@ -322,27 +323,23 @@ class InMemoryStore:
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
     ) -> tuple[Applied, list[ClaimedJob]]:
         """Write outcomes, then claim, as one operation; the claim sees the write's effects."""
-        claim = _claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if not outcomes:
-            return Applied(), self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
-        if claim is None:
-            return self.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
-        rows, replaced = _outcome_rows(lease_id, outcomes)
-        try:
+
+        def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
+            rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
                 applied = self._write(db, now, lease_id, rows)
-                return _applied([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim[1])
-        except StoreError as error:
-            if not is_refused_data(error):
-                raise
-            applied = write_isolating(lambda records: self._write_outcomes(lease_id, records), outcomes, refused=error)
-            return applied, self.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+                return applied_from_rows([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim[1])
+
+        return write_then_claim(
+            self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
+            together=together, write=lambda records: self._write_outcomes(lease_id, records),
+        )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         rows, replaced = _outcome_rows(lease_id, outcomes)
         with self._operation() as (db, now):
             applied = self._write(db, now, lease_id, rows)
-        return _applied([(job_id,) for job_id in applied], replaced)
+        return applied_from_rows([(job_id,) for job_id in applied], replaced)
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
@@ -361,7 +358,7 @@ class InMemoryStore:
 
     def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
         """Give back the jobs running under the lease at an attempt not in ``known``."""
-        params = _known_params(known)
+        params = known_params(known)
         keep = set(zip(params["known_ids"], params["known_attempts"], strict=True))
         with self._operation() as (db, now):
             if not _live(db, lease_id, now):
@@ -377,7 +374,7 @@ class InMemoryStore:
         """Insert jobs in one operation; returns their ids in input order."""
         if not jobs:
             return []
-        (document,) = insert_jobs_params(jobs)
+        document = insert_jobs_params(jobs, hint=False)["jobs"]
         rows = jsonb_input(document, "enqueue_many")
         for row in rows:
             if not -_MAX_PRIORITY <= row["priority"] <= _MAX_PRIORITY:
@@ -498,11 +495,11 @@ class InMemoryStore:
                 row = db.pumps.get(p.worker_id)
                 if row is None:
                     db.pumps[p.worker_id] = PumpRow(
-                        worker_id=p.worker_id, group=p.group, hostname=p.hostname, pid=p.pid, status=p.status, reason=_text(p.reason),
+                        worker_id=p.worker_id, group=p.group, hostname=p.hostname, pid=p.pid, status=p.status, reason=clean_text(p.reason),
                         in_flight=p.in_flight, lease_duration=float(p.lease_duration), started_at=now, last_heartbeat_at=now,
                     )
                 else:
-                    row.status, row.reason, row.in_flight = p.status, _text(p.reason), p.in_flight
+                    row.status, row.reason, row.in_flight = p.status, clean_text(p.reason), p.in_flight
                     row.lease_duration, row.last_heartbeat_at = float(p.lease_duration), now
 
     def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
@@ -673,7 +670,7 @@ def _refund(job: JobRow, now: datetime) -> None:
 def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[list[dict[str, Any]], dict[int, OutcomeRecord]]:
     """The batch exactly as write_outcomes_many's SQL receives it (validated, and its unencodable
     records replaced, the same way), and those replacements."""
-    params, replaced = _outcome_batch(lease_id, outcomes)
+    params, replaced = outcome_batch(lease_id, outcomes)
     return json.loads(params["outcomes"]), replaced
 
 

@@ -1,0 +1,279 @@
+"""What every store sends: the statements' parameters, encoded and checked in one place.
+
+PostgresStore passes these to its SQL; the in-memory store (backwave/testing/memory_store.py)
+decodes the very same parameters and mirrors the SQL on them, and the test pump's store runs
+PostgresStore's methods on Django's connection. One encoder for all of them is what makes "a
+value PostgreSQL would refuse is refused by every store, with the same error, before anything
+changes" true by construction rather than by care.
+
+The outcome batch is the store's wall against what a task hands back (see ``storable``): a row
+that cannot be encoded is replaced before anything is sent (``outcome_batch``), and a row the
+server refuses is isolated by bisection and replaced (``write_isolating``). Pure Python: no
+psycopg, no Django.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from backwave.core.jobs import ClaimedJob, OutcomeKind
+
+from .contract import Applied, NewJob, OutcomeRecord, Store, StoreError
+from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
+
+# -- leases and claims ---------------------------------------------------------------------------
+
+
+def lease_seconds(duration: float) -> float:
+    """A lease duration as the statements take it: a positive number of seconds."""
+    if not duration > 0:
+        raise ValueError(f"a lease duration must be a positive number of seconds, got {duration!r}")
+    return float(duration)
+
+
+def claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> tuple[str, dict[str, Any]] | None:
+    """The claim query's name and parameters, or None when nothing can be claimed."""
+    if isinstance(queues, str):
+        raise TypeError(f"queues must be a sequence of queue names, not the string {queues!r}; pass [{queues!r}]")
+    unique = list(dict.fromkeys(queues))  # a queue listed twice would see its own locked rows again
+    if limit <= 0 or not unique:
+        return None
+    params: dict[str, Any] = {"lease_id": lease_id, "worker_id": worker_id, "limit": limit}
+    if len(unique) == 1:
+        return "claim_jobs_one_queue", {**params, "queue": unique[0]}
+    return "claim_jobs_many_queues", {**params, "queues": unique}
+
+
+def known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    """reconcile_lease's (job id, attempt) pairs as the two arrays its unnest() zips back."""
+    for pair in known:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)):
+            raise TypeError(f"reconcile_lease's known holds (job id, attempt) pairs of integers, got {pair!r}")
+    pairs = list(known)
+    return {"known_ids": [job_id for job_id, _ in pairs], "known_attempts": [attempt for _, attempt in pairs]}
+
+
+# -- enqueue ---------------------------------------------------------------------------------------
+
+
+def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
+    """The parameters of enqueue_many: the jobs as one JSON array of objects, and whether the
+    statement sends a Wake-Up Hint per queue."""
+    rows = [
+        {
+            "task_path": job.task_path,
+            "payload": job.payload,
+            "queue": job.queue,
+            "priority": job.priority,
+            "run_at": job.run_at.isoformat() if job.run_at is not None else None,
+            "max_attempts": job.max_attempts,
+            "backoff_base": float(job.backoff_base),
+            "backoff_max": float(job.backoff_max),
+            "backend": job.backend,
+            "tags": list(job.tags),
+        }
+        for job in jobs
+    ]
+    return {"jobs": json.dumps(rows), "hint": hint}
+
+
+# -- outcomes: the batch, and what cannot be encoded -------------------------------------------
+
+
+def outcome_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
+    """The parameters of write_outcomes_many (see outcome_batch)."""
+    return outcome_batch(lease_id, outcomes)[0]
+
+
+def outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[dict[str, Any], dict[int, OutcomeRecord]]:
+    """The parameters of write_outcomes_many (the batch as one JSON array), and the records put
+    in place of those that could not be encoded, by job id.
+
+    A SUCCEEDED outcome's return value travels boxed as ``{"v": value}``, so a task that returned
+    None stores JSON ``null`` (a value); every other kind stores SQL NULL (no value at all).
+    A record whose row cannot be encoded (a return value that is not JSON, NaN, an int too long
+    for text) or that carries a NUL escape jsonb refuses is replaced here, before anything is
+    sent, by the failed attempt that says why (``unstorable_replacement``): one bad value would
+    otherwise fail the whole batch.
+    """
+    if len({o.job_id for o in outcomes}) != len(outcomes):
+        seen: set[int] = set()
+        duplicate = next(o.job_id for o in outcomes if o.job_id in seen or seen.add(o.job_id))
+        raise ValueError(f"job {duplicate} has two outcomes in one batch; a batch holds one outcome per job")
+    rows = [_outcome_row(o) for o in outcomes]
+    replaced: dict[int, OutcomeRecord] = {}
+    # One encode for the whole batch on the hot path; only when it fails, or when a NUL escape
+    # shows up, is each row encoded alone, to find the ones at fault.
+    try:
+        encoded = json.dumps(rows, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        encoded = None
+    if encoded is None or _JSON_NUL.search(encoded):
+        rows = []
+        for outcome in outcomes:
+            problem = _row_problem(outcome)
+            if problem is not None:
+                outcome = replaced[outcome.job_id] = _encodable(unstorable_replacement(outcome, problem))
+            rows.append(_outcome_row(outcome))
+        encoded = json.dumps(rows, allow_nan=False)
+    return {"lease_id": lease_id, "outcomes": encoded}, replaced
+
+
+def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
+    return {
+        "job_id": o.job_id,
+        "attempt": o.attempt,
+        "kind": o.kind.value,
+        "retry_delay": float(o.retry_delay or 0.0),
+        "boxed": {"v": o.return_value} if o.kind is OutcomeKind.SUCCEEDED else None,
+        "error_class": error_class_text(o.error_class),
+        "traceback": clean_text(o.traceback),
+        "duration": float(o.duration),
+    }
+
+
+def _row_problem(outcome: OutcomeRecord) -> str | None:
+    """Why this outcome's row cannot be encoded for jsonb, or None."""
+    try:
+        encoded = json.dumps(_outcome_row(outcome), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        if outcome.kind is OutcomeKind.SUCCEEDED:
+            return f"its return value cannot be stored: {result_problem(outcome.return_value) or error}"
+        return f"its outcome cannot be encoded as JSON: {error}"
+    if _JSON_NUL.search(encoded):
+        return f"its return value cannot be stored: {result_problem(outcome.return_value) or 'it holds a NUL character'}"
+    return None
+
+
+def _encodable(replacement: OutcomeRecord) -> OutcomeRecord:
+    """The replacement, or when even it cannot be encoded (its retry delay is NaN), the last one."""
+    if _row_problem(replacement) is None:
+        return replacement
+    return unstorable_replacement(replacement, "its retry delay or duration is not a finite number", keep_decision=False)
+
+
+# A \u0000 escape in JSON text, not preceded by an escaped backslash of the string's own.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+
+def applied_from_rows(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) -> Applied:
+    """The ids a write's RETURNING gave back, with the replacements among them."""
+    ids = {row[0] for row in rows}
+    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids})
+
+
+# -- the second wall: a batch the server refuses for one row's data ----------------------------
+
+
+def write_then_claim(
+    store: Store,
+    *,
+    lease_id: uuid.UUID,
+    worker_id: str,
+    outcomes: Sequence[OutcomeRecord],
+    queues: Sequence[str],
+    limit: int,
+    together: Callable[[tuple[str, dict[str, Any]]], tuple[Applied, list[ClaimedJob]]],
+    write: Callable[[Sequence[OutcomeRecord]], Applied],
+) -> tuple[Applied, list[ClaimedJob]]:
+    """Every store's write_outcomes_then_claim around its one combined operation
+    ``together(claim statement)``: without outcomes it is a claim, with nothing to claim a write.
+    When the server refuses the batch for a row's data the claim never ran: the outcomes go as
+    write_outcomes_many isolates a refused row (``write``: one statement), then the claim,
+    which still sees every outcome written."""
+    claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+    if not outcomes:
+        return Applied(), store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+    if claim is None:
+        return store.write_outcomes_many(lease_id=lease_id, outcomes=outcomes), []
+    try:
+        return together(claim)
+    except StoreError as error:
+        if not is_refused_data(error):
+            raise
+        applied = write_isolating(write, outcomes, refused=error)
+        return applied, store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+
+
+
+
+def is_refused_data(error: StoreError) -> bool:
+    """Whether the outcome write was refused for the data it carried (SQLSTATE class 22: a
+    jsonb escape, a number or a timestamp out of range, a character the encoding lacks)."""
+    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement == "write_outcomes_many"
+
+
+def write_isolating(
+    write: Callable[[Sequence[OutcomeRecord]], Applied], outcomes: Sequence[OutcomeRecord], *, refused: StoreError | None = None
+) -> Applied:
+    """``write(outcomes)`` (one statement), and when the server refuses it for a row's data, the
+    same write bisected until each refused row stands alone; that row is then written as its
+    replacement (``unstorable_replacement``). ``refused``: the batch was already refused once.
+
+    Bisection because the server names no row: one refused row among n costs about 2·log2(n)
+    statements more, and only ever when the attempt's own checks missed something. Shared by
+    every store, so they isolate, and count round-trips, alike.
+    """
+    if refused is None:
+        try:
+            return write(outcomes)
+        except StoreError as error:
+            if not is_refused_data(error):
+                raise
+            refused = error
+    if len(outcomes) == 1:
+        return _write_replacement(write, outcomes[0], refused)
+    middle = len(outcomes) // 2
+    first, second = write_isolating(write, outcomes[:middle]), write_isolating(write, outcomes[middle:])
+    return Applied(first | second, {**first.replaced, **second.replaced})
+
+
+def _write_replacement(write: Callable[[Sequence[OutcomeRecord]], Applied], outcome: OutcomeRecord, refused: StoreError) -> Applied:
+    reason = f"PostgreSQL refused it [{refused.sqlstate}]: {_server_reason(refused)}"
+    replacement = unstorable_replacement(outcome, reason)
+    for keep_decision in (True, False):
+        if not keep_decision:
+            replacement = unstorable_replacement(outcome, reason, keep_decision=False)
+        try:
+            applied = write([replacement])
+        except StoreError as again:
+            if not is_refused_data(again) or not keep_decision:
+                raise
+            reason += f"; written as it was decided ({outcome.kind.value}), it was refused again [{again.sqlstate}]: {_server_reason(again)}"
+            continue
+        return Applied(applied, {outcome.job_id: replacement} if outcome.job_id in applied else {})
+    raise AssertionError("unreachable: the last replacement is written or raises")
+
+
+def unstorable_replacement(outcome: OutcomeRecord, reason: str, *, keep_decision: bool = True) -> OutcomeRecord:
+    """The failed attempt written in place of an outcome whose data cannot be stored.
+
+    A SUCCEEDED outcome cannot stand (its value is what could not be stored): it becomes FAILED,
+    not a retry, since the task already ran to the end and would return the same value again.
+    RETRY, FAILED and QUARANTINED keep their kind and delay, with their own error text, escaped
+    to plain ASCII, below the reason; ``keep_decision=False`` (that was refused too) fails the
+    job with the reason alone. The error class is always backwave.UnstorableResult.
+    """
+    if outcome.kind is OutcomeKind.SUCCEEDED or not keep_decision:
+        what = "the task returned, but" if outcome.kind is OutcomeKind.SUCCEEDED else f"the attempt ended ({outcome.kind.value}), but"
+        text = f"{UNSTORABLE_RESULT}: {what} {ascii_text(reason)}. The job is failed without another attempt; retry it from the admin once that is fixed.\n"
+        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=OutcomeKind.FAILED, error_class=UNSTORABLE_RESULT, traceback=text)
+    own = "\n".join(part for part in (ascii_text(outcome.error_class), ascii_text(outcome.traceback)) if part)
+    text = f"{UNSTORABLE_RESULT}: this attempt's outcome could not be stored as it was: {ascii_text(reason)}.\n\nIts own error, escaped:\n{own}\n"
+    return OutcomeRecord(
+        job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
+        error_class=UNSTORABLE_RESULT, traceback=text, duration=outcome.duration,
+    )
+
+
+def _server_reason(error: StoreError) -> str:
+    """The server's message and detail (the context line quotes the refused data: left out)."""
+    message = str(error).split("]: ", 1)[-1]
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    kept = [line for line in lines if not line.startswith(("CONTEXT:", "unnamed portal", "LINE ", "^", "HINT:"))]
+    return " ".join(kept) or "(no message)"
