@@ -22,7 +22,7 @@ admin's view and the tasks backend's read path.
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Case, IntegerField, Value, When
+from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, Value, When
 from django.db.models.functions import Now
 
 from .core import health
@@ -296,14 +296,52 @@ class PumpStatus(models.TextChoices):
     HALTED = health.HALTED, "Halted"  # fail-stop: an invariant broke; its lease lapses, others take over
 
 
-def worst_status_first() -> Case:
-    """An ORDER BY rank for pumps: halted (0), then degraded (1), then healthy (2)."""
-    return Case(
-        When(status=PumpStatus.HALTED, then=Value(0)),
-        When(status=PumpStatus.DEGRADED, then=Value(1)),
-        default=Value(2),
-        output_field=IntegerField(),
-    )
+class ShownPumpStatus(models.TextChoices):
+    """What an operator is shown for a pump: its reported status, unless its lease says otherwise.
+
+    A pump reports its own health, so a killed one keeps reporting "healthy" forever; its lease
+    is the truth the database keeps (stamped and expired by the database clock).
+    """
+
+    HALTED = PumpStatus.HALTED.value, "Halted"
+    LOST = "lost", "Lost"  # not halted, and no live lease: killed, hung or cut off from the database
+    STALE = "stale", "Stale"  # a live lease, but the row has not been refreshed for a whole lease
+    DEGRADED = PumpStatus.DEGRADED.value, "Degraded"
+    HEALTHY = PumpStatus.HEALTHY.value, "Healthy"
+
+
+# Worst first: the order of the Pumps page and of ``manage.py backwave_health``.
+SHOWN_PUMP_ORDER = list(ShownPumpStatus.values)
+
+
+class PumpQuerySet(models.QuerySet):
+    def with_shown_status(self, stale_after: float | None = None) -> "PumpQuerySet":
+        """Annotate ``age`` (by the database clock), ``lease_live``, ``shown_status`` (a
+        ShownPumpStatus) and ``rank`` (its place in SHOWN_PUMP_ORDER).
+
+        A pump is stale when its heartbeat is older than ``stale_after`` seconds, or than its own
+        lease duration when that is None. A halted pump stopped heartbeating on purpose and says
+        why: it is never lost or stale.
+        """
+        live_lease = Lease.objects.filter(worker_id=OuterRef("worker_id"), expires_at__gt=Now())
+        limit = Value(stale_after, output_field=models.FloatField()) if stale_after is not None else F("lease_duration")
+        shown = Case(
+            When(status=PumpStatus.HALTED, then=Value(ShownPumpStatus.HALTED.value)),
+            When(lease_live=False, then=Value(ShownPumpStatus.LOST.value)),
+            When(age_seconds__gt=limit, then=Value(ShownPumpStatus.STALE.value)),
+            default=F("status"),
+            output_field=models.CharField(),
+        )
+        rank = Case(
+            *(When(shown_status=status, then=Value(place)) for place, status in enumerate(SHOWN_PUMP_ORDER)),
+            output_field=IntegerField(),
+        )
+        return (
+            self.annotate(age=Now() - F("last_heartbeat_at"), lease_live=Exists(live_lease))
+            .annotate(age_seconds=Func(F("age"), template="EXTRACT(EPOCH FROM %(expressions)s)", output_field=models.FloatField()))
+            .annotate(shown_status=shown)
+            .annotate(rank=rank)
+        )
 
 
 class Pump(models.Model):
@@ -325,6 +363,8 @@ class Pump(models.Model):
     lease_duration = models.FloatField(help_text="Seconds; a heartbeat older than this is stale.")
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
+
+    objects = PumpQuerySet.as_manager()
 
     class Meta:
         ordering = ["group", "worker_id"]

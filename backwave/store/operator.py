@@ -92,6 +92,13 @@ def throughput(cursor, *, minutes: int, limit: int) -> list[tuple]:
     return cursor.fetchall()
 
 
+def pumps_in_flight(cursor, worker_ids: Sequence[str]) -> dict[str, int]:
+    """How many jobs run right now under each of these pumps' leases (pumps running none are
+    left out), one aggregate statement however many pumps."""
+    cursor.execute(QUERIES["admin_pumps_in_flight"], {"worker_ids": list(worker_ids)})
+    return dict(cursor.fetchall())
+
+
 def available_connections(cursor) -> int:
     """How many connections the server accepts from ordinary roles."""
     cursor.execute(QUERIES["available_connections"])

@@ -897,6 +897,18 @@ WHERE r.finished_at >= coalesce((SELECT covered_from FROM cut), '-infinity'::tim
 GROUP BY 1, 2
 
 
+-- name: admin_pumps_in_flight
+-- The running jobs of each of these pumps, counted live (a pump writes its own in_flight only at
+-- its heartbeats, so a killed one would show its last count forever). Through the pumps' leases,
+-- a lapsed one included until maintenance expires it (its jobs are still held), and the partial
+-- index of running jobs by lease: the work is bounded by the page's pumps and what they run.
+SELECT l.worker_id, count(*)
+FROM backwave_lease AS l
+JOIN backwave_job AS j ON j.lease_id = l.id AND j.state = 'running'
+WHERE l.worker_id = ANY(%(worker_ids)s::text[])
+GROUP BY l.worker_id
+
+
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int

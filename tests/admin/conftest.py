@@ -11,7 +11,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from backwave.models import Attempt, Job, Pump, Schedule
-from tests.factories import JobFactory
+from tests.factories import JobFactory, make_lease
 
 VIEW_PERMISSIONS = ["view_job", "view_queue", "view_pump", "view_schedule"]
 ACTION_PERMISSIONS = ["retry_job", "cancel_job", "pause_queue", "limit_queue", "toggle_schedule"]
@@ -71,11 +71,18 @@ def make_attempt(job: Job, number: int, state: str = "failed", **fields) -> Atte
     return attempt
 
 
-def make_pump(worker_id: str, status: str = "healthy", *, reason: str = "", group: str = "default", age: float = 0.0, lease: float = 30.0) -> Pump:
+def make_pump(
+    worker_id: str, status: str = "healthy", *, reason: str = "", group: str = "default", age: float = 0.0, lease: float = 30.0,
+    lease_expires_in: float | None = 30.0, in_flight: int = 3,
+) -> Pump:
+    """A pump's row as it last reported, and (unless ``lease_expires_in`` is None) its lease, live
+    for that many seconds more, lapsed when negative: a running pump holds one."""
     pump = Pump.objects.create(
         worker_id=worker_id, group=group, hostname="node-1", pid=4242, status=status, reason=reason,
-        in_flight=3, lease_duration=lease,
+        in_flight=in_flight, lease_duration=lease,
     )
+    if lease_expires_in is not None:
+        make_lease(worker_id, lease_expires_in, group=group)
     if age:
         Pump.objects.filter(pk=pump.pk).update(last_heartbeat_at=Now() - timedelta(seconds=age))
     return pump

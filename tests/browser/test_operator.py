@@ -9,6 +9,8 @@ from django.contrib.auth.models import Permission, User
 
 from backwave.models import Attempt, Job, Pump
 
+from tests.factories import make_lease
+
 from .conftest import log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -142,6 +144,9 @@ def test_a_halted_pump_shows_in_the_banner_and_first_on_the_pumps_page(page, liv
     Pump.objects.create(worker_id="node-3:90:reports:0:77aa", group="reports", hostname="node-3", pid=90,
                         status="degraded", reason="OperationalError: connection refused (retrying)", in_flight=2,
                         lease_duration=30)
+    # Running pumps hold a lease; the halted one let its lease lapse.
+    make_lease("node-2:711:default:0:9f2c", group="default", hostname="node-2", pid=711)
+    make_lease("node-3:90:reports:0:77aa", group="reports", hostname="node-3", pid=90)
     log_in(page, live_server, "boss", "pw")
 
     for path in ("/admin/backwave/", "/admin/backwave/queue/", "/admin/backwave/job/", "/admin/backwave/schedule/"):
