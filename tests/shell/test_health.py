@@ -13,6 +13,7 @@ from django.db import connection
 
 from backwave.models import Pump
 from backwave.shell.health import DEGRADED, HALTED, HEALTHY, HealthServer, group_status, overall_status
+from tests.factories import JobFactory, make_lease
 
 
 def get(url: str) -> tuple[int, dict]:
@@ -72,8 +73,11 @@ def test_a_broken_snapshot_is_a_500_not_a_healthy_answer():
 # ---- manage.py backwave_health -------------------------------------------------------------------
 
 
-def pump(worker_id, group="g", status="healthy", *, seconds_ago=0.0, reason="", lease_duration=30.0):
+def pump(worker_id, group="g", status="healthy", *, seconds_ago=0.0, reason="", lease_duration=30.0, lease_expires_in=30.0):
+    """A pump's row and (unless ``lease_expires_in`` is None) its lease, as a running pump holds one."""
     Pump.objects.create(worker_id=worker_id, group=group, hostname="h", pid=1, status=status, reason=reason, lease_duration=lease_duration)
+    if lease_expires_in is not None:
+        make_lease(worker_id, lease_expires_in, group=group, hostname="h", pid=1)
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE backwave_pump SET last_heartbeat_at = now() - make_interval(secs => %s) WHERE worker_id = %s", [seconds_ago, worker_id]
@@ -129,6 +133,22 @@ def test_a_stale_heartbeat_exits_non_zero():
     code, out = run_health()
     assert code == 1 and "healthy (stale)" in out and "has not sent a heartbeat for 45" in out
     assert run_health("--stale-after", "60")[0] == 0
+
+
+@pytest.mark.django_db
+def test_a_pump_without_a_live_lease_is_lost_and_exits_non_zero_though_its_row_says_healthy():
+    pump("h:1:g:0", seconds_ago=1)
+    pump("h:1:g:1", seconds_ago=1, lease_expires_in=None)
+    pump("h:1:g:2", seconds_ago=1, lease_expires_in=None)  # its lease already expired and deleted
+    lapsed = make_lease("h:1:g:1", -5, group="g").id  # killed: its lease lapsed, not yet expired
+    JobFactory.create_batch(4, state="running", lease_id=lapsed, attempts=1, worker_id="h:1:g:1")
+    code, out = run_health()
+    assert code == 1, out
+    lines = out.splitlines()
+    assert [line.split()[1] for line in lines[1:4]] == ["h:1:g:1", "h:1:g:2", "h:1:g:0"], "lost first"
+    assert lines[1].split()[4:7] == ["lost:", "healthy", "4"], "lost, with its jobs counted live"
+    assert "pump h:1:g:1 is lost: it holds no live lease (it last reported healthy)" in out
+    assert "pump h:1:g:2 is lost" in out and "h:1:g:0 is lost" not in out
 
 
 @pytest.mark.django_db

@@ -1,9 +1,11 @@
 """manage.py backwave_health: the pumps' health as they last reported it, for people and probes.
 
-Prints one line per pump (halted first, with the reason) and one per group, then exits 0 when all
-is well and 1 when a group is halted (every one of its pumps is) or a live pump's heartbeat is
-stale. A halted pump is never "stale": it stopped heartbeating on purpose and says why.
-Heartbeat ages are measured by the database clock, like everything else in BackWave.
+Prints one line per pump (worst first: halted with the reason, lost, stale, degraded, healthy)
+and one per group, then exits 0 when all is well and 1 when a group is halted (every one of its
+pumps is), a pump is lost (it is not halted and holds no live lease: killed, hung or cut off, its
+row still saying what it last reported) or a live pump's heartbeat is stale. A halted pump is
+never lost or stale: it stopped heartbeating on purpose and says why. Leases and heartbeat ages
+are judged by the database clock, like everything else in BackWave.
 
 Pumps record their health in the database they serve; ``--database`` (repeatable) reads other
 databases than ``default``, and a group serving two databases is judged on each of them.
@@ -12,17 +14,16 @@ databases than ``default``, and a group serving two databases is judged on each 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
-from django.db.models import F
-from django.db.models.functions import Now
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from backwave.databases import database_problem
 from backwave.core.health import HALTED
-from backwave.models import Pump, worst_status_first
+from backwave.models import Pump, ShownPumpStatus
 from backwave.shell.health import group_status
+from backwave.store import operator
 
 class Command(BaseCommand):
-    help = "Show pump health; exit 1 when a worker group is halted or a pump's heartbeat is stale."
+    help = "Show pump health; exit 1 when a worker group is halted, a pump is lost (no live lease) or its heartbeat is stale."
 
     def add_arguments(self, parser):
         parser.add_argument("--group", action="append", default=[], help="Only this worker group (repeat for several).")
@@ -45,9 +46,15 @@ class Command(BaseCommand):
                 raise CommandError(f"--database {database!r} {problem}")
         pumps = []
         for database in databases:
-            rows = Pump.objects.using(database).annotate(age=Now() - F("last_heartbeat_at"), rank=worst_status_first())
+            rows = Pump.objects.using(database).with_shown_status(stale_after)
             if options["group"]:
                 rows = rows.filter(group__in=options["group"])
+            rows = list(rows)
+            # A pump writes its own in_flight only at heartbeats: the job table says how many run now.
+            with connections[database].cursor() as cursor:
+                in_flight = operator.pumps_in_flight(cursor, [pump.worker_id for pump in rows])
+            for pump in rows:
+                pump.live_in_flight = in_flight.get(pump.worker_id, 0)
             pumps += rows
         # Every row read knows its database (_state.db): the one its pump serves and reports to.
         pumps.sort(key=lambda pump: (pump.rank, pump.group, pump._state.db, pump.worker_id))
@@ -57,16 +64,21 @@ class Command(BaseCommand):
             raise CommandError(f"No pump has reported its health{where}: no worker is running, or none has started yet.")
 
         stale = []
+        lost = []
         rows = []
         for pump in pumps:
             age = max(0.0, pump.age.total_seconds())
             limit = stale_after if stale_after is not None else pump.lease_duration
             is_stale = pump.status != HALTED and age > limit
+            if pump.shown_status == ShownPumpStatus.LOST:
+                lost.append(pump)
             if is_stale:
                 stale.append(pump)
             status = f"{pump.status} (stale)" if is_stale else pump.status
+            if pump.shown_status == ShownPumpStatus.LOST:
+                status = f"lost: {status}"
             where = (pump._state.db,) if several else ()
-            rows.append((*where, pump.group, pump.worker_id, pump.hostname, str(pump.pid), status, str(pump.in_flight), f"{age:.1f}s", pump.reason))
+            rows.append((*where, pump.group, pump.worker_id, pump.hostname, str(pump.pid), status, str(pump.live_in_flight), f"{age:.1f}s", pump.reason))
         self._table((*(("DATABASE",) if several else ()), "GROUP", "PUMP", "HOST", "PID", "STATUS", "IN FLIGHT", "HEARTBEAT", "REASON"), rows)
 
         # A group is judged per database: its pumps on one database cannot take over another's jobs.
@@ -85,6 +97,7 @@ class Command(BaseCommand):
             for (name, database), verdict in verdicts.items()
             if verdict == HALTED
         ]
+        problems += [f"pump {pump.worker_id} is lost: it holds no live lease (it last reported {pump.status})" for pump in lost]
         problems += [f"pump {pump.worker_id} has not sent a heartbeat for {pump.age.total_seconds():.1f}s" for pump in stale]
         if problems:
             raise CommandError("; ".join(problems), returncode=1)
