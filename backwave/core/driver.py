@@ -19,85 +19,9 @@ A drain never waits for abandoned handlers: their jobs are no longer the pump's.
 
 Counted attempts and the reports outcomes carry: see core/outcomes.py.
 
-Lifecycle states and the events each accepts (core/transitions.py holds the same table as data,
-and handle() refuses what it does not list before any handler runs)::
-
-    state             | event            | what happens                                        | next
-    ------------------+------------------+-----------------------------------------------------+---------
-    NEW               | Started          | OpenLease                                           | OPENING
-    NEW, OPENING      | DrainRequested   | nothing held yet (an OpenLease in flight: see *)    | STOPPED*
-    OPENING           | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
-    OPENING           | Tick             | retry OpenLease after a failed one                  | OPENING
-    OPENING           | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
-    OPENING           | OutcomesWritten  | none is in flight here: refused, unless stale (see  | OPENING
-                      |                  | below)                                              |
-    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
-                      |                  | heartbeat due: RenewLease; maintenance due:         |
-                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
-                      |                  | a full purge page: the next PurgeJobs;              |
-                      |                  | lease presumed lapsed: self-fence                   | OPENING
-    RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
-                      |                  | permitting (one pending-poll slot: a burst costs    |
-                      |                  | one extra claim); else a free slot: poll now; none: |
-                      |                  | nothing                                             |
-    RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
-    RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
-                      |                  | buffer; flush when the batch is full or nothing     |
-                      |                  | executes: WriteOutcomes + ClaimJobs                 |
-    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-                      |                  | taken until their handlers return), OpenLease       |
-    RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
-    RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
-                      |                  | after a jittered backoff that doubles per fault in  |
-                      |                  | a row (up to half a heartbeat); a failed claim may  |
-                      |                  | have committed: the next claim waits for a          |
-                      |                  | ReconcileLease(known = (job, attempt) held)         |
-    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
-    RUNNING           | DrainRequested   | stop claiming                                       | DRAINING
-    any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
-                      |                  | reopens (a poll or a write's claim uses it);        |
-                      |                  | outside RUNNING and DRAINING nothing else executes  |
-    any*              | HintReceived     | outside RUNNING: nothing                            | same
-    any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
-                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
-                      | PumpsPurged,     |                                                     |
-                      | JobsPurged       |                                                     |
-    DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
-                      | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
-                      | Tick             | ReleaseLease (gives back what did not finish)       |
-    DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
-    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
-    DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
-    DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
-    DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
-                      |                  | lease lapses and maintenance frees the rest         |
-    DRAINING, STOPPED | DrainRequested   | nothing                                             | same
-    STOPPED           | LeaseOpened      | one that was in flight at the drain: ReleaseLease   | DRAINING
-    STOPPED           | Tick             | nothing                                             | STOPPED
-    STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
-
-    * after a LeaseOpened that was already in flight, the lease is released first.
-    any*: every state but NEW.
-
-Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
-under the old lease on their way. Each (or its StoreFailed) is swallowed on arrival, in any state
-and before the table above is consulted, while no command of its kind is in flight::
-
-    result           | answers
-    -----------------+---------------
-    ClaimReturned    | ClaimJobs
-    OutcomesWritten  | WriteOutcomes
-    LeaseRenewed     | RenewLease
-    LeaseReconciled  | ReconcileLease
-    LeaseReleased    | ReleaseLease
-
-Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
-landed was sent. Past that the driver sends no claim and no outcome write under it; the next
-Tick (due at once) abandons its jobs, drops the buffered outcomes and opens a new lease.
-
-Any other pairing raises ``InvalidEvent`` naming the event and the state, and leaves the driver
-untouched: the shell halts the pump on it (fail-stop).
+The lifecycle states, the events each accepts and what each does, and the stale results a
+given-up lease leaves on their way: the transition table in core/transitions.py, whose data
+handle() consults before any handler runs.
 """
 
 from __future__ import annotations
@@ -468,7 +392,7 @@ class NodeDriver:
         return commands
 
     def _trusted(self, now: float) -> bool:
-        """Whether the lease may still be written under (see the self-fencing note above)."""
+        """Whether the lease may still be written under (see self-fencing in core/transitions.py)."""
         return now < self._lease_trusted_until
 
     def _claim(self, now: float, *, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
