@@ -33,6 +33,7 @@ from . import commands as cmd
 from . import events as ev
 from .backoff import FaultStreak
 from .jobs import ClaimedJob, Outcome
+from .lease import LeaseClock
 from .ledger import Ledger
 from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
@@ -61,9 +62,7 @@ class NodeDriver:
         self._claims = claims.Claims(options, self._ledger)
         self._faults = FaultStreak()
         self._maintenance = Maintenance(options, self._ledger)
-        self._lease_trusted_until = 0.0
-        self._next_heartbeat = 0.0
-        self._next_open = 0.0
+        self._lease = LeaseClock(options, self._ledger)
         self._drain_deadline: float | None = None
 
     # ---- what the shell may ask -------------------------------------------------------------
@@ -93,8 +92,8 @@ class NodeDriver:
         if self.state in (State.NEW, State.STOPPED):
             return None
         if self.state is State.OPENING:
-            return None if self._ledger.busy(cmd.OpenLease) else self._next_open
-        deadlines = [self._next_heartbeat, self._lease_trusted_until]
+            return None if self._ledger.busy(cmd.OpenLease) else self._lease.next_open
+        deadlines = [self._lease.next_heartbeat, self._lease.trusted_until]
         if self.state is State.RUNNING:
             deadlines += [self._claims.next_poll, self._maintenance.next_due()]
         elif self._drain_deadline is not None:
@@ -133,16 +132,14 @@ class NodeDriver:
 
     def _on_started(self, event: ev.Started) -> list[cmd.Command]:
         self.state = State.OPENING
-        return self._open(event.now)
+        return self._lease.open(event.now)
 
     def _on_lease_opened(self, event: ev.LeaseOpened) -> list[cmd.Command]:
         if not self._ledger.busy(cmd.OpenLease):
             raise InvalidEvent(event, self.state, "no OpenLease is in flight")
-        _, sent_at = self._ledger.landed(cmd.OpenLease)
         self.lease_id = event.lease_id
         # Trusted and heartbeated from now on, even while it is being given straight back below.
-        self._trust_lease_from(sent_at)
-        self._next_heartbeat = event.now + self.options.heartbeat_every
+        self._trust_lease_from(self._lease.opened(event.now))
         if self.state is State.STOPPED:
             # Drain came while the lease was being opened: give it straight back.
             self.state = State.DRAINING
@@ -157,9 +154,7 @@ class NodeDriver:
         if self.state is State.STOPPED:
             return []
         if self.state is State.OPENING:
-            if self._ledger.busy(cmd.OpenLease) or event.now < self._next_open:
-                return []
-            return self._open(event.now)
+            return self._lease.open(event.now) if self._lease.reopen_due(event.now) else []
         return self._on_due(event.now)
 
     def _on_hint(self, event: ev.HintReceived) -> list[cmd.Command]:
@@ -247,7 +242,7 @@ class NodeDriver:
     def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
         if not self._ledger.busy(cmd.RenewLease):
             raise InvalidEvent(event, self.state, "no RenewLease is in flight")
-        _, sent_at = self._ledger.landed(cmd.RenewLease)
+        sent_at = self._lease.renewed()
         self.stats.heartbeats += 1
         if event.held:
             self._trust_lease_from(sent_at)
@@ -333,10 +328,6 @@ class NodeDriver:
 
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
 
-    def _undo_open(self, retry_at: float) -> None:
-        self._ledger.failed(cmd.OpenLease)
-        self._next_open = retry_at
-
     def _undo_write(self, retry_at: float) -> None:
         # Nothing was written: the batch goes back to the front of the buffer, and is written
         # once on a later tick.
@@ -344,18 +335,11 @@ class NodeDriver:
         self._buffer.extendleft(reversed(write.outcomes))
         self._claims.retry_no_sooner_than(retry_at)
 
-    def _undo_renew(self, retry_at: float) -> None:
-        self._ledger.failed(cmd.RenewLease)
-        self._next_heartbeat = min(self._next_heartbeat, retry_at)
-
-    def _undo_purge(self, retry_at: float) -> None:
-        self._maintenance.purge_failed()
-
     # ---- decisions ----------------------------------------------------------------------------
 
     def _on_due(self, now: float) -> list[cmd.Command]:
         commands: list[cmd.Command] = []
-        if now >= self._lease_trusted_until:
+        if not self._lease.trusted(now):
             # No renewal has landed for a whole lease: another node may already have expired
             # it and re-run our jobs. Stop writing for them and start over.
             return self._lose_lease(now)
@@ -367,9 +351,7 @@ class NodeDriver:
             if not self._claim_limit and self.free_slots:
                 commands += self._claim(now)
             commands += self._flush(now, then_claim=False)
-        if now >= self._next_heartbeat and not self._ledger.busy(cmd.RenewLease) and self.lease_id is not None:
-            self._next_heartbeat = now + self.options.heartbeat_every
-            commands.append(self._ledger.send(cmd.RenewLease(lease_id=self.lease_id), now))
+        commands += self._lease.heartbeat(now, self.lease_id)
         if self.state is State.RUNNING:
             commands += self._maintenance.due(now)
         return commands
@@ -391,20 +373,16 @@ class NodeDriver:
             commands += self._claim(now, skip=skip)
         return commands
 
-    def _trusted(self, now: float) -> bool:
-        """Whether the lease may still be written under (see self-fencing in core/transitions.py)."""
-        return now < self._lease_trusted_until
-
     def _claim(self, now: float, *, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
         limit = min(self.free_slots, self.options.max_claim_batch)
-        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._trusted(now):
+        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._lease.trusted(now):
             return []
         return self._claims.send(now, limit, self.lease_id, self._held_attempts, skip)
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         if self._writing or not self._buffer:
             return []
-        if not self._trusted(now):
+        if not self._lease.trusted(now):
             # Self-fenced: these outcomes are not ours to write any more. The tick that is due
             # at once (next_wakeup is past) drops them and starts over with a new lease.
             return []
@@ -439,10 +417,7 @@ class NodeDriver:
             self.state = State.STOPPED
             return []
         self.state = State.OPENING
-        return self._open(now)
-
-    def _open(self, now: float) -> list[cmd.Command]:
-        return [self._ledger.send(cmd.OpenLease(), now)]
+        return self._lease.open(now)
 
     def _give_up_lease(self, *, drop_buffer: bool = False) -> None:
         """Stop working under the lease: abandon what runs, and wait for nothing sent under it
@@ -463,10 +438,17 @@ class NodeDriver:
         held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
         return held
 
+    # The fault hooks (tests/faults/hooks.py) replace this method and set the attribute below.
     def _trust_lease_from(self, sent_at: float) -> None:
-        # The database stamped the renewal no earlier than we sent it, so the lease is ours at
-        # least until sent_at + lease_duration; stop a margin before that.
-        self._lease_trusted_until = sent_at + self.options.lease_duration * (1.0 - SELF_FENCE_MARGIN)
+        self._lease.trust_from(sent_at)
+
+    @property
+    def _lease_trusted_until(self) -> float:
+        return self._lease.trusted_until
+
+    @_lease_trusted_until.setter
+    def _lease_trusted_until(self, until: float) -> None:
+        self._lease.trusted_until = until
 
 
 _HANDLERS = {
@@ -491,10 +473,10 @@ _HANDLERS = {
 
 # What a StoreFailed of each command undoes; a command missing here left nothing to undo.
 _UNDO = {
-    cmd.OpenLease: NodeDriver._undo_open,
+    cmd.OpenLease: lambda driver, retry_at: driver._lease.open_failed(retry_at),
     cmd.ClaimJobs: lambda driver, retry_at: driver._claims.failed(retry_at),
     cmd.WriteOutcomes: NodeDriver._undo_write,
     cmd.ReconcileLease: lambda driver, retry_at: driver._claims.reconcile_failed(retry_at),
-    cmd.RenewLease: NodeDriver._undo_renew,
-    cmd.PurgeJobs: NodeDriver._undo_purge,
+    cmd.RenewLease: lambda driver, retry_at: driver._lease.renew_failed(retry_at),
+    cmd.PurgeJobs: lambda driver, retry_at: driver._maintenance.purge_failed(),
 }

@@ -77,9 +77,7 @@ and before the table above is consulted, while no command of its kind is in flig
     LeaseReconciled  | ReconcileLease
     LeaseReleased    | ReleaseLease
 
-Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
-landed was sent. Past that the driver sends no claim and no outcome write under it; the next
-Tick (due at once) abandons its jobs, drops the buffered outcomes and opens a new lease.
+Self-fencing, the Tick row's "lease presumed lapsed": see core/lease.py.
 
 Any other pairing raises ``InvalidEvent`` naming the event and the state, and leaves the driver
 untouched: the shell halts the pump on it (fail-stop).
