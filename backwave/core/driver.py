@@ -27,17 +27,16 @@ handle() consults before any handler runs.
 from __future__ import annotations
 
 import uuid
-from collections import deque
 from . import claims
 from . import commands as cmd
 from . import events as ev
 from .backoff import FaultStreak
-from .jobs import ClaimedJob, Outcome
+from .jobs import ClaimedJob
 from .lease import LeaseClock
 from .ledger import Ledger
 from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
-from .outcomes import decide
+from .outcomes import OutcomeBuffer, decide
 from .stats import DriverStats
 from .transitions import ACCEPTS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
@@ -54,7 +53,6 @@ class NodeDriver:
         self.stats = DriverStats()
         self.lease_id: uuid.UUID | None = None
         self._executing: dict[int, ClaimedJob] = {}
-        self._buffer: deque[Outcome] = deque()
         # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
         # returned yet: each still occupies a thread of the pool, so it still takes a slot.
         self._abandoned: set[tuple[int, int]] = set()
@@ -62,6 +60,7 @@ class NodeDriver:
         self._claims = claims.Claims(options, self._ledger)
         self._faults = FaultStreak()
         self._maintenance = Maintenance(options, self._ledger)
+        self._outcomes = OutcomeBuffer(options, self._ledger)
         self._lease = LeaseClock(options, self._ledger)
         self._drain_deadline: float | None = None
 
@@ -74,7 +73,7 @@ class NodeDriver:
     @property
     def unreported(self) -> int:
         """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
-        return len(self._executing) + len(self._buffer) + len(self._writing)
+        return len(self._executing) + len(self._outcomes.waiting) + len(self._outcomes.writing)
 
     @property
     def free_slots(self) -> int:
@@ -103,11 +102,6 @@ class NodeDriver:
     @property
     def _claim_limit(self) -> int:
         return self._claims.limit_in_flight
-
-    @property
-    def _writing(self) -> tuple[Outcome, ...]:
-        write = self._ledger.oldest(cmd.WriteOutcomes)
-        return write.outcomes if write else ()
 
     # ---- the one entry point ----------------------------------------------------------------
 
@@ -178,9 +172,9 @@ class NodeDriver:
         # whose write did land (its reply was lost): the job ran on and is due again. It is
         # obsolete, and it must not share a batch with the new attempt's outcome.
         claimed_ids = {job.id for job in event.jobs}
-        obsolete = [o for o in self._buffer if o.job_id in claimed_ids]
+        obsolete = self._outcomes.of_jobs(claimed_ids)
         if reason := claims.refusal(
-            event.jobs, asked.limit, self._executing, unreported=self.unreported, obsolete=len(obsolete),
+            event.jobs, asked.limit, self._executing, unreported=self.unreported, obsolete=obsolete,
             abandoned=len(self._abandoned), pool_size=self.options.pool_size,
         ):
             raise InvalidEvent(event, self.state, reason)
@@ -188,8 +182,8 @@ class NodeDriver:
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
         if obsolete:
-            self._buffer = deque(o for o in self._buffer if o.job_id not in claimed_ids)
-            self.stats.lost += len(obsolete)
+            self._outcomes.drop(claimed_ids)
+            self.stats.lost += obsolete
         if self.state is State.DRAINING:
             ids = tuple(job.id for job in event.jobs)
             released: list[cmd.Command] = [cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=ids)] if ids else []
@@ -211,28 +205,28 @@ class NodeDriver:
         except ValueError as error:  # an unknown result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
         del self._executing[event.job_id]
-        self._buffer.append(outcome)
+        self._outcomes.waiting.append(outcome)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
-        if len(self._buffer) >= self.options.outcome_batch or not self._executing:
+        if self._outcomes.full or not self._executing:
             return self._flush(event.now, then_claim=True)
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
-        if not self._writing:
+        if not self._outcomes.writing:
             raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
-        written = {o.job_id for o in self._writing}
+        written = {o.job_id for o in self._outcomes.writing}
         if not event.applied <= written:
             raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
         self.stats.writes += 1
         self.stats.applied += len(event.applied)
         self.stats.lost += len(written) - len(event.applied)
-        self._ledger.landed(cmd.WriteOutcomes)
+        self._outcomes.written()
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
             return []
-        if len(self._buffer) >= self.options.outcome_batch or (self._buffer and not self._executing):
+        if self._outcomes.full or (self._outcomes.waiting and not self._executing):
             return self._flush(event.now, then_claim=not self._claim_limit)
         if not self._claim_limit and self.free_slots:
             # Re-poll after an applied batch: work may have become due meanwhile.
@@ -329,11 +323,8 @@ class NodeDriver:
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
 
     def _undo_write(self, retry_at: float) -> None:
-        # Nothing was written: the batch goes back to the front of the buffer, and is written
-        # once on a later tick.
-        write, _ = self._ledger.failed(cmd.WriteOutcomes)
-        self._buffer.extendleft(reversed(write.outcomes))
-        self._claims.retry_no_sooner_than(retry_at)
+        self._outcomes.write_failed()
+        self._claims.retry_no_sooner_than(retry_at)  # the poll after it writes the batch again
 
     # ---- decisions ----------------------------------------------------------------------------
 
@@ -380,18 +371,13 @@ class NodeDriver:
         return self._claims.send(now, limit, self.lease_id, self._held_attempts, skip)
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
-        if self._writing or not self._buffer:
-            return []
-        if not self._lease.trusted(now):
-            # Self-fenced: these outcomes are not ours to write any more. The tick that is due
-            # at once (next_wakeup is past) drops them and starts over with a new lease.
-            return []
-        batch = tuple(self._buffer.popleft() for _ in range(min(len(self._buffer), self.options.outcome_batch)))
-        commands: list[cmd.Command] = [self._ledger.send(cmd.WriteOutcomes(lease_id=self.lease_id, outcomes=batch), now)]
-        if then_claim and self.state is State.RUNNING and not self._claim_limit:
+        # Self-fenced, these outcomes are not ours to write any more: the tick that is due at
+        # once (next_wakeup is past) drops them and starts over with a new lease.
+        commands = self._outcomes.write(now, self.lease_id) if self._lease.trusted(now) else []
+        if commands and then_claim and self.state is State.RUNNING and not self._claim_limit:
             # The claim runs after the write lands, so the slots the write frees are counted as
             # free: size it without the batch being written.
-            held = len(self._executing) + len(self._buffer) + len(self._abandoned)
+            held = len(self._executing) + len(self._outcomes.waiting) + len(self._abandoned)
             limit = min(self.options.pool_size - held, self.options.max_claim_batch)
             if limit > 0:
                 commands += self._claims.send(now, limit, self.lease_id, self._held_attempts)
@@ -399,14 +385,12 @@ class NodeDriver:
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
         """Move a drain forward: write what is buffered, then give the lease back."""
-        if self._claim_limit or self._writing or self._ledger.busy(cmd.ReleaseLease):
+        if self._claim_limit or self._outcomes.writing or self._ledger.busy(cmd.ReleaseLease):
             return []
         past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
         if self._executing and not past_deadline:
-            if len(self._buffer) >= self.options.outcome_batch:
-                return self._flush(now, then_claim=False)
-            return []
-        if self._buffer:
+            return self._flush(now, then_claim=False) if self._outcomes.full else []
+        if self._outcomes.waiting:
             return self._flush(now, then_claim=False)
         return [self._ledger.send(cmd.ReleaseLease(lease_id=self.lease_id), now)]
 
@@ -428,15 +412,13 @@ class NodeDriver:
         self._abandoned.update((job.id, job.attempt) for job in self._executing.values())
         self._executing.clear()
         if drop_buffer:
-            self._buffer.clear()
+            self._outcomes.waiting.clear()
         self._claims.lease_lost()
         self._ledger.lease_lost(STALE_TOLERANT)
 
     def _held_attempts(self) -> set[tuple[int, int]]:
         """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
-        held = {(job.id, job.attempt) for job in self._executing.values()}
-        held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
-        return held
+        return {(job.id, job.attempt) for job in self._executing.values()} | self._outcomes.attempts()
 
     # The fault hooks (tests/faults/hooks.py) replace this method and set the attribute below.
     def _trust_lease_from(self, sent_at: float) -> None:
