@@ -38,13 +38,13 @@ from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 from .outcomes import OutcomeBuffer, decide
 from .stats import DriverStats
-from .transitions import ACCEPTS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
+from .transitions import ACCEPTS, AWAITED, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
 __all__ = ["PURGE_BATCH", "SELF_FENCE_MARGIN", "DriverStats", "InvalidEvent", "NodeDriver", "State"]
 
 
 class NodeDriver:
-    """The decision-maker of one pump. See the module docstring for the transition table."""
+    """The decision-maker of one pump. Its transition table: core/transitions.py."""
 
     def __init__(self, options: WorkerGroupOptions):
         self.options = options
@@ -116,6 +116,8 @@ class NodeDriver:
             commands = []
         elif type(event) not in ACCEPTS[self.state]:
             raise InvalidEvent.refused(event, self.state)
+        elif (awaited := AWAITED.get(type(event))) and not self._ledger.busy(awaited):
+            raise InvalidEvent(event, self.state, f"no {awaited.__name__} is in flight")
         else:
             commands = handler(self, event)
         if type(event) in STORE_RESULTS:
@@ -129,8 +131,6 @@ class NodeDriver:
         return self._lease.open(event.now)
 
     def _on_lease_opened(self, event: ev.LeaseOpened) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.OpenLease):
-            raise InvalidEvent(event, self.state, "no OpenLease is in flight")
         self.lease_id = event.lease_id
         # Trusted and heartbeated from now on, even while it is being given straight back below.
         self._trust_lease_from(self._lease.opened(event.now))
@@ -166,8 +166,6 @@ class NodeDriver:
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
         asked = self._ledger.oldest(cmd.ClaimJobs)
-        if asked is None:
-            raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
         # An outcome still buffered for a job the claim just returned is from an older attempt
         # whose write did land (its reply was lost): the job ran on and is due again. It is
         # obsolete, and it must not share a batch with the new attempt's outcome.
@@ -213,8 +211,6 @@ class NodeDriver:
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
-        if not self._outcomes.writing:
-            raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
         written = {o.job_id for o in self._outcomes.writing}
         if not event.applied <= written:
             raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
@@ -234,8 +230,6 @@ class NodeDriver:
         return []
 
     def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.RenewLease):
-            raise InvalidEvent(event, self.state, "no RenewLease is in flight")
         sent_at = self._lease.renewed()
         self.stats.heartbeats += 1
         if event.held:
@@ -253,8 +247,6 @@ class NodeDriver:
         return []
 
     def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.PurgeJobs):
-            raise InvalidEvent(event, self.state, "no PurgeJobs is in flight")
         if not 0 <= event.purged <= PURGE_BATCH:
             raise InvalidEvent(event, self.state, f"a purge page holds 0 to {PURGE_BATCH} jobs, got {event.purged}")
         self._maintenance.page_purged(event.purged, event.now, running=self.state is State.RUNNING)
@@ -262,8 +254,6 @@ class NodeDriver:
         return []
 
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.ReconcileLease):
-            raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
         given_back_held = event.released & self._held_attempts()
         if given_back_held:
             raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
@@ -272,8 +262,6 @@ class NodeDriver:
         return self._claim(event.now) if self.state is State.RUNNING else []
 
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.ReleaseLease):
-            raise InvalidEvent(event, self.state, "no ReleaseLease is in flight")
         self._ledger.landed(cmd.ReleaseLease)
         self._give_up_lease()
         self.lease_id = None

@@ -1,7 +1,8 @@
 """The Node Driver's transition table, in prose and as data.
 
-``NodeDriver.handle`` consults ``ACCEPTS`` once, before any handler runs, so a handler checks only
-its event's own preconditions (a command of its kind in flight, numbers that add up).
+``NodeDriver.handle`` consults ``ACCEPTS`` once, before any handler runs, and refuses the result
+of a command it waits for (``AWAITED``) unless one is in flight; a handler checks only its
+event's own preconditions (numbers that add up, jobs it knows).
 tests/core/test_transitions.py holds the prose table below and this data equal, both ways: a new
 event is one row below and one entry in ``ACCEPTS``.
 
@@ -153,6 +154,9 @@ STALE_TOLERANT = frozenset({cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cm
 # Store commands the driver waits for none of: a StoreFailed of one is always accepted, and the
 # next maintenance run (or the lease's lapse) makes up for it.
 UNTRACKED = frozenset({cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgePumps, cmd.ReleaseJobs})
+
+# The results of the commands the driver waits for: each is refused while none of its kind is in flight.
+AWAITED: dict[type[ev.Event], type[cmd.Command]] = {result: sent for result, sent in ANSWERS.items() if sent not in UNTRACKED}
 
 
 def answered_by(event: ev.Event) -> type | None:
