@@ -9,15 +9,11 @@ maintenance, what a failed attempt turns into. It reads no clock (time arrives i
 monotonic seconds), opens no connection and starts no thread, so production and the
 deterministic test pump make identical decisions.
 
-Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed and not yet
-reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
-its slot, because it still holds its lease; the slot reopens when the write lands. An attempt
-abandoned with a lost lease holds its slot too, until its JobFinished arrives: its handler still
-runs on one of the pool's ``pool_size`` threads, and a job claimed for that thread would wait in
-the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
-A drain never waits for abandoned handlers: their jobs are no longer the pump's.
-
-Counted attempts and the reports outcomes carry: see core/outcomes.py.
+The driver holds the pump's state and makes the decisions that need all of it; cohesive parts
+live beside it, each a dataclass sharing the driver's ``Ledger`` of commands in flight:
+backpressure, the slots the pool's jobs hold, in core/slots.py; counted attempts, the reports
+outcomes carry and their buffer in core/outcomes.py; claim passes in core/claims.py; the lease's
+clocks and self-fencing in core/lease.py; maintenance in core/maintenance.py.
 
 The lifecycle states, the events each accepts and what each does, and the stale results a
 given-up lease leaves on their way: the transition table in core/transitions.py, whose data
@@ -37,6 +33,7 @@ from .ledger import Ledger
 from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 from .outcomes import OutcomeBuffer, decide
+from .slots import Slots
 from .stats import DriverStats
 from .transitions import ACCEPTS, AWAITED, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
@@ -52,15 +49,12 @@ class NodeDriver:
         self.state = State.NEW
         self.stats = DriverStats()
         self.lease_id: uuid.UUID | None = None
-        self._executing: dict[int, ClaimedJob] = {}
-        # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
-        # returned yet: each still occupies a thread of the pool, so it still takes a slot.
-        self._abandoned: set[tuple[int, int]] = set()
         self._ledger = Ledger()  # the store commands in flight, and stale results still due
         self._claims = claims.Claims(options, self._ledger)
         self._faults = FaultStreak()
         self._maintenance = Maintenance(options, self._ledger)
         self._outcomes = OutcomeBuffer(options, self._ledger)
+        self._slots = Slots(options, self._outcomes)
         self._lease = LeaseClock(options, self._ledger)
         self._drain_deadline: float | None = None
 
@@ -68,18 +62,18 @@ class NodeDriver:
 
     @property
     def executing(self) -> int:
-        return len(self._executing)
+        return len(self._slots.executing)
 
     @property
     def unreported(self) -> int:
         """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
-        return len(self._executing) + len(self._outcomes.waiting) + len(self._outcomes.writing)
+        return self._slots.unreported
 
     @property
     def free_slots(self) -> int:
         """Threads of the pool no job holds: claimed jobs, claims in flight and abandoned handlers
         each take one."""
-        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._abandoned))
+        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._slots.abandoned))
 
     @property
     def idle(self) -> bool:
@@ -102,6 +96,10 @@ class NodeDriver:
     @property
     def _claim_limit(self) -> int:
         return self._claims.limit_in_flight
+
+    # Read by the simulator's checks (backwave/testing/simulation).
+    _executing = property(lambda self: self._slots.executing)
+    _abandoned = property(lambda self: self._slots.abandoned)
 
     # ---- the one entry point ----------------------------------------------------------------
 
@@ -165,23 +163,13 @@ class NodeDriver:
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
-        asked = self._ledger.oldest(cmd.ClaimJobs)
-        # An outcome still buffered for a job the claim just returned is from an older attempt
-        # whose write did land (its reply was lost): the job ran on and is due again. It is
-        # obsolete, and it must not share a batch with the new attempt's outcome.
-        claimed_ids = {job.id for job in event.jobs}
-        obsolete = self._outcomes.of_jobs(claimed_ids)
-        if reason := claims.refusal(
-            event.jobs, asked.limit, self._executing, unreported=self.unreported, obsolete=obsolete,
-            abandoned=len(self._abandoned), pool_size=self.options.pool_size,
-        ):
-            raise InvalidEvent(event, self.state, reason)
+        try:
+            self.stats.lost += self._slots.take(event.jobs, self._ledger.oldest(cmd.ClaimJobs).limit)
+        except ValueError as refused:
+            raise InvalidEvent(event, self.state, str(refused)) from None
         self._claims.landed(len(event.jobs))
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
-        if obsolete:
-            self._outcomes.drop(claimed_ids)
-            self.stats.lost += obsolete
         if self.state is State.DRAINING:
             ids = tuple(job.id for job in event.jobs)
             released: list[cmd.Command] = [cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=ids)] if ids else []
@@ -189,24 +177,18 @@ class NodeDriver:
         return self._run(event.jobs, event.now)
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
-        job = self._executing.get(event.job_id)
-        if job is None or job.attempt != event.attempt:
-            if (event.job_id, event.attempt) in self._abandoned:
-                # Abandoned with a lost lease (perhaps finishing after its job was claimed again).
-                self._abandoned.discard((event.job_id, event.attempt))
-                return []
-            if job is None:
-                raise InvalidEvent(event, self.state, f"job {event.job_id} is not executing on this pump")
-            raise InvalidEvent(event, self.state, f"job {event.job_id} runs attempt {job.attempt}, not {event.attempt}")
         try:
+            job = self._slots.finishing(event.job_id, event.attempt)
+            if job is None:
+                return []  # an abandoned attempt: its slot reopens, and nothing else changes
             outcome = decide(job, event)  # before any change: a refused event leaves no trace
-        except ValueError as error:  # an unknown result, a jitter outside [0, 1)
+        except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
-        del self._executing[event.job_id]
+        del self._slots.executing[event.job_id]
         self._outcomes.waiting.append(outcome)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
-        if self._outcomes.full or not self._executing:
+        if self._outcomes.full or not self._slots.executing:
             return self._flush(event.now, then_claim=True)
         return []
 
@@ -222,7 +204,7 @@ class NodeDriver:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
             return []
-        if self._outcomes.full or (self._outcomes.waiting and not self._executing):
+        if self._outcomes.full or (self._outcomes.waiting and not self._slots.executing):
             return self._flush(event.now, then_claim=not self._claim_limit)
         if not self._claim_limit and self.free_slots:
             # Re-poll after an applied batch: work may have become due meanwhile.
@@ -254,7 +236,7 @@ class NodeDriver:
         return []
 
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
-        given_back_held = event.released & self._held_attempts()
+        given_back_held = event.released & self._slots.held_attempts()
         if given_back_held:
             raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
         self._claims.reconciled()
@@ -337,10 +319,7 @@ class NodeDriver:
 
     def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
         """Start the jobs a claim returned; at the end of the pass, claim again if more is waiting."""
-        commands: list[cmd.Command] = []
-        for job in jobs:
-            self._executing[job.id] = job
-            commands.append(cmd.ExecuteJob(job=job))
+        commands = self._slots.start(jobs)
         self._claims.next_poll = now + self.options.poll_interval
         if self._claim_limit:
             return commands  # the rest of this pass is still on its way
@@ -356,7 +335,7 @@ class NodeDriver:
         limit = min(self.free_slots, self.options.max_claim_batch)
         if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._lease.trusted(now):
             return []
-        return self._claims.send(now, limit, self.lease_id, self._held_attempts, skip)
+        return self._claims.send(now, limit, self.lease_id, self._slots.held_attempts, skip)
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         # Self-fenced, these outcomes are not ours to write any more: the tick that is due at
@@ -365,10 +344,9 @@ class NodeDriver:
         if commands and then_claim and self.state is State.RUNNING and not self._claim_limit:
             # The claim runs after the write lands, so the slots the write frees are counted as
             # free: size it without the batch being written.
-            held = len(self._executing) + len(self._outcomes.waiting) + len(self._abandoned)
-            limit = min(self.options.pool_size - held, self.options.max_claim_batch)
+            limit = min(self.options.pool_size - self._slots.held_after_write(), self.options.max_claim_batch)
             if limit > 0:
-                commands += self._claims.send(now, limit, self.lease_id, self._held_attempts)
+                commands += self._claims.send(now, limit, self.lease_id, self._slots.held_attempts)
         return commands
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
@@ -376,7 +354,7 @@ class NodeDriver:
         if self._claim_limit or self._outcomes.writing or self._ledger.busy(cmd.ReleaseLease):
             return []
         past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
-        if self._executing and not past_deadline:
+        if self._slots.executing and not past_deadline:
             return self._flush(now, then_claim=False) if self._outcomes.full else []
         if self._outcomes.waiting:
             return self._flush(now, then_claim=False)
@@ -394,19 +372,11 @@ class NodeDriver:
     def _give_up_lease(self, *, drop_buffer: bool = False) -> None:
         """Stop working under the lease: abandon what runs, and wait for nothing sent under it
         (whatever is in flight will come back as a stale result)."""
-        self.stats.abandoned += len(self._executing)
-        # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
-        # first lease lapsed, then that lease lost too) and hear of both, in either order.
-        self._abandoned.update((job.id, job.attempt) for job in self._executing.values())
-        self._executing.clear()
+        self.stats.abandoned += self._slots.abandon_all()
         if drop_buffer:
             self._outcomes.waiting.clear()
         self._claims.lease_lost()
         self._ledger.lease_lost(STALE_TOLERANT)
-
-    def _held_attempts(self) -> set[tuple[int, int]]:
-        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
-        return {(job.id, job.attempt) for job in self._executing.values()} | self._outcomes.attempts()
 
     # The fault hooks (tests/faults/hooks.py) replace this method and set the attribute below.
     def _trust_lease_from(self, sent_at: float) -> None:
