@@ -9,24 +9,23 @@ maintenance, what a failed attempt turns into. It reads no clock (time arrives i
 monotonic seconds), opens no connection and starts no thread, so production and the
 deterministic test pump make identical decisions.
 
-The driver holds the pump's state and makes the decisions that need all of it; cohesive parts
-live beside it, each a dataclass sharing the driver's ``Ledger`` of commands in flight:
-backpressure, the slots the pool's jobs hold, in core/slots.py; counted attempts, the reports
-outcomes carry and their buffer in core/outcomes.py; claim passes in core/claims.py; the lease's
-clocks and self-fencing in core/lease.py; maintenance in core/maintenance.py.
-
-The lifecycle states, the events each accepts and what each does, and the stale results a
-given-up lease leaves on their way: the transition table in core/transitions.py, whose data
-handle() consults before any handler runs.
+The lifecycle states, the events each accepts and what each does: the transition table in
+core/transitions.py, whose data handle() consults before any handler runs. The driver holds the
+pump's state and makes the decisions that need all of it; its parts are dataclasses beside it,
+sharing its ``Ledger`` of commands in flight: core/slots.py (backpressure), outcomes.py (counted
+attempts, reports, the buffer), claims.py, lease.py (its clocks, self-fencing), drain.py and
+maintenance.py.
 """
 
 from __future__ import annotations
 
 import uuid
+
 from . import claims
 from . import commands as cmd
 from . import events as ev
 from .backoff import FaultStreak
+from .drain import Drain
 from .jobs import ClaimedJob
 from .lease import LeaseClock
 from .ledger import Ledger
@@ -56,7 +55,7 @@ class NodeDriver:
         self._outcomes = OutcomeBuffer(options, self._ledger)
         self._slots = Slots(options, self._outcomes)
         self._lease = LeaseClock(options, self._ledger)
-        self._drain_deadline: float | None = None
+        self._drain = Drain(self._ledger, self._slots)
 
     # ---- what the shell may ask -------------------------------------------------------------
 
@@ -89,8 +88,8 @@ class NodeDriver:
         deadlines = [self._lease.next_heartbeat, self._lease.trusted_until]
         if self.state is State.RUNNING:
             deadlines += [self._claims.next_poll, self._maintenance.next_due()]
-        elif self._drain_deadline is not None:
-            deadlines.append(self._drain_deadline)
+        elif self._drain.deadline is not None:
+            deadlines.append(self._drain.deadline)
         return min(deadlines)
 
     @property
@@ -135,7 +134,7 @@ class NodeDriver:
         if self.state is State.STOPPED:
             # Drain came while the lease was being opened: give it straight back.
             self.state = State.DRAINING
-            return [self._ledger.send(cmd.ReleaseLease(lease_id=event.lease_id), event.now)]
+            return self._drain.release(event.now, event.lease_id)
         self.state = State.RUNNING
         # Maintenance at once: a worker that crashed before us may have left lapsed leases.
         self._maintenance.next_run = event.now
@@ -150,16 +149,8 @@ class NodeDriver:
         return self._on_due(event.now)
 
     def _on_hint(self, event: ev.HintReceived) -> list[cmd.Command]:
-        if self.state is not State.RUNNING:
+        if self.state is not State.RUNNING or not self._claims.hinted_at(event.now, self.free_slots):
             return []
-        if self._claim_limit:
-            self._claims.hinted = True
-            return []
-        if not self.free_slots:
-            # Nothing to claim with; a slot that reopens through a write claims anyway. (Polling
-            # now would only flush a half-full buffer early.)
-            return []
-        self._claims.next_poll = min(self._claims.next_poll, event.now)
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
@@ -171,9 +162,7 @@ class NodeDriver:
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
         if self.state is State.DRAINING:
-            ids = tuple(job.id for job in event.jobs)
-            released: list[cmd.Command] = [cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=ids)] if ids else []
-            return released + self._drain_step(event.now)
+            return self._drain.give_back(event.jobs, self.lease_id) + self._drain_step(event.now)
         return self._run(event.jobs, event.now)
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
@@ -184,8 +173,7 @@ class NodeDriver:
             outcome = decide(job, event)  # before any change: a refused event leaves no trace
         except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
-        del self._slots.executing[event.job_id]
-        self._outcomes.waiting.append(outcome)
+        self._slots.report(outcome)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self._outcomes.full or not self._slots.executing:
@@ -259,10 +247,9 @@ class NodeDriver:
         if not 0.0 <= event.jitter < 1.0:
             raise InvalidEvent(event, self.state, f"jitter must be in [0, 1), got {event.jitter}")
         self.stats.store_faults += 1
-        # Never back off past half a heartbeat: a renewal retried later than that could miss the
-        # lease's end after a short outage and self-fence for nothing.
-        cap = max(self.options.poll_interval, self.options.heartbeat_every / 2)
-        retry_at = self._faults.retry_at(now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=cap)
+        retry_at = self._faults.retry_at(
+            now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=self.options.fault_backoff_cap,
+        )
         if isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
             if self.state is State.DRAINING:
                 # Give up: the lease lapses and maintenance anywhere gives the jobs back. A
@@ -274,7 +261,7 @@ class NodeDriver:
             return []
         if undo := _UNDO.get(type(failed)):  # ExpireLeases, MintSchedules, PurgePumps: none
             undo(self, retry_at)
-        if self.state is State.DRAINING and self._drain_deadline is not None and event.now >= self._drain_deadline:
+        if self.state is State.DRAINING and self._drain.past_deadline(event.now):
             self._give_up_lease(drop_buffer=True)
             self.state = State.STOPPED
         return []
@@ -287,7 +274,7 @@ class NodeDriver:
             self.state = State.STOPPED
             return []
         self.state = State.DRAINING
-        self._drain_deadline = event.now + event.timeout
+        self._drain.deadline = event.now + event.timeout
         return self._drain_step(event.now)
 
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
@@ -342,23 +329,12 @@ class NodeDriver:
         # once (next_wakeup is past) drops them and starts over with a new lease.
         commands = self._outcomes.write(now, self.lease_id) if self._lease.trusted(now) else []
         if commands and then_claim and self.state is State.RUNNING and not self._claim_limit:
-            # The claim runs after the write lands, so the slots the write frees are counted as
-            # free: size it without the batch being written.
-            limit = min(self.options.pool_size - self._slots.held_after_write(), self.options.max_claim_batch)
-            if limit > 0:
+            if (limit := self._slots.claimable_after_write()) > 0:
                 commands += self._claims.send(now, limit, self.lease_id, self._slots.held_attempts)
         return commands
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
-        """Move a drain forward: write what is buffered, then give the lease back."""
-        if self._claim_limit or self._outcomes.writing or self._ledger.busy(cmd.ReleaseLease):
-            return []
-        past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
-        if self._slots.executing and not past_deadline:
-            return self._flush(now, then_claim=False) if self._outcomes.full else []
-        if self._outcomes.waiting:
-            return self._flush(now, then_claim=False)
-        return [self._ledger.send(cmd.ReleaseLease(lease_id=self.lease_id), now)]
+        return self._drain.step(now, self.lease_id, claiming=bool(self._claim_limit), trusted=self._lease.trusted(now))
 
     def _lose_lease(self, now: float) -> list[cmd.Command]:
         self._give_up_lease(drop_buffer=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from . import claims
 from . import commands as cmd
-from .jobs import ClaimedJob
+from .jobs import ClaimedJob, Outcome
 from .options import WorkerGroupOptions
 from .outcomes import OutcomeBuffer
 
@@ -34,9 +34,11 @@ class Slots:
         """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
         return len(self.executing) + len(self.outcomes.waiting) + len(self.outcomes.writing)
 
-    def held_after_write(self) -> int:
-        """The slots held once the write in flight lands."""
-        return len(self.executing) + len(self.outcomes.waiting) + len(self.abandoned)
+    def claimable_after_write(self) -> int:
+        """How many jobs a claim that rides the write in flight may ask for: it runs after the
+        write lands, so the slots the write frees are counted as free."""
+        held = len(self.executing) + len(self.outcomes.waiting) + len(self.abandoned)
+        return min(self.options.pool_size - held, self.options.max_claim_batch)
 
     def held_attempts(self) -> set[tuple[int, int]]:
         """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
@@ -76,6 +78,11 @@ class Slots:
         if job is None:
             raise ValueError(f"job {job_id} is not executing on this pump")
         raise ValueError(f"job {job_id} runs attempt {job.attempt}, not {attempt}")
+
+    def report(self, outcome: Outcome) -> None:
+        """The attempt's outcome, buffered, holds its job's slot from now on."""
+        del self.executing[outcome.job_id]
+        self.outcomes.waiting.append(outcome)
 
     def abandon_all(self) -> int:
         """Give up every executing job; returns how many."""
