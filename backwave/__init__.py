@@ -6,9 +6,9 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Lazy, so that importing backwave.core (pure, Django-free) never drags Django in.
     if name in {"enqueue_many", "aenqueue_many"}:
-        from backwave import tasks_api
+        from backwave.tasking import task
 
-        return getattr(tasks_api, name)
+        return getattr(task, name)
     if name == "UnstorableResult":
         from backwave.store.storable import UnstorableResult
 

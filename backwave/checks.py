@@ -6,11 +6,15 @@ backwave.E003  a BACKWAVE value has the wrong kind (the message says what is all
 backwave.E004  a TASK_MODULES entry names no importable module
 backwave.E005  a SCHEDULES entry names a task that cannot be imported as a django.tasks Task
 backwave.E006  a worker could not start on WORKER_GROUPS (an unknown option, an interval out of
-               range, a heartbeat past the self-fence) or on WORKER_STATEMENT_TIMEOUT /
-               WORKER_LOCK_TIMEOUT against the groups' leases (the message is the worker's own)
+               range, a heartbeat past the self-fence, a database that is not a PostgreSQL
+               alias of DATABASES) or on WORKER_STATEMENT_TIMEOUT / WORKER_LOCK_TIMEOUT against
+               the groups' leases (the message is the worker's own)
+backwave.E007  a worker could not start on a SCHEDULES entry: its task is not registered (not in
+               an installed app's tasks.py nor TASK_MODULES), or its backend refuses the job it
+               would mint (an undeclared queue, arguments that are not JSON...)
 backwave.W001  a BackWave backend enqueues into a database that no worker group serves
 
-Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/backend.py``).
+Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/tasking/backend.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ def check_backwave_settings(app_configs=None, **kwargs):
                 )
     schedules = user.get("SCHEDULES", {})
     if not conf.value_problem("SCHEDULES", schedules, "BACKWAVE"):
+        importable = {}
         for name, spec in schedules.items():
             if problem := _task_problem(spec["task"]):
                 errors.append(
@@ -68,17 +73,43 @@ def check_backwave_settings(app_configs=None, **kwargs):
                         id="backwave.E005",
                     )
                 )
+            else:
+                importable[name] = spec
+        if importable and not any(error.id == "backwave.E004" for error in errors):
+            errors.extend(_schedule_errors(importable))
+    return errors
+
+
+def _schedule_errors(schedules: Mapping) -> list[checks.Error]:
+    """What the worker would refuse of these schedules at start (backwave.E007): a task it does
+    not register, or a job its task's backend would not enqueue (an undeclared queue...)."""
+    from backwave.tasking.registry import TaskRegistry
+
+    try:
+        registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
+    except Exception:  # a tasks module that fails to import: the worker (and E004) report it
+        return []
+    errors = []
+    for name, spec in schedules.items():
+        try:
+            conf.definitions_from_settings({name: spec}, registry)
+        except conf.ScheduleConfigError as error:
+            errors.append(
+                checks.Error(str(error), hint="The worker refuses to start on this schedule; `manage.py backwave_worker` says the same.", id="backwave.E007")
+            )
     return errors
 
 
 def _worker_problem(user: Mapping) -> str | None:
     """Why a worker started on these settings (without flags) would refuse to run, or None."""
-    from backwave.core.options import WorkerGroupConfigError, store_timeouts, validate_groups
-    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
+    from backwave.core.options import WorkerGroupConfigError, store_timeouts
+    from backwave.databases import place_groups
 
     try:
-        groups = validate_groups(group_from_mapping(raw) for raw in (user.get("WORKER_GROUPS") or IMPLICIT_GROUPS))
+        # The raw dict, not get_setting: an unknown BACKWAVE key (E002) must not hide this check.
+        groups = conf.worker_groups(user.get("WORKER_GROUPS") or conf.IMPLICIT_GROUPS)
         store_timeouts(groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT"))
+        place_groups(groups)  # a group's database: an alias of DATABASES, on PostgreSQL
     except WorkerGroupConfigError as error:
         return str(error)
     return None
@@ -110,14 +141,10 @@ def _module_exists(name: str) -> bool:
 def check_served_databases(app_configs=None, **kwargs):
     """Warn about each BackWave backend whose database none of the configured worker groups
     serves (``backwave/databases.py``): its jobs would wait for a worker that never comes."""
-    from backwave.core.options import validate_groups
     from backwave.databases import place_groups, unserved_backends
-    from backwave.shell.worker import IMPLICIT_GROUPS, group_from_mapping
 
     try:
-        raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
-        groups = validate_groups(group_from_mapping(raw) for raw in raw_groups)
-        placed = place_groups(groups)
+        placed = place_groups(conf.worker_groups())
     except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
         return []  # backwave.E003 or E006 says what is wrong with the groups
     warnings = []

@@ -25,13 +25,20 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
+from .core.policy import Strict
 from .queue_rules import MAX_CONCURRENCY_LIMIT, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
+
+if TYPE_CHECKING:
+    from .store.contract import ScheduleDefinition
+    from .tasking.registry import TaskRegistry
 
 DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,  # the {"args", "kwargs"} JSON, encoded
@@ -73,17 +80,12 @@ DEFAULTS: dict[str, Any] = {
     # `manage.py backwave_queue` change them at run time): {"reports": {"concurrency_limit": 2}}.
     "QUEUES": {},
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
-    # them for ever. Keys left out keep their default (RETENTION_DEFAULTS).
+    # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
 }
 
-RETENTION_DEFAULTS: dict[str, float | None] = {
-    "succeeded": 86_400.0,  # a day: enough to look a run up, small enough that the table stays lean
-    "failed": 7 * 86_400.0,  # a week: failures are what people come back for
-    "cancelled": 7 * 86_400.0,
-    "quarantined": 7 * 86_400.0,
-    "pumps": 3_600.0,  # a pump silent for an hour (killed, host gone) drops out of the health views
-}
+# The defaults are Retention's own (backwave/core/options.py), so they are written down once.
+RETENTION_DEFAULTS: dict[str, float | None] = {f.name: f.default for f in fields(Retention)}
 
 SCHEDULE_KEYS = ("task", "cron", "args", "kwargs", "queue", "priority", "max_attempts", "enabled")
 MAX_SCHEDULE_NAME_LENGTH = 100  # Schedule.name
@@ -350,3 +352,154 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
     if problem := value_problem(name, value, "BACKWAVE"):
         raise ImproperlyConfigured(problem)
     return value
+
+
+# --- worker groups ----------------------------------------------------------------------------
+
+# Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
+_GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
+_INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
+_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
+
+# The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
+IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
+
+
+def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
+    """Build one group from a settings dict, rejecting what is misspelt or out of range."""
+    if not isinstance(raw, Mapping):
+        raise WorkerGroupConfigError(f"A worker group must be a dict of options, got {type(raw).__name__}: {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise WorkerGroupConfigError(f"A worker group needs a 'name' (a non-empty string), got {name!r}")
+    for key in raw:
+        if key not in _GROUP_OPTION_FIELDS:
+            hint = difflib.get_close_matches(key, _GROUP_OPTION_FIELDS, n=1)
+            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise WorkerGroupConfigError(
+                f"Worker Group '{name}' has an unknown option {key!r}.{suggestion} Known options: {', '.join(sorted(_GROUP_OPTION_FIELDS))}."
+            )
+    options: dict[str, Any] = {"name": name}
+    if "policy" in raw and "queues" in raw:
+        raise WorkerGroupConfigError(f"Worker Group '{name}' sets both 'policy' and 'queues'; give one.")
+    if "policy" in raw:
+        options["policy"] = raw["policy"]
+    else:
+        queues = raw.get("queues", ["default"])
+        if isinstance(queues, str) or not isinstance(queues, Iterable):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': 'queues' must be a list of queue names, got {queues!r}")
+        options["policy"] = Strict(*queues)
+    for queue_name in options["policy"].queues:
+        if not is_queue_name(queue_name):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': queue name {queue_name!r} is invalid; use {QUEUE_NAME_RULE}.")
+    for key in _INT_GROUP_OPTIONS & raw.keys():
+        value = raw[key]
+        if key == "max_outcome_batch" and value is None:
+            options[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a whole number, got {value!r}")
+        if key != "pumps" and value < 1:
+            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be at least 1, got {value}")
+        options[key] = value
+    for key in _FLOAT_GROUP_OPTIONS & raw.keys():
+        value = raw[key]
+        if key == "heartbeat_interval" and value is None:
+            options[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a positive number of seconds, got {value!r}")
+        options[key] = float(value)
+    if "database" in raw:
+        database = raw["database"]
+        if database is not None and (not isinstance(database, str) or not database):
+            raise WorkerGroupConfigError(f"Worker Group '{name}': database must be a DATABASES alias (a string) or None, got {database!r}")
+        options["database"] = database
+    return WorkerGroupOptions(**options)
+
+
+def raw_worker_groups() -> list[Mapping[str, Any]]:
+    """BACKWAVE["WORKER_GROUPS"] as written, or the implicit default group when it is empty."""
+    return list(get_setting("WORKER_GROUPS")) or list(IMPLICIT_GROUPS)
+
+
+def worker_groups(raw_groups: Iterable[Mapping[str, Any]] | None = None) -> list[WorkerGroupOptions]:
+    """``raw_groups`` (None: those of the settings, see raw_worker_groups) as validated groups.
+    WorkerGroupConfigError (a ValueError), or ImproperlyConfigured for a malformed BACKWAVE when
+    the settings are read, says what is wrong."""
+    return validate_groups(group_from_mapping(raw) for raw in (raw_worker_groups() if raw_groups is None else raw_groups))
+
+
+def configured_queue_names() -> set[str]:
+    """Queue names the settings mention: BackWave backends' QUEUES and the worker groups'.
+
+    Lenient on purpose (it feeds the admin's lists, which must render whatever the settings
+    hold): entries of the wrong shape are skipped, and the system checks report them."""
+    names: set[str] = set()
+    for options in getattr(settings, "TASKS", {}).values():
+        if str(options.get("BACKEND", "")).startswith("backwave."):
+            names.update(q for q in options.get("QUEUES", ()) if isinstance(q, str))
+    for group in getattr(settings, "BACKWAVE", {}).get("WORKER_GROUPS", ()):
+        if isinstance(group, dict):
+            names.update(q for q in group.get("queues", ()) if isinstance(q, str))
+    return names
+
+
+# --- schedules: the task side -----------------------------------------------------------------
+
+
+class ScheduleConfigError(ValueError):
+    """A declared schedule cannot be run by this worker (unknown task, bad arguments...)."""
+
+
+def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRegistry) -> list[ScheduleDefinition]:
+    """The rows to write for ``BACKWAVE["SCHEDULES"]`` (already shape-checked by ``value_problem``).
+
+    Each schedule's job fields are what enqueueing its task would write (queue, priority, retry
+    options, backend, tags, with the schedule's overrides), validated the same way, so a minted
+    job is indistinguishable from an enqueued one.
+    """
+    from .store.contract import ScheduleDefinition
+
+    definitions = []
+    for name, spec in schedules.items():
+        where = f"BACKWAVE['SCHEDULES'][{name!r}]"
+        task = registry.get(spec["task"])
+        if task is None:
+            close = difflib.get_close_matches(spec["task"], list(registry), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ScheduleConfigError(
+                f"{where} names the task {spec['task']!r}, which is not registered in this worker.{hint} "
+                "A task is registered when it is defined in an installed app's tasks.py or in a module of BACKWAVE['TASK_MODULES']."
+            )
+        overrides = {"queue_name": spec.get("queue"), "priority": spec.get("priority"), "max_attempts": spec.get("max_attempts")}
+        overrides = {key: value for key, value in overrides.items() if value is not None}
+        try:
+            task = task.using(**overrides)
+            backend = task.get_backend()
+            build_job = getattr(backend, "build_job", None)
+            if build_job is None:
+                raise ScheduleConfigError(f"{where}: the task's backend {task.backend!r} is not a BackWave backend.")
+            job = build_job(task, spec.get("args", []), spec.get("kwargs", {}))
+        except ScheduleConfigError:
+            raise
+        except Exception as error:  # InvalidTask, TypeError from .using(): the message says what is wrong
+            raise ScheduleConfigError(f"{where}: {error}") from error
+        definitions.append(
+            ScheduleDefinition(
+                name=name,
+                task_path=job.task_path,
+                cron=spec["cron"],
+                args=job.payload["args"],
+                kwargs=job.payload["kwargs"],
+                queue=job.queue,
+                priority=job.priority,
+                max_attempts=job.max_attempts,
+                backoff_base=job.backoff_base,
+                backoff_max=job.backoff_max,
+                backend=job.backend,
+                tags=tuple(job.tags),
+                enabled=spec.get("enabled", True),
+            )
+        )
+    return definitions

@@ -12,32 +12,35 @@ and more when handlers use the ORM: the count below assumes every handler does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from . import conf
+from .core.options import WorkerGroupOptions
+from .store import operator
 
 
-def connections_per_process(groups: Iterable[dict]) -> tuple[int, int]:
-    """(store and listener connections, handler connections) one worker process may open."""
+def connections_per_process(groups: Iterable[Mapping | WorkerGroupOptions]) -> tuple[int, int]:
+    """(store and listener connections, handler connections) one worker process may open;
+    a group given as its settings dict has the defaults of WorkerGroupOptions."""
     engine = 1  # the LISTEN connection
     handlers = 0
     for group in groups:
-        pumps = int(group.get("pumps", 1))
-        engine += pumps
-        handlers += pumps * int(group.get("pool_size", 20))
+        options = group if isinstance(group, WorkerGroupOptions) else conf.group_from_mapping(group)
+        engine += options.pumps
+        handlers += options.pumps * options.pool_size
     return engine, handlers
 
 
-def _groups() -> list[dict]:
+def _groups() -> list[WorkerGroupOptions]:
     try:
-        groups = conf.get_setting("WORKER_GROUPS")
-    except Exception:
-        return []  # backwave.E003 reports a malformed setting
-    return [g for g in groups if isinstance(g, dict)] or [{"name": "default"}]
+        return conf.worker_groups()
+    except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
+        return []  # backwave.E003 or E006 says what is wrong with the groups
 
 
 @checks.register()
@@ -68,10 +71,7 @@ def check_server_connections(app_configs=None, databases=None, **kwargs):
     if not databases or "default" not in databases:
         return []
     with connections["default"].cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int"
-        )
-        available = cursor.fetchone()[0]
+        available = operator.available_connections(cursor)
     engine, handlers = connections_per_process(_groups())
     needed = engine + handlers
     if needed <= available:

@@ -29,9 +29,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, router
 
+from . import conf
 from .core.options import WorkerGroupConfigError, WorkerGroupOptions
+from .store import operator
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,7 @@ def backwave_backends() -> list[BackendDatabase]:
     DATABASES alias is left out: its own check (backwave.E101) reports it."""
     from django.tasks import task_backends
 
-    from .backend import BackWaveBackend
+    from .tasking.backend import BackWaveBackend
 
     found = []
     for alias in getattr(settings, "TASKS", {}):
@@ -133,3 +135,26 @@ def unserved_backends(placed: Iterable[WorkerGroupOptions]) -> list[BackendDatab
     """The BackWave backends whose database none of the ``placed`` groups serves."""
     served = {group.database for group in placed}
     return [backend for backend in backwave_backends() if backend.database not in served]
+
+
+def apply_queue_settings(settings_queues, *, database: str | None = None) -> int:
+    """Write BACKWAVE["QUEUES"] (validated by conf) into the queues' rows of ``database`` (None:
+    the Queue model's database). Only the keys a queue's entry names are written; the rest keep
+    what the admin set."""
+    upserts = operator.queue_settings_upserts(settings_queues)
+    if not upserts:
+        return 0  # no connection for nothing to write: a database the pumps cannot use is theirs to report
+    if database is None:
+        from .models import Queue
+
+        database = router.db_for_write(Queue)
+    with connections[database].cursor() as cursor:
+        return sum(operator.upsert_queues(cursor, [name], **values) for name, values in upserts)
+
+
+def write_queue_settings(database: str, claimed: Iterable[str] = ()) -> int:
+    """A worker's start-up, once per database it serves: BACKWAVE["QUEUES"] for the queues that
+    live in ``database`` or that its pumps claim there (``claimed``), into that database's rows."""
+    settings_queues = conf.get_setting("QUEUES")
+    here = set(queues_in(database, settings_queues)) | set(claimed)
+    return apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)

@@ -22,8 +22,10 @@ admin's view and the tasks backend's read path.
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models import Case, IntegerField, Value, When
 from django.db.models.functions import Now
 
+from .core import health
 from .queue_rules import QUEUE_NAME_DATABASE_REGEX, QUEUE_NAME_PATTERN, QUEUE_NAME_RULE
 
 
@@ -289,9 +291,19 @@ class Attempt(models.Model):
 
 
 class PumpStatus(models.TextChoices):
-    HEALTHY = "healthy", "Healthy"
-    DEGRADED = "degraded", "Degraded"  # a transient store fault: it retries on its own
-    HALTED = "halted", "Halted"  # fail-stop: an invariant broke; its lease lapses, others take over
+    HEALTHY = health.HEALTHY, "Healthy"
+    DEGRADED = health.DEGRADED, "Degraded"  # a transient store fault: it retries on its own
+    HALTED = health.HALTED, "Halted"  # fail-stop: an invariant broke; its lease lapses, others take over
+
+
+def worst_status_first() -> Case:
+    """An ORDER BY rank for pumps: halted (0), then degraded (1), then healthy (2)."""
+    return Case(
+        When(status=PumpStatus.HALTED, then=Value(0)),
+        When(status=PumpStatus.DEGRADED, then=Value(1)),
+        default=Value(2),
+        output_field=IntegerField(),
+    )
 
 
 class Pump(models.Model):

@@ -31,7 +31,7 @@ django.setup()
 from django.db import connection  # noqa: E402
 
 from backwave.models import Job  # noqa: E402
-from backwave.tasks_api import enqueue_many  # noqa: E402
+from backwave.tasking.task import enqueue_many  # noqa: E402
 from project.demo.tasks import noop, slow_job  # noqa: E402  (noop is on queue "bench")
 
 QUEUE = "bench"

@@ -31,11 +31,11 @@ from django.tasks.signals import task_finished, task_started
 from backwave.conf import DEFAULTS
 from backwave.core.events import JobResult
 from backwave.core.jobs import ClaimedJob
-from backwave.results import task_result_for_attempt
+from backwave.tasking.results import task_result_for_attempt
 from backwave.store.contract import OutcomeRecord
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
 
-from .registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from .scope import enter_attempt, leave_attempt
 
 logger = logging.getLogger("backwave.execution")

@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from backwave.core.health import DEGRADED, HALTED, HEALTHY
+
 logger = logging.getLogger("backwave.health")
 
-HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
-UNHEALTHY = "unhealthy"  # a process-level verdict only: a pump's own status is one of the three above
+UNHEALTHY = "unhealthy"  # a process-level verdict only: a pump's own status is one of core.health's three
 FAILING = frozenset({HALTED, UNHEALTHY})  # the endpoint answers 503
 
 

@@ -68,11 +68,10 @@ from backwave.store.contract import PumpHealth, Store, StoreError, TransientStor
 
 from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from .executor import Executor
-from .registry import TaskRegistry
+from backwave.core.health import DEGRADED, HALTED, HEALTHY
+from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
-
-HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
 
 
 class PumpSnapshot(NamedTuple):

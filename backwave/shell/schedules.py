@@ -1,4 +1,4 @@
-"""Schedules in the shell: settings become rows at worker start, cron becomes slots at maintenance.
+"""Schedules in the shell: settings become rows at worker start (parsed by ``backwave.conf``), cron becomes slots at maintenance.
 
 The core decides *when* maintenance runs (``MintSchedules``); the shell does the part that needs a
 library and a time zone: evaluating cron expressions (croniter). It never reads the host clock for
@@ -12,7 +12,6 @@ it are skipped, not replayed one per missed tick.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -20,70 +19,15 @@ from typing import TYPE_CHECKING
 
 from croniter import croniter
 
-from backwave.store.contract import DueSchedule, ScheduleDefinition, ScheduleSlot, Store
+from backwave.store.contract import DueSchedule, ScheduleSlot, Store
 
 if TYPE_CHECKING:  # minting needs no Django: the executor, and the simulator through it, load without it
-    from .registry import TaskRegistry
+    from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.schedules")
 
 # Schedules handled per maintenance run; the rest are due still and wait for the next run.
 MINT_BATCH = 100
-
-
-class ScheduleConfigError(ValueError):
-    """A declared schedule cannot be run by this worker (unknown task, bad arguments...)."""
-
-
-def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRegistry) -> list[ScheduleDefinition]:
-    """The rows to write for ``BACKWAVE["SCHEDULES"]`` (already shape-checked by ``conf``).
-
-    Each schedule's job fields are what enqueueing its task would write (queue, priority, retry
-    options, backend, tags, with the schedule's overrides), validated the same way, so a minted
-    job is indistinguishable from an enqueued one.
-    """
-    definitions = []
-    for name, spec in schedules.items():
-        where = f"BACKWAVE['SCHEDULES'][{name!r}]"
-        task = registry.get(spec["task"])
-        if task is None:
-            close = difflib.get_close_matches(spec["task"], list(registry), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ScheduleConfigError(
-                f"{where} names the task {spec['task']!r}, which is not registered in this worker.{hint} "
-                "A task is registered when it is defined in an installed app's tasks.py or in a module of BACKWAVE['TASK_MODULES']."
-            )
-        overrides = {"queue_name": spec.get("queue"), "priority": spec.get("priority"), "max_attempts": spec.get("max_attempts")}
-        overrides = {key: value for key, value in overrides.items() if value is not None}
-        try:
-            task = task.using(**overrides)
-            backend = task.get_backend()
-            build_job = getattr(backend, "build_job", None)
-            if build_job is None:
-                raise ScheduleConfigError(f"{where}: the task's backend {task.backend!r} is not a BackWave backend.")
-            job = build_job(task, spec.get("args", []), spec.get("kwargs", {}))
-        except ScheduleConfigError:
-            raise
-        except Exception as error:  # InvalidTask, TypeError from .using(): the message says what is wrong
-            raise ScheduleConfigError(f"{where}: {error}") from error
-        definitions.append(
-            ScheduleDefinition(
-                name=name,
-                task_path=job.task_path,
-                cron=spec["cron"],
-                args=job.payload["args"],
-                kwargs=job.payload["kwargs"],
-                queue=job.queue,
-                priority=job.priority,
-                max_attempts=job.max_attempts,
-                backoff_base=job.backoff_base,
-                backoff_max=job.backoff_max,
-                backend=job.backend,
-                tags=tuple(job.tags),
-                enabled=spec.get("enabled", True),
-            )
-        )
-    return definitions
 
 
 def sync_schedules(store: Store, schedules: Mapping[str, Mapping], registry: TaskRegistry, *, database: str | None = None) -> list[str]:
@@ -93,6 +37,8 @@ def sync_schedules(store: Store, schedules: Mapping[str, Mapping], registry: Tas
     ``database``: the store's Django alias; only the schedules whose task's backend enqueues into
     it are written there (a minted job lands where its backend's jobs live), and the others
     count as not declared in it. None writes them all (a store outside Django's databases)."""
+    from backwave.conf import definitions_from_settings  # Django's settings: the sync, not the minting
+
     definitions = definitions_from_settings(schedules, registry)
     if database is not None:
         from backwave.databases import backend_database

@@ -3,7 +3,6 @@ graceful drain, throughput log."""
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import signal
@@ -11,86 +10,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields
 from functools import partial
-from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
 from backwave.core.options import WorkerGroupConfigError, WorkerGroupOptions, validate_groups
-from backwave.core.policy import Strict
-from backwave.queue_rules import QUEUE_NAME_RULE, is_queue_name
 from backwave.store.contract import Store, StoreError
 
 from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status, process_status
 from .pump import HALTED, Pump
-from .registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
-
-# Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
-_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
-_INT_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
-_FLOAT_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
-
-# The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
-IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
-
-
-def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
-    """Build one group from a settings dict, rejecting what is misspelt or out of range."""
-    if not isinstance(raw, Mapping):
-        raise WorkerGroupConfigError(f"A worker group must be a dict of options, got {type(raw).__name__}: {raw!r}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise WorkerGroupConfigError(f"A worker group needs a 'name' (a non-empty string), got {name!r}")
-    for key in raw:
-        if key not in _OPTION_FIELDS:
-            hint = difflib.get_close_matches(key, _OPTION_FIELDS, n=1)
-            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
-            raise WorkerGroupConfigError(
-                f"Worker Group '{name}' has an unknown option {key!r}.{suggestion} Known options: {', '.join(sorted(_OPTION_FIELDS))}."
-            )
-    options: dict[str, Any] = {"name": name}
-    if "policy" in raw and "queues" in raw:
-        raise WorkerGroupConfigError(f"Worker Group '{name}' sets both 'policy' and 'queues'; give one.")
-    if "policy" in raw:
-        options["policy"] = raw["policy"]
-    else:
-        queues = raw.get("queues", ["default"])
-        if isinstance(queues, str) or not isinstance(queues, Iterable):
-            raise WorkerGroupConfigError(f"Worker Group '{name}': 'queues' must be a list of queue names, got {queues!r}")
-        options["policy"] = Strict(*queues)
-    for queue_name in options["policy"].queues:
-        if not is_queue_name(queue_name):
-            raise WorkerGroupConfigError(f"Worker Group '{name}': queue name {queue_name!r} is invalid; use {QUEUE_NAME_RULE}.")
-    for key in _INT_OPTIONS & raw.keys():
-        value = raw[key]
-        if key == "max_outcome_batch" and value is None:
-            options[key] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a whole number, got {value!r}")
-        if key != "pumps" and value < 1:
-            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be at least 1, got {value}")
-        options[key] = value
-    for key in _FLOAT_OPTIONS & raw.keys():
-        value = raw[key]
-        if key == "heartbeat_interval" and value is None:
-            options[key] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a positive number of seconds, got {value!r}")
-        options[key] = float(value)
-    if "database" in raw:
-        database = raw["database"]
-        if database is not None and (not isinstance(database, str) or not database):
-            raise WorkerGroupConfigError(f"Worker Group '{name}': database must be a DATABASES alias (a string) or None, got {database!r}")
-        options["database"] = database
-    return WorkerGroupOptions(**options)
-
 
 class Worker:
     """Runs every pump of the given groups until drained or stopped.

@@ -719,3 +719,184 @@ SELECT EXISTS (
     WHERE j.state = 'ready' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
       AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = j.queue AND q.paused)
 )
+
+
+-- ===========================================================================================
+-- The operator's statements: the admin's pages and actions, manage.py backwave_queue, a
+-- worker's start-up write of BACKWAVE["QUEUES"] and the connection-budget check. They run on
+-- Django's connection (backwave/store/operator.py takes its cursor), so an action commits with
+-- the request and each one counts as one query where the admin's query counts are pinned.
+-- The blocks that act on a Django queryset's selection take positional parameters: "{selection}"
+-- is that queryset's SQL of ids, with its own positional parameters first. Two blocks are SET
+-- lists, not statements: the job actions' assignments, which act_on_jobs takes.
+-- ===========================================================================================
+
+
+-- name: act_on_jobs
+-- "target" locks the selected rows in id order (the ORDER BY is applied before the locks are
+-- taken) and reads each one's state as it is once locked: after waiting for a worker's claim,
+-- the row it re-reads is running; a row deleted while it waited is skipped. "changed" updates
+-- the locked rows that are in an allowed state; nobody else can change them in between.
+-- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments.
+-- Parameters: the selection's, then the allowed states (text[]).
+WITH target AS MATERIALIZED (
+    SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), changed AS (
+    UPDATE backwave_job AS j
+    SET {assignments}
+    FROM target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id
+)
+SELECT t.id, t.state, c.id IS NOT NULL
+FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
+ORDER BY t.id
+
+
+-- name: retry_job_assignments
+-- "Retry now", for act_on_jobs. "max_attempts = greatest(max_attempts, attempts -
+-- forgiven_attempts + 1)" grants the one more attempt that "retry now" promises even when the
+-- job used all of its attempts (as Oban's retry_job does); attempts forgiven after a lapse never
+-- counted, so they are left out here as they are everywhere the limit is checked. Attempt
+-- numbers keep counting up, so the attempt log keeps every earlier try.
+state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL,
+max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
+
+
+-- name: cancel_job_assignments
+-- "Cancel", for act_on_jobs.
+state = 'cancelled', finished_at = now()
+
+
+-- name: set_schedules_enabled
+-- Locks in id order for the same reason as the job actions; a schedule toggled meanwhile is
+-- re-read once locked and left alone when it is already as asked. Parameters: the selection's,
+-- then enabled twice.
+WITH target AS MATERIALIZED (
+    SELECT s.id FROM backwave_schedule AS s WHERE s.id IN ({selection}) AND s.enabled <> %s
+    ORDER BY s.id
+    FOR UPDATE OF s
+)
+UPDATE backwave_schedule AS s
+SET enabled = %s, next_run = NULL, updated_at = now()
+FROM target AS t
+WHERE s.id = t.id
+
+
+-- name: upsert_queues
+-- Writes the given columns into the rows of the queues named, creating the missing rows; a
+-- column not set (its set_ flag false) keeps what the row holds, or its default in a new row.
+-- The names come sorted and the rows are inserted in that order, which is the order the upsert
+-- locks them in: overlapping actions lock in the same order, so one waits for the other instead
+-- of deadlocking. updated_at is the statement's time, as the column's db_default.
+INSERT INTO backwave_queue (name, concurrency_limit, paused, updated_at)
+SELECT n.name,
+       CASE WHEN %(set_limit)s THEN %(concurrency_limit)s::int END,
+       CASE WHEN %(set_paused)s THEN %(paused)s::bool ELSE false END,
+       statement_timestamp()
+FROM unnest(%(names)s::text[]) WITH ORDINALITY AS n(name, position)
+ORDER BY n.position
+ON CONFLICT (name) DO UPDATE
+SET concurrency_limit = CASE WHEN %(set_limit)s THEN EXCLUDED.concurrency_limit ELSE backwave_queue.concurrency_limit END,
+    paused = CASE WHEN %(set_paused)s THEN EXCLUDED.paused ELSE backwave_queue.paused END,
+    updated_at = EXCLUDED.updated_at
+
+
+-- name: admin_table_statistics
+-- The planner's statistics of backwave_job (its row estimate, and the null fraction, distinct
+-- count and most common values of the columns the admin filters on), with the Queue rows'
+-- names: one read, never a scan of the job table.
+SELECT c.reltuples::float8,
+       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
+       ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats AS s
+       ON s.schemaname = n.nspname AND s.tablename = c.relname
+      AND s.attname IN ('state', 'queue', 'task_path')
+WHERE c.oid = 'backwave_job'::regclass
+
+
+-- name: admin_queue_overview
+-- The loose index scans ("recursive skip scans") find each distinct queue with one probe of an
+-- index whose leading column is queue: the claim index for ready rows, the failed-queue index
+-- for failed and quarantined ones. Running rows are few (at most the jobs in flight). Every
+-- depth is counted up to "limit" rows only. statement_timestamp(), not now(): the same clock as
+-- Django's Now() (the job filters, and the db_default of run_at), and the moment of this read
+-- even inside a long transaction.
+WITH RECURSIVE ready_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state = 'ready' AND j.queue > r.name ORDER BY j.queue LIMIT 1)
+    FROM ready_queues AS r WHERE r.name IS NOT NULL
+), failed_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('failed', 'quarantined') ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
+            ORDER BY j.queue LIMIT 1)
+    FROM failed_queues AS f WHERE f.name IS NOT NULL
+), names(name) AS (
+    SELECT name FROM ready_queues WHERE name IS NOT NULL
+    UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
+    UNION SELECT q.name FROM backwave_queue AS q
+    UNION SELECT unnest(%(names)s::text[])
+)
+SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = n.name AND j.run_at <= statement_timestamp() LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = n.name AND j.run_at > statement_timestamp() LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'running' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c)
+FROM names AS n
+LEFT JOIN backwave_queue AS q ON q.name = n.name
+ORDER BY n.name
+
+
+-- name: admin_throughput
+-- Outcomes per queue and minute over the last "minutes". One branch per finished state a worker
+-- writes (succeeded, failed, quarantined), each a backward scan of the partial finished index
+-- (state, finished_at), newest first, stopping after "limit" rows; a constant state per branch
+-- is what lets the planner use that partial index. When a branch is cut short, the minutes
+-- older than its oldest row are incomplete for every queue, so only the minutes since then are
+-- counted.
+WITH recent AS MATERIALIZED (
+    (SELECT 'succeeded'::text AS state, j.queue, j.finished_at FROM backwave_job AS j
+     WHERE j.state = 'succeeded' AND j.finished_at > statement_timestamp() - make_interval(mins => %(minutes)s)
+     ORDER BY j.finished_at DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'failed'::text AS state, j.queue, j.finished_at FROM backwave_job AS j
+     WHERE j.state = 'failed' AND j.finished_at > statement_timestamp() - make_interval(mins => %(minutes)s)
+     ORDER BY j.finished_at DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'quarantined'::text AS state, j.queue, j.finished_at FROM backwave_job AS j
+     WHERE j.state = 'quarantined' AND j.finished_at > statement_timestamp() - make_interval(mins => %(minutes)s)
+     ORDER BY j.finished_at DESC LIMIT %(limit)s)
+), cut AS (
+    SELECT max(oldest) AS covered_from FROM (
+        SELECT min(r.finished_at) AS oldest FROM recent AS r
+        GROUP BY r.state HAVING count(*) >= %(limit)s
+    ) AS full_branches
+)
+SELECT r.queue,
+       floor(extract(epoch FROM statement_timestamp() - r.finished_at) / 60)::int AS minutes_ago,
+       count(*),
+       (SELECT floor(extract(epoch FROM statement_timestamp() - covered_from) / 60)::int FROM cut)
+FROM recent AS r
+WHERE r.finished_at >= coalesce((SELECT covered_from FROM cut), '-infinity'::timestamptz)
+GROUP BY 1, 2
+
+
+-- name: available_connections
+-- The connections the server accepts from ordinary roles.
+SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int

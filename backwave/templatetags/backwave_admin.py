@@ -6,7 +6,7 @@ from django import template
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
-from ..admin_stats import Count, humanize_estimate, sparkline_points
+from ..admin.stats import Count, humanize_estimate, sparkline_points
 from ..models import Pump, PumpStatus
 
 register = template.Library()

@@ -48,7 +48,7 @@ from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
 from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from backwave.shell.executor import Executor, lease_ids_from
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 
 from .clock import VirtualClock
 from .store import DjangoConnectionStore
@@ -172,14 +172,11 @@ class DeterministicPump:
     def _start(self) -> None:
         """What a worker does at start: write this database's share of BACKWAVE["SCHEDULES"] and
         ["QUEUES"] to its tables, then start the driver."""
-        from backwave import operations
-        from backwave.databases import queues_in
+        from backwave.databases import write_queue_settings
         from backwave.shell.schedules import sync_schedules
 
         sync_schedules(self.store, conf.get_setting("SCHEDULES"), self.registry, database=self._database)
-        settings_queues = conf.get_setting("QUEUES")
-        here = set(queues_in(self._database, settings_queues)) | set(self.options.policy.queues)
-        operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=self._database)
+        write_queue_settings(self._database, self.options.policy.queues)
         self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:
@@ -326,12 +323,10 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides, datab
     if options is not None and group is not None:
         raise ValueError("pass options= or group=, not both")
     if group is not None:
-        from backwave.shell.worker import group_from_mapping
-
         configured = {raw.get("name"): raw for raw in conf.get_setting("WORKER_GROUPS")}
         if group not in configured:
             raise ValueError(f"no worker group {group!r} in BACKWAVE['WORKER_GROUPS'] (configured: {sorted(map(str, configured))})")
-        options = group_from_mapping(configured[group])
+        options = conf.group_from_mapping(configured[group])
     retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
         names = queues if queues is not None else _known_queues(registry, database)

@@ -176,3 +176,24 @@ def test_without_worker_groups_the_implicit_default_group_serves_only_default(se
 
     settings.BACKWAVE = {}
     assert [(w.id, w.obj) for w in check_served_databases()] == [("backwave.W001", "remote")]
+
+
+def test_a_worker_group_on_a_database_the_worker_refuses_is_reported(settings):
+    """The worker refuses this group at start (tests/shell/test_databases.py); the check must say so first."""
+    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "pinned", "queues": ["e2e"], "database": "othre"}]}
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E006"
+    assert "Worker Group 'pinned': database 'othre' is not in DATABASES (default, other). Did you mean 'other'?" in error.msg
+
+
+def test_a_schedule_the_worker_would_refuse_is_reported(settings):
+    """A task that imports but whose schedule the worker cannot turn into a job (here a queue its
+    backend does not declare) stops the worker at start; the check must say so first."""
+    settings.BACKWAVE = {
+        "TASK_MODULES": ["tests.shell.worker_tasks"],
+        "SCHEDULES": {"nightly": {"task": "tests.shell.worker_tasks.noop", "cron": "0 3 * * *", "queue": "undeclared"}},
+    }
+    (error,) = check_backwave_settings()
+    assert error.id == "backwave.E007"
+    assert error.msg.startswith("BACKWAVE['SCHEDULES']['nightly']: ")
+    assert "'undeclared'" in error.msg

@@ -11,7 +11,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from backwave.models import Job
-from backwave.tasks_api import TaskCall, aenqueue_many, enqueue_many
+from backwave.tasking.task import TaskCall, aenqueue_many, enqueue_many
 
 from . import sample_tasks
 

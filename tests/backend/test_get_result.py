@@ -10,7 +10,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.utils import timezone
 
 from backwave.models import Attempt, Job
-from backwave.results import LeaseLapsed, UnresolvedTask, task_result_for_attempt
+from backwave.tasking.results import LeaseLapsed, UnresolvedTask, task_result_for_attempt
 
 from . import sample_tasks
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from django.tasks.exceptions import InvalidTask
 
-from backwave.tasks_api import encode_payload, json_problem
+from backwave.tasking.payload import encode_payload, json_problem
 
 from . import sample_tasks
 

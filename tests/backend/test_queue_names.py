@@ -11,12 +11,12 @@ from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTask
 
 import backwave
-from backwave import operations
+from backwave.admin import actions as operations
 from backwave.checks import check_backwave_settings
 from backwave.core.options import WorkerGroupConfigError
 from backwave.models import Job, Queue
 from backwave.queue_rules import QUEUE_NAME_PATTERN, is_queue_name
-from backwave.shell.worker import group_from_mapping
+from backwave.conf import group_from_mapping
 
 from . import sample_tasks
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from backwave import conf, operations
+from backwave import conf
+from backwave.databases import apply_queue_settings
 from backwave.checks import check_backwave_settings
 from backwave.models import Queue
 
@@ -29,7 +30,7 @@ def test_bad_queue_settings_are_reported_by_the_system_check(settings, value, me
 def test_the_worker_writes_configured_queue_settings_and_keeps_the_rest(settings):
     Queue.objects.create(name="emails", paused=True, concurrency_limit=7)
     settings.BACKWAVE = {"QUEUES": {"reports": {"concurrency_limit": 2}, "emails": {"paused": False}}}
-    assert operations.apply_queue_settings(conf.get_setting("QUEUES")) == 2
+    assert apply_queue_settings(conf.get_setting("QUEUES")) == 2
     assert Queue.objects.get(name="reports").concurrency_limit == 2
     emails = Queue.objects.get(name="emails")
     assert (emails.paused, emails.concurrency_limit) == (False, 7)

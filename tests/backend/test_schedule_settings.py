@@ -62,7 +62,8 @@ def test_bad_schedules_are_refused_with_a_message_that_points_at_the_mistake(set
 
 
 def test_good_schedules_pass(settings):
-    settings.BACKWAVE = {"SCHEDULES": {"s": {"task": NOOP, "cron": "*/5 * * * * 30", "args": [1], "kwargs": {"a": 1}, "queue": "e2e", "priority": 3, "max_attempts": 2, "enabled": False}, "h": {"task": NOOP, "cron": "@hourly"}}}
+    # TASK_MODULES: the worker registers NOOP only from there, and the check asks what the worker would refuse.
+    settings.BACKWAVE = {"TASK_MODULES": ["tests.shell.worker_tasks"], "SCHEDULES": {"s": {"task": NOOP, "cron": "*/5 * * * * 30", "args": [1], "kwargs": {"a": 1}, "queue": "e2e", "priority": 3, "max_attempts": 2, "enabled": False}, "h": {"task": NOOP, "cron": "@hourly"}}}
     assert check_backwave_settings() == []
 
 

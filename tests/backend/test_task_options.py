@@ -11,7 +11,7 @@ from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from backwave.models import Job
-from backwave.tasks_api import BackWaveTask
+from backwave.tasking.task import BackWaveTask
 
 from . import sample_tasks
 

@@ -12,7 +12,7 @@ import pytest
 from backwave.models import Attempt, Job
 from backwave.store.contract import NewJob
 from backwave.store.postgres import PostgresStore
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.faults import tasks
 
 from .conftest import FAST, sql, states, wait_until

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from backwave.models import Job, Pump
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.faults import tasks
 
 from .conftest import FAST, faults_env, health_url, http_get, states, wait_until

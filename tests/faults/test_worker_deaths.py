@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from backwave.models import Attempt, Job, Lease
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.faults import tasks
 from tests.shell import worker_tasks
 

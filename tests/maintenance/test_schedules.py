@@ -13,8 +13,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from backwave.models import Job, Schedule
-from backwave.shell.registry import TaskRegistry
-from backwave.shell.schedules import ScheduleConfigError, definitions_from_settings, mint_due, plan_slots, sync_schedules
+from backwave.tasking.registry import TaskRegistry
+from backwave.conf import ScheduleConfigError, definitions_from_settings
+from backwave.shell.schedules import mint_due, plan_slots, sync_schedules
 from backwave.store.contract import DueSchedule, ScheduleSlot
 from tests.shell import worker_tasks
 

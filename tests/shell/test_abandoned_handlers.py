@@ -14,9 +14,9 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.models import Job
 from backwave.shell.pump import HALTED, Pump
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.store.postgres import PostgresStore
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

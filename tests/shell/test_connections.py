@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from backwave.models import Job
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from backwave.models import Job, Lease, Pump, Queue, Schedule
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 BOTH = ["default", "other"]
@@ -107,7 +107,7 @@ def test_a_misspelt_database_is_a_clear_error_at_start(settings):
 def test_a_group_spanning_two_databases_runs_its_pumps_on_each_with_the_queues_that_live_there():
     from backwave.core.policy import Strict, Weighted
     from backwave.databases import place_groups
-    from backwave.shell.worker import group_from_mapping
+    from backwave.conf import group_from_mapping
 
     spanning = group_from_mapping({"name": "both", "queues": ["e2e", "remote", "default"], "pumps": 2})
     weighted = group_from_mapping({"name": "shared", "policy": Weighted({"remote": 1, "e2e": 3})})
@@ -126,7 +126,7 @@ def test_a_group_spanning_two_databases_runs_its_pumps_on_each_with_the_queues_t
 
 def test_a_groups_database_must_be_an_alias():
     from backwave.core.options import WorkerGroupConfigError
-    from backwave.shell.worker import group_from_mapping
+    from backwave.conf import group_from_mapping
 
     with pytest.raises(WorkerGroupConfigError, match=r"Worker Group 'g': database must be a DATABASES alias \(a string\) or None, got 5"):
         group_from_mapping({"name": "g", "database": 5})

@@ -16,9 +16,9 @@ from backwave.core.policy import Strict
 from backwave.models import Attempt, Job
 from backwave.models import Pump as PumpRow
 from backwave.shell.pump import HEALTHY, Pump
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.store.postgres import PostgresStore
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from django.db import connection
 from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.shell.hints import HintListener
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.shell.worker import Worker
 from backwave.store.contract import StoreError
 from backwave.store.postgres import django_conninfo

@@ -179,7 +179,7 @@ def test_pumps_of_other_databases_are_read_with_database_and_judged_per_database
 def test_a_group_whose_pumps_on_one_of_its_databases_all_halted_reads_halted():
     from backwave.core.options import WorkerGroupOptions
     from backwave.core.policy import Strict
-    from backwave.shell.registry import TaskRegistry
+    from backwave.tasking.registry import TaskRegistry
     from backwave.shell.worker import Worker
 
     placed = [

@@ -27,10 +27,10 @@ from backwave.models import Job
 from backwave.shell import pump as pump_module
 from backwave.shell.hints import CHANNEL, HintListener
 from backwave.shell.pump import Pump
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.shell.worker import Worker
 from backwave.store.postgres import PostgresStore, django_conninfo
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

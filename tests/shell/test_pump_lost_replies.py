@@ -12,7 +12,7 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.models import Attempt, Job
 from backwave.shell.pump import HEALTHY, Pump
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.store.contract import TransientStoreError
 from backwave.store.postgres import PostgresStore
 from tests.shell import worker_tasks

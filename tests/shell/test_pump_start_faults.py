@@ -11,7 +11,7 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.models import Job, Pump as PumpRow
 from backwave.shell.pump import DEGRADED, HEALTHY, Pump
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.store.contract import TransientStoreError
 from backwave.store.postgres import PostgresStore
 from tests.shell import worker_tasks

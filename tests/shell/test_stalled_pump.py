@@ -25,7 +25,7 @@ from django.urls import reverse
 from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.models import Job
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.shell.worker import Worker
 from backwave.store.contract import TransientStoreError
 from backwave.store.postgres import PostgresStore

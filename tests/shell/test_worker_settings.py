@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from backwave.management.commands.backwave_worker import store_factory_for
-from backwave.shell.worker import group_from_mapping
+from backwave.conf import group_from_mapping
 from tests.store.helpers import in_effect
 
 # --until-idle: a worker that wrongly starts finds nothing to do and ends, so the test fails

@@ -36,7 +36,7 @@ from backwave.core.jobs import ClaimedJob
 from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Weighted
 from backwave.shell.pump import Pump
-from backwave.shell.registry import TaskRegistry
+from backwave.tasking.registry import TaskRegistry
 from backwave.store.contract import TransientStoreError
 from backwave.testing.simulation import CLASSIC, run_seed
 

@@ -4,7 +4,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.tasks import task
 
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 
 
 @task

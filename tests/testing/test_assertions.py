@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from backwave.tasks_api import enqueue_many
+from backwave.tasking.task import enqueue_many
 from backwave.testing import DeterministicPump, all_enqueued, assert_enqueued, capture_enqueued, refute_enqueued
 
 from . import tasks

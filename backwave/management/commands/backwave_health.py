@@ -13,20 +13,13 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Case, F, IntegerField, Value, When
+from django.db.models import F
 from django.db.models.functions import Now
 
 from backwave.databases import database_problem
-from backwave.models import Pump, PumpStatus
-from backwave.shell.health import HALTED, group_status
-
-_STATUS_ORDER = Case(
-    When(status=PumpStatus.HALTED, then=Value(0)),
-    When(status=PumpStatus.DEGRADED, then=Value(1)),
-    default=Value(2),
-    output_field=IntegerField(),
-)
-
+from backwave.core.health import HALTED
+from backwave.models import Pump, worst_status_first
+from backwave.shell.health import group_status
 
 class Command(BaseCommand):
     help = "Show pump health; exit 1 when a worker group is halted or a pump's heartbeat is stale."
@@ -52,7 +45,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--database {database!r} {problem}")
         pumps = []
         for database in databases:
-            rows = Pump.objects.using(database).annotate(age=Now() - F("last_heartbeat_at"), rank=_STATUS_ORDER)
+            rows = Pump.objects.using(database).annotate(age=Now() - F("last_heartbeat_at"), rank=worst_status_first())
             if options["group"]:
                 rows = rows.filter(group__in=options["group"])
             pumps += rows

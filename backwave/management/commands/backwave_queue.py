@@ -8,16 +8,16 @@
 
 Each edits the queue's row (creating it when the queue has none yet) with one statement; workers
 read the rows when they claim. The command only validates and hands over to
-``backwave.operations``, which the admin's actions use too.
+``backwave.admin.actions``, which the admin's actions use too.
 """
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from backwave import operations
+from backwave.admin import actions
 from backwave.models import Queue
-from backwave.queue_rules import MAX_CONCURRENCY_LIMIT
+from backwave.queue_rules import MAX_CONCURRENCY_LIMIT, parse_concurrency_limit, validate_queue_name
 
 
 class Command(BaseCommand):
@@ -39,16 +39,16 @@ class Command(BaseCommand):
         names = options["names"]
         try:
             for name in names:
-                operations.validate_queue_name(name)
+                validate_queue_name(name)
             if action == "pause":
-                operations.pause_queues(names)
+                actions.pause_queues(names)
                 self.stdout.write(f"Paused {', '.join(names)}: workers stop claiming from it; running jobs finish.")
             elif action == "resume":
-                operations.resume_queues(names)
+                actions.resume_queues(names)
                 self.stdout.write(f"Resumed {', '.join(names)}.")
             else:
                 limit = self._parse_limit(options["limit"])
-                operations.limit_queues(names, limit)
+                actions.limit_queues(names, limit)
                 shown = "unlimited" if limit is None else f"at most {limit} running at once, cluster-wide"
                 self.stdout.write(f"{names[0]}: {shown}.")
         except ValueError as error:
@@ -56,7 +56,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _parse_limit(raw):
-        return operations.parse_concurrency_limit(raw or "", unlimited="leave it out")
+        return parse_concurrency_limit(raw or "", unlimited="leave it out")
 
     def _list(self):
         rows = list(Queue.objects.order_by("name"))

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from backwave import conf, operations
+from backwave import conf
 from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
-from backwave.databases import database_problem, place_groups, queues_in
-from backwave.shell.registry import TaskRegistry
+from backwave.databases import database_problem, place_groups, write_queue_settings
+from backwave.tasking.registry import TaskRegistry
 from backwave.shell.supervisor import Supervisor
-from backwave.shell.worker import IMPLICIT_GROUPS, Worker, group_from_mapping
+from backwave.shell.worker import Worker
 
 if TYPE_CHECKING:
     from backwave.store.postgres import PostgresStore
@@ -76,7 +76,7 @@ class Command(BaseCommand):
             for database in databases:
                 _sync_schedules(registry, database, store_factory)
             for database in databases:
-                _apply_queue_settings(database, groups)
+                write_queue_settings(database, [queue for group in groups if group.database == database for queue in group.policy.queues])
             worker = Worker(
                 groups,
                 store_factory=store_factory,
@@ -130,7 +130,7 @@ class Command(BaseCommand):
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
             raw_groups = [{"name": options["group"] or "cli", "queues": queues}]
         else:
-            raw_groups = list(conf.get_setting("WORKER_GROUPS")) or IMPLICIT_GROUPS
+            raw_groups = conf.raw_worker_groups()
             if options["group"]:
                 raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
                 if not raw_groups:
@@ -139,7 +139,7 @@ class Command(BaseCommand):
         if database is not None and (problem := database_problem(database)):
             raise CommandError(f"--database {database!r} {problem}")
         retention = Retention(**conf.retention())
-        groups = validate_groups(replace(group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
+        groups = validate_groups(replace(conf.group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
         return place_groups(groups, database=database)
 
 
@@ -168,15 +168,6 @@ def _sync_schedules(registry, database: str, store_factory: Callable[[str], Post
         logger.warning("Schedules not synced, database %r is unreachable: %s", database, error)
     finally:
         store.close()
-
-
-def _apply_queue_settings(database: str, groups) -> None:
-    """Write BACKWAVE["QUEUES"] for the queues that live in ``database`` or that a group claims
-    there, into that database's Queue rows."""
-    settings_queues = conf.get_setting("QUEUES")
-    claimed = {queue for group in groups if group.database == database for queue in group.policy.queues}
-    here = set(queues_in(database, settings_queues)) | claimed
-    operations.apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
 
 
 def _hint_listener(database: str):

@@ -27,16 +27,17 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from django.conf import settings
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
+
+from .. import conf
+from ..store import operator
 
 COUNT_CAP = 10_000
 THROUGHPUT_CAP = 50_000  # rows read per finished state for the last hour's sparkline
 THROUGHPUT_MINUTES = 60
 COUNTED_STATES = ("ready", "scheduled", "running", "failed", "quarantined")
-THROUGHPUT_STATES = ("succeeded", "failed", "quarantined")  # outcomes a worker wrote
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,24 +89,10 @@ class TableStatistics:
         return int(round(total))
 
 
-_STATISTICS_SQL = """
-SELECT c.reltuples::float8,
-       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
-       ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
-FROM pg_class AS c
-JOIN pg_namespace AS n ON n.oid = c.relnamespace
-LEFT JOIN pg_stats AS s
-       ON s.schemaname = n.nspname AND s.tablename = c.relname
-      AND s.attname IN ('state', 'queue', 'task_path')
-WHERE c.oid = 'backwave_job'::regclass
-"""
-
-
 def table_statistics(using: str = "default") -> TableStatistics:
     """One query: the planner's statistics of backwave_job, and the Queue rows' names."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_STATISTICS_SQL)
-        rows = cursor.fetchall()
+        rows = operator.table_statistics(cursor)
     reltuples = rows[0][0] if rows else -1
     columns = {}
     for _rows, attname, null_frac, n_distinct, values, freqs, _names in rows:
@@ -116,18 +103,6 @@ def table_statistics(using: str = "default") -> TableStatistics:
         columns=columns,
         queue_rows=tuple(rows[0][6]) if rows else (),
     )
-
-
-def configured_queues() -> set[str]:
-    """Queue names the settings mention: BackWave backends' QUEUES and the worker groups'."""
-    names: set[str] = set()
-    for options in getattr(settings, "TASKS", {}).values():
-        if str(options.get("BACKEND", "")).startswith("backwave."):
-            names.update(q for q in options.get("QUEUES", ()) if isinstance(q, str))
-    for group in getattr(settings, "BACKWAVE", {}).get("WORKER_GROUPS", ()):
-        if isinstance(group, dict):
-            names.update(q for q in group.get("queues", ()) if isinstance(q, str))
-    return names
 
 
 @dataclass
@@ -146,59 +121,12 @@ class QueueLine:
         return sum(self.per_minute)
 
 
-# The loose index scans ("recursive skip scans") find each distinct queue with one probe of an
-# index whose leading column is queue: the claim index for ready rows, the failed-queue index for
-# failed and quarantined ones. Running rows are few (at most the jobs in flight).
-_OVERVIEW_SQL = """
-WITH RECURSIVE ready_queues(name) AS (
-    (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM backwave_job AS j
-            WHERE j.state = 'ready' AND j.queue > r.name ORDER BY j.queue LIMIT 1)
-    FROM ready_queues AS r WHERE r.name IS NOT NULL
-), failed_queues(name) AS (
-    (SELECT j.queue FROM backwave_job AS j
-     WHERE j.state IN ('failed', 'quarantined') ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM backwave_job AS j
-            WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
-            ORDER BY j.queue LIMIT 1)
-    FROM failed_queues AS f WHERE f.name IS NOT NULL
-), names(name) AS (
-    SELECT name FROM ready_queues WHERE name IS NOT NULL
-    UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
-    UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
-    UNION SELECT q.name FROM backwave_queue AS q
-    UNION SELECT unnest(%(names)s::text[])
-)
-SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false),
-       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'ready' AND j.queue = n.name AND j.run_at <= statement_timestamp() LIMIT %(limit)s) AS c),
-       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'ready' AND j.queue = n.name AND j.run_at > statement_timestamp() LIMIT %(limit)s) AS c),
-       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'running' AND j.queue = n.name LIMIT %(limit)s) AS c),
-       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
-       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c)
-FROM names AS n
-LEFT JOIN backwave_queue AS q ON q.name = n.name
-ORDER BY n.name
-"""
-
-
-# statement_timestamp(), not now(): the same clock as Django's Now() (the job filters, and the
-# db_default of run_at), and the moment of this read even inside a long transaction.
-
-
 def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | None = None) -> list[QueueLine]:
     """One query: a line per known queue with its bounded depths, limit and pause flag."""
     cap = COUNT_CAP if cap is None else cap
-    extra = sorted(configured_queues() | set(statistics.common_values("queue")))
+    extra = sorted(conf.configured_queue_names() | set(statistics.common_values("queue")))
     with connections[using].cursor() as cursor:
-        cursor.execute(_OVERVIEW_SQL, {"names": extra, "limit": cap + 1})
-        rows = cursor.fetchall()
+        rows = operator.queue_overview(cursor, names=extra, limit=cap + 1)
     lines = []
     for name, has_row, limit, paused, *numbers in rows:
         counts = {}
@@ -212,32 +140,6 @@ def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | 
     return lines
 
 
-_THROUGHPUT_BRANCH = """
-    (SELECT %(state_{i})s::text AS state, j.queue, j.finished_at FROM backwave_job AS j
-     WHERE j.state = %(state_{i})s AND j.finished_at > statement_timestamp() - make_interval(mins => %(minutes)s)
-     ORDER BY j.finished_at DESC LIMIT %(limit)s)"""
-
-# Each branch is a backward scan of the partial finished index (state, finished_at), newest
-# first, stopping after `limit` rows. When a branch is cut short, the minutes older than its
-# oldest row are incomplete for every queue, so only the minutes since then are counted.
-_THROUGHPUT_SQL = """
-WITH recent AS MATERIALIZED ({branches}
-), cut AS (
-    SELECT max(oldest) AS covered_from FROM (
-        SELECT min(r.finished_at) AS oldest FROM recent AS r
-        GROUP BY r.state HAVING count(*) >= %(limit)s
-    ) AS full_branches
-)
-SELECT r.queue,
-       floor(extract(epoch FROM statement_timestamp() - r.finished_at) / 60)::int AS minutes_ago,
-       count(*),
-       (SELECT floor(extract(epoch FROM statement_timestamp() - covered_from) / 60)::int FROM cut)
-FROM recent AS r
-WHERE r.finished_at >= coalesce((SELECT covered_from FROM cut), '-infinity'::timestamptz)
-GROUP BY 1, 2
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class Throughput:
     per_queue: dict[str, list[int]]  # queue -> outcomes per minute, oldest minute first
@@ -247,11 +149,8 @@ class Throughput:
 def throughput(using: str = "default", cap: int | None = None) -> Throughput:
     """One query: outcomes per queue and minute over the last hour."""
     cap = THROUGHPUT_CAP if cap is None else cap
-    branches = " UNION ALL".join(_THROUGHPUT_BRANCH.format(i=i) for i in range(len(THROUGHPUT_STATES)))
-    params = {"minutes": THROUGHPUT_MINUTES, "limit": cap, **{f"state_{i}": s for i, s in enumerate(THROUGHPUT_STATES)}}
     with connections[using].cursor() as cursor:
-        cursor.execute(_THROUGHPUT_SQL.format(branches=branches), params)
-        rows = cursor.fetchall()
+        rows = operator.throughput(cursor, minutes=THROUGHPUT_MINUTES, limit=cap)
     covered = THROUGHPUT_MINUTES
     per_queue: dict[str, list[int]] = {}
     for queue, minutes_ago, number, covered_minutes in rows:

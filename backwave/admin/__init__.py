@@ -1,0 +1,18 @@
+"""The operator's view: jobs, queues, pumps and schedules in the Django admin.
+
+One module per page (``jobs``, ``queues``, ``pumps``, ``schedules``), what they share in
+``common``, the bounded counts and estimates in ``stats`` and the operator's writes in
+``actions``. Importing this package registers the pages (Django's admin autodiscovery does).
+
+Every page is read-only to the admin's ordinary change form: rows belong to the engine, so the
+only writes are the actions, each guarded by its own permission (``@admin.action(permissions=)``
+plus a ``has_<name>_permission`` method and a custom model permission), and each one conditional
+statement (``actions``). A staff user with view permissions only sees everything and can do
+nothing.
+
+Page cost is bounded however large the job table grows: no page counts the whole table (see
+``stats``), and tests pin the number of queries of each page. The admin reads and writes through
+the store's SQL and the models; it imports nothing from ``backwave.shell``.
+"""
+
+from . import jobs, pumps, queues, schedules  # noqa: F401  (registers the pages)

@@ -1,0 +1,34 @@
+"""The Schedules page, and enabling or disabling schedules."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from ..models import Schedule
+from . import actions
+from .common import BigintIds, EngineRows, RefuseUnpermittedActions
+
+@admin.register(Schedule)
+class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
+    changelist_title = "Schedules"
+    list_display = ("name", "task_path", "cron", "queue", "next_run", "last_slot", "enabled")
+    list_filter = ("enabled", "queue")
+    search_fields = ("name", "task_path")
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = ["enable", "disable"]
+    fields = ("name", "task_path", "cron", "enabled", "next_run", "last_slot", "queue", "priority", "args", "kwargs", "max_attempts", "backoff_base", "backoff_max", "backend", "tags", "created_at", "updated_at")
+    readonly_fields = fields
+
+    def has_toggle_permission(self, request, obj=None):
+        return request.user.has_perm("backwave.toggle_schedule")
+
+    @admin.action(description="Enable (from its next slot)", permissions=["toggle"])
+    def enable(self, request, queryset):
+        n = actions.set_schedules_enabled(queryset, True)
+        messages.success(request, f"Enabled {n} schedule{'' if n == 1 else 's'}.")
+
+    @admin.action(description="Disable", permissions=["toggle"])
+    def disable(self, request, queryset):
+        n = actions.set_schedules_enabled(queryset, False)
+        messages.success(request, f"Disabled {n} schedule{'' if n == 1 else 's'}.")

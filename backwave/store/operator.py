@@ -1,0 +1,98 @@
+"""The operator's statements: what the admin reads and writes, what ``manage.py backwave_queue``
+and a worker's start-up write, one statement of ``queries.sql`` each.
+
+Every function takes a DB-API cursor of the caller's connection (Django's, in practice), so an
+action joins the request's transaction and counts as one of its queries, and this module needs
+no Django itself. The caller picks the database; the admin turns a queryset into the
+``selection`` (SQL of ids, and its positional parameters) the job and schedule actions lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..queue_rules import validate_concurrency_limit, validate_queue_name
+from .queries import QUERIES
+
+# A column the caller leaves out of upsert_queues keeps what its row holds.
+UNSET: Any = object()
+
+# A job action's name -> the SET list of queries.sql that act_on_jobs applies.
+JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignments"}
+
+
+def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
+    """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
+    (id, state when locked, changed) per selected job that still exists, by id."""
+    if action not in JOB_ACTIONS:
+        raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
+    sql, params = selection
+    statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
+    cursor.execute(statement, [*params, list(allowed)])
+    return cursor.fetchall()
+
+
+def set_schedules_enabled(cursor, selection: tuple[str, Sequence], enabled: bool) -> int:
+    """Enable or disable the selected schedules (next_run back to NULL); how many changed."""
+    sql, params = selection
+    cursor.execute(QUERIES["set_schedules_enabled"].format(selection=sql), [*params, enabled, enabled])
+    return cursor.rowcount
+
+
+def upsert_queues(cursor, names: Iterable[str], *, paused: bool = UNSET, concurrency_limit: int | None = UNSET) -> int:
+    """Write the columns given into the Queue rows of ``names``, creating missing rows (one
+    statement); ValueError, before anything is written, for a name or limit out of the rules."""
+    names = sorted({validate_queue_name(name) for name in names})
+    if concurrency_limit is not UNSET:
+        validate_concurrency_limit(concurrency_limit)
+    if not names:
+        return 0
+    cursor.execute(
+        QUERIES["upsert_queues"],
+        {
+            "names": names,
+            "set_paused": paused is not UNSET,
+            "paused": None if paused is UNSET else paused,
+            "set_limit": concurrency_limit is not UNSET,
+            "concurrency_limit": None if concurrency_limit is UNSET else concurrency_limit,
+        },
+    )
+    return len(names)
+
+
+def queue_settings_upserts(settings_queues: Mapping[str, Mapping]) -> list[tuple[str, dict[str, Any]]]:
+    """(queue, columns) to write for BACKWAVE["QUEUES"] (validated by conf): only the keys a
+    queue's entry names, so the rest keep what the admin set; queues naming none are left out."""
+    upserts = []
+    for name, spec in settings_queues.items():
+        if values := {key: spec[key] for key in ("concurrency_limit", "paused") if key in spec}:
+            upserts.append((name, values))
+    return upserts
+
+
+def table_statistics(cursor) -> list[tuple]:
+    """Rows of (reltuples, attname, null_frac, n_distinct, most common values, their
+    frequencies, Queue row names): the planner's statistics of backwave_job."""
+    cursor.execute(QUERIES["admin_table_statistics"])
+    return cursor.fetchall()
+
+
+def queue_overview(cursor, *, names: Sequence[str], limit: int) -> list[tuple]:
+    """(name, has a row, concurrency_limit, paused, due, scheduled, running, failed,
+    quarantined) per known queue and per one of ``names``; depths counted up to ``limit``."""
+    cursor.execute(QUERIES["admin_queue_overview"], {"names": list(names), "limit": limit})
+    return cursor.fetchall()
+
+
+def throughput(cursor, *, minutes: int, limit: int) -> list[tuple]:
+    """(queue, minutes ago, outcomes, minutes covered or None) over the last ``minutes``, each
+    finished state read up to ``limit`` rows."""
+    cursor.execute(QUERIES["admin_throughput"], {"minutes": minutes, "limit": limit})
+    return cursor.fetchall()
+
+
+def available_connections(cursor) -> int:
+    """How many connections the server accepts from ordinary roles."""
+    cursor.execute(QUERIES["available_connections"])
+    return cursor.fetchone()[0]

@@ -1,0 +1,246 @@
+"""BackWave's ``django.tasks`` backend: enqueue is one INSERT on Django's own connection.
+
+    TASKS = {"default": {"BACKEND": "backwave.backend.BackWaveBackend",
+                         "QUEUES": ["default", "emails"],
+                         "OPTIONS": {"DATABASE": "default"}}}
+
+Because the INSERT runs on the Django connection of the backend's ``DATABASE`` alias, an enqueue
+inside ``transaction.atomic()`` commits or rolls back with the caller's own writes: a worker can
+never see a job whose data is not committed yet, and a rolled-back request leaves no job. Workers
+serve the database of every backend that declares their groups' queues (``databases.py``).
+
+``task_enqueued`` is sent once the INSERT has run, as Django's own backends do, i.e. before the
+caller's transaction commits.
+
+System check ids of this module (the project-wide ones are in ``backwave/checks.py``):
+backwave.E101 DATABASE alias unknown, E102 database not PostgreSQL, E103 invalid queue name,
+E104 unknown OPTIONS key, E105 invalid OPTIONS value, E106 app not installed, E107 alias too long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from inspect import iscoroutinefunction
+
+from asgiref.sync import sync_to_async
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+from django.utils.inspect import is_module_level_function
+from django.utils.module_loading import import_string
+
+from .. import conf
+from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
+from ..store.contract import NewJob
+from ..store.enqueue import insert_jobs
+from .payload import encode_payload
+from .task import BackWaveTask, TaskCall, coerce_calls, validate_backwave_options, validate_django_options
+
+MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
+MAX_JOB_ID = 2**63 - 1  # bigint
+
+
+class BackWaveBackend(BaseTaskBackend):
+    """Jobs in the application's PostgreSQL, claimed by ``manage.py backwave_worker``."""
+
+    task_class = BackWaveTask
+
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True  # async def tasks run on an event loop per pump
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        self.options = self.options or {}
+        # Read lazily and validated by check(); a bad value raises ImproperlyConfigured on use.
+        self.database = self.options.get("DATABASE", "default") if isinstance(self.options, Mapping) else "default"
+
+    @property
+    def _options_where(self) -> str:
+        return f"TASKS[{self.alias!r}]['OPTIONS']"
+
+    def _setting(self, name: str):
+        options = self.options if isinstance(self.options, Mapping) else None
+        return conf.get_setting(name, options, where=self._options_where)
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate_task(self, task):
+        """Django's checks plus BackWave's (queue name shape, retry options, tags), each error
+        naming the option, the value and what is allowed."""
+        if not is_module_level_function(task.func):
+            raise InvalidTask(f"Task function {task.func!r} must be defined at a module level (not nested, not a lambda or partial).")
+        validate_django_options(task, queues=self.queues, alias=self.alias)
+        super().validate_task(task)
+        validate_backwave_options(task)
+        self._validate_backoff(task)
+
+    def _validate_backoff(self, task) -> None:
+        """A task's backoff cap must not be below its base, either of them possibly the default
+        (read only for a task that sets the other: the defaults' own pair is checked on use)."""
+        given_base, given_cap = getattr(task, "backoff_base", None), getattr(task, "backoff_max", None)
+        if given_base is None and given_cap is None:
+            return
+        base = given_base if given_base is not None else self._setting("DEFAULT_BACKOFF_BASE")
+        cap = given_cap if given_cap is not None else self._setting("DEFAULT_BACKOFF_MAX")
+        base_note = "" if given_base is not None else ", DEFAULT_BACKOFF_BASE"
+        cap_note = "" if given_cap is not None else ", DEFAULT_BACKOFF_MAX"
+        problem = conf.backoff_problem(
+            base, cap,
+            base_label=f"its backoff_base ({base:g} s{base_note})",
+            cap_label=f"backoff_max of task {task.module_path!r} ({cap:g} s{cap_note})",
+        )
+        if problem:
+            raise InvalidTask(problem)
+
+    def _defaults(self) -> dict:
+        """The enqueue-side settings (this backend's OPTIONS over BACKWAVE over the defaults)."""
+        defaults = {name: self._setting(name) for name in conf.BACKEND_OVERRIDABLE}
+        options = self.options if isinstance(self.options, Mapping) else None
+        if problem := conf.default_backoff_problem(options, self._options_where):
+            raise ImproperlyConfigured(problem)
+        return defaults
+
+    # --- enqueue ------------------------------------------------------------------------------
+
+    def _new_job(self, task, args, kwargs, defaults: dict) -> NewJob:
+        payload = encode_payload(task, args, kwargs, max_bytes=defaults["MAX_PAYLOAD_BYTES"])
+        max_attempts = getattr(task, "max_attempts", None)
+        backoff_base = getattr(task, "backoff_base", None)
+        backoff_max = getattr(task, "backoff_max", None)
+        return NewJob(
+            task_path=task.module_path,
+            payload=payload,
+            queue=task.queue_name,
+            priority=int(task.priority),
+            run_at=task.run_after,
+            max_attempts=defaults["DEFAULT_MAX_ATTEMPTS"] if max_attempts is None else max_attempts,
+            backoff_base=defaults["DEFAULT_BACKOFF_BASE"] if backoff_base is None else backoff_base,
+            backoff_max=defaults["DEFAULT_BACKOFF_MAX"] if backoff_max is None else backoff_max,
+            backend=self.alias,
+            tags=tuple(getattr(task, "tags", ())),
+        )
+
+    def build_job(self, task, args, kwargs) -> NewJob:
+        """Validate one call as enqueue would and return the row it would insert, inserting
+        nothing (how a schedule resolves the job it mints at each slot)."""
+        self.validate_task(task)
+        return self._new_job(task, args, kwargs, self._defaults())
+
+    def _enqueue_calls(self, calls: Sequence[TaskCall]) -> list[TaskResult]:
+        """Validate every call, then insert them all with one statement and announce them."""
+        defaults = self._defaults()
+        validated = set()
+        jobs = []
+        for call in calls:
+            if call.task.backend != self.alias:
+                raise InvalidTask(f"Task {call.task.module_path!r} uses backend {call.task.backend!r}, not {self.alias!r}.")
+            if id(call.task) not in validated:
+                self.validate_task(call.task)
+                validated.add(id(call.task))
+            jobs.append(self._new_job(call.task, call.args, call.kwargs, defaults))
+        with connections[self.database].cursor() as cursor:
+            job_ids = insert_jobs(cursor, jobs)
+        # insert_jobs returns ids only; the row's enqueued_at is the transaction's now().
+        enqueued_at = timezone.now()
+        results = []
+        for call, job, job_id in zip(calls, jobs, job_ids, strict=True):
+            result = TaskResult(
+                task=call.task,
+                id=str(job_id),
+                status=TaskResultStatus.READY,
+                enqueued_at=enqueued_at,
+                started_at=None,
+                last_attempted_at=None,
+                finished_at=None,
+                args=job.payload["args"],
+                kwargs=job.payload["kwargs"],
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+            task_enqueued.send(type(self), task_result=result)
+            results.append(result)
+        return results
+
+    def enqueue(self, task, args, kwargs):
+        """Validate, then insert one job with one statement inside the caller's transaction."""
+        (result,) = self._enqueue_calls([TaskCall(task, args, kwargs)])
+        return result
+
+    def enqueue_many(self, calls: Iterable[TaskCall | tuple]) -> list[TaskResult]:
+        """Enqueue ``(task, args, kwargs)`` calls with one INSERT, all validated first; results in
+        input order."""
+        calls = coerce_calls(calls)
+        return self._enqueue_calls(calls) if calls else []
+
+    async def aenqueue_many(self, calls: Iterable[TaskCall | tuple]) -> list[TaskResult]:
+        """See enqueue_many()."""
+        return await sync_to_async(self.enqueue_many, thread_sensitive=True)(list(calls))
+
+    # --- results ------------------------------------------------------------------------------
+
+    def get_result(self, result_id):
+        """The job's TaskResult, in at most two queries (the job, then its attempts)."""
+        from ..models import Job
+        from .results import task_result_from_job
+
+        text = str(result_id)
+        # Ids are what enqueue hands out: str(job id). Anything else names no job.
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_JOB_ID:
+            raise TaskResultDoesNotExist(result_id)
+        job_id = int(text)
+        job = Job.objects.using(self.database).filter(pk=job_id, backend=self.alias).prefetch_related("attempt_log").first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        return task_result_from_job(job, job.attempt_log.all())
+
+    # --- system checks ------------------------------------------------------------------------
+
+    def check(self, **kwargs):
+        """Configuration errors, with stable ids (see the module docstring)."""
+        yield from super().check(**kwargs)
+        where = self._options_where
+        if not apps.is_installed("backwave"):
+            yield checks.Error(f"{type(self).__name__} is configured as TASKS[{self.alias!r}] but 'backwave' is not in INSTALLED_APPS.", hint="Add 'backwave' to INSTALLED_APPS.", obj=self.alias, id="backwave.E106")
+        for problem in conf.options_problems(self.options, where):
+            problem_id = "backwave.E104" if "unknown key" in problem else "backwave.E105"
+            yield checks.Error(problem, obj=self.alias, id=problem_id)
+        if isinstance(self.database, str) and self.database not in settings.DATABASES:
+            yield checks.Error(
+                f"{where}['DATABASE'] is {self.database!r}, which is not in DATABASES ({', '.join(settings.DATABASES)}).",
+                obj=self.alias,
+                id="backwave.E101",
+            )
+        elif isinstance(self.database, str) and _engine_vendor(settings.DATABASES[self.database].get("ENGINE", "")) != "postgresql":
+            yield checks.Error(
+                f"BackWave needs PostgreSQL, but database {self.database!r} uses {settings.DATABASES[self.database].get('ENGINE')!r}.",
+                hint="Use ENGINE 'django.db.backends.postgresql' (or a backend built on it).",
+                obj=self.alias,
+                id="backwave.E102",
+            )
+        for queue in sorted(map(str, self.queues)):
+            if not is_queue_name(queue):
+                yield checks.Error(
+                    f"Queue name {queue!r} in TASKS[{self.alias!r}]['QUEUES'] must be {QUEUE_NAME_RULE}.",
+                    obj=self.alias,
+                    id="backwave.E103",
+                )
+        if len(self.alias) > MAX_BACKEND_ALIAS_LENGTH:
+            yield checks.Error(f"TASKS alias {self.alias!r} is longer than {MAX_BACKEND_ALIAS_LENGTH} characters.", obj=self.alias, id="backwave.E107")
+
+
+def _engine_vendor(engine: str) -> str | None:
+    """The vendor of a DATABASES ENGINE (so PostgreSQL-based engines such as PostGIS pass)."""
+    try:
+        return import_string(f"{engine}.base.DatabaseWrapper").vendor
+    except (ImportError, AttributeError):
+        return None
