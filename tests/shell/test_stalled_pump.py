@@ -105,9 +105,11 @@ def test_a_pump_whose_store_calls_all_fail_for_a_lease_is_unhealthy_until_it_rec
         assert pump["seconds_since_store_call"] > group.lease_duration
         assert LOCK_TIMEOUT in pump["reason"]
         # Its row stopped being refreshed when its heartbeats stopped landing: stale, with the error.
-        wait_until(lambda: backwave_health()[0] == 1, "backwave_health exiting 1")
+        # Its lease lapses first (backwave_health exits 1: lost), then its row goes stale.
+        wait_until(lambda: (lambda code, out: code == 1 and "(stale)" in out)(*backwave_health()), "backwave_health exiting 1, stale")
         code, out = backwave_health()
         assert "degraded (stale)" in out and LOCK_TIMEOUT in out, out
+        assert "lost: degraded (stale)" in out and "is lost: it holds no live lease" in out, out
         page = admin_client.get(reverse("admin:backwave_pump_changelist")).content.decode()
         assert "stale" in page and LOCK_TIMEOUT in page
 
