@@ -53,6 +53,19 @@ class Claims:
             self.next_poll = now + self.options.poll_interval
         return [self.ledger.send(cmd.ClaimJobs(lease_id=lease_id, queues=queues, limit=n), now) for queues, n in planned]
 
+    def hinted_at(self, now: float, free: int) -> bool:
+        """A hint came: whether to poll now. A pass in flight claims again once it lands, room
+        permitting (one pending-poll slot: a burst costs one extra claim). With no ``free`` slot
+        there is nothing to claim with: a slot that reopens through a write claims anyway, and
+        polling now would only flush a half-full buffer early."""
+        if self.limit_in_flight:
+            self.hinted = True
+            return False
+        if not free:
+            return False
+        self.next_poll = min(self.next_poll, now)
+        return True
+
     def landed(self, got: int) -> cmd.ClaimJobs:
         """The oldest claim in flight returned ``got`` jobs; returns that claim."""
         asked, _ = self.ledger.landed(cmd.ClaimJobs)

@@ -9,118 +9,38 @@ maintenance, what a failed attempt turns into. It reads no clock (time arrives i
 monotonic seconds), opens no connection and starts no thread, so production and the
 deterministic test pump make identical decisions.
 
-Backpressure: a pump never holds more than ``pool_size`` jobs that are claimed and not yet
-reported. A finished job whose outcome sits in the buffer (or in a write in flight) still holds
-its slot, because it still holds its lease; the slot reopens when the write lands. An attempt
-abandoned with a lost lease holds its slot too, until its JobFinished arrives: its handler still
-runs on one of the pool's ``pool_size`` threads, and a job claimed for that thread would wait in
-the pool's queue, unstarted, while its lease ticks. So every job the pump claims starts at once.
-A drain never waits for abandoned handlers: their jobs are no longer the pump's.
-
-Counted attempts and the reports outcomes carry: see core/outcomes.py.
-
-Lifecycle states and the events each accepts (core/transitions.py holds the same table as data,
-and handle() refuses what it does not list before any handler runs)::
-
-    state             | event            | what happens                                        | next
-    ------------------+------------------+-----------------------------------------------------+---------
-    NEW               | Started          | OpenLease                                           | OPENING
-    NEW, OPENING      | DrainRequested   | nothing held yet (an OpenLease in flight: see *)    | STOPPED*
-    OPENING           | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
-    OPENING           | Tick             | retry OpenLease after a failed one                  | OPENING
-    OPENING           | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
-    OPENING           | OutcomesWritten  | none is in flight here: refused, unless stale (see  | OPENING
-                      |                  | below)                                              |
-    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
-                      |                  | heartbeat due: RenewLease; maintenance due:         |
-                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
-                      |                  | a full purge page: the next PurgeJobs;              |
-                      |                  | lease presumed lapsed: self-fence                   | OPENING
-    RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
-                      |                  | permitting (one pending-poll slot: a burst costs    |
-                      |                  | one extra claim); else a free slot: poll now; none: |
-                      |                  | nothing                                             |
-    RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
-    RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
-                      |                  | buffer; flush when the batch is full or nothing     |
-                      |                  | executes: WriteOutcomes + ClaimJobs                 |
-    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-                      |                  | taken until their handlers return), OpenLease       |
-    RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
-    RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
-                      |                  | after a jittered backoff that doubles per fault in  |
-                      |                  | a row (up to half a heartbeat); a failed claim may  |
-                      |                  | have committed: the next claim waits for a          |
-                      |                  | ReconcileLease(known = (job, attempt) held)         |
-    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
-    RUNNING           | DrainRequested   | stop claiming                                       | DRAINING
-    any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
-                      |                  | reopens (a poll or a write's claim uses it);        |
-                      |                  | outside RUNNING and DRAINING nothing else executes  |
-    any*              | HintReceived     | outside RUNNING: nothing                            | same
-    any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
-                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
-                      | PumpsPurged,     |                                                     |
-                      | JobsPurged       |                                                     |
-    DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
-                      | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
-                      | Tick             | ReleaseLease (gives back what did not finish)       |
-    DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
-    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
-    DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
-    DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
-    DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
-                      |                  | lease lapses and maintenance frees the rest         |
-    DRAINING, STOPPED | DrainRequested   | nothing                                             | same
-    STOPPED           | LeaseOpened      | one that was in flight at the drain: ReleaseLease   | DRAINING
-    STOPPED           | Tick             | nothing                                             | STOPPED
-    STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
-
-    * after a LeaseOpened that was already in flight, the lease is released first.
-    any*: every state but NEW.
-
-Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
-under the old lease on their way. Each (or its StoreFailed) is swallowed on arrival, in any state
-and before the table above is consulted, while no command of its kind is in flight::
-
-    result           | answers
-    -----------------+---------------
-    ClaimReturned    | ClaimJobs
-    OutcomesWritten  | WriteOutcomes
-    LeaseRenewed     | RenewLease
-    LeaseReconciled  | ReconcileLease
-    LeaseReleased    | ReleaseLease
-
-Self-fencing: the lease is trusted until 90% of ``lease_duration`` after the last renewal that
-landed was sent. Past that the driver sends no claim and no outcome write under it; the next
-Tick (due at once) abandons its jobs, drops the buffered outcomes and opens a new lease.
-
-Any other pairing raises ``InvalidEvent`` naming the event and the state, and leaves the driver
-untouched: the shell halts the pump on it (fail-stop).
+The lifecycle states, the events each accepts and what each does: the transition table in
+core/transitions.py, whose data handle() consults before any handler runs. The driver holds the
+pump's state and makes the decisions that need all of it; its parts are dataclasses beside it,
+sharing its ``Ledger`` of commands in flight: core/slots.py (backpressure), outcomes.py (counted
+attempts, reports, the buffer), claims.py, lease.py (its clocks, self-fencing), drain.py and
+maintenance.py.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import deque
+
 from . import claims
 from . import commands as cmd
 from . import events as ev
 from .backoff import FaultStreak
-from .jobs import ClaimedJob, Outcome
+from .drain import Drain
+from .jobs import ClaimedJob
+from .lease import LeaseClock
 from .ledger import Ledger
 from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
-from .outcomes import decide
+from .outcomes import OutcomeBuffer, decide
+from .slots import Slots
 from .stats import DriverStats
-from .transitions import ACCEPTS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
+from .transitions import ACCEPTS, AWAITED, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
 __all__ = ["PURGE_BATCH", "SELF_FENCE_MARGIN", "DriverStats", "InvalidEvent", "NodeDriver", "State"]
 
 
 class NodeDriver:
-    """The decision-maker of one pump. See the module docstring for the transition table."""
+    """The decision-maker of one pump. Its transition table: core/transitions.py."""
 
     def __init__(self, options: WorkerGroupOptions):
         self.options = options
@@ -128,36 +48,31 @@ class NodeDriver:
         self.state = State.NEW
         self.stats = DriverStats()
         self.lease_id: uuid.UUID | None = None
-        self._executing: dict[int, ClaimedJob] = {}
-        self._buffer: deque[Outcome] = deque()
-        # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
-        # returned yet: each still occupies a thread of the pool, so it still takes a slot.
-        self._abandoned: set[tuple[int, int]] = set()
         self._ledger = Ledger()  # the store commands in flight, and stale results still due
         self._claims = claims.Claims(options, self._ledger)
         self._faults = FaultStreak()
         self._maintenance = Maintenance(options, self._ledger)
-        self._lease_trusted_until = 0.0
-        self._next_heartbeat = 0.0
-        self._next_open = 0.0
-        self._drain_deadline: float | None = None
+        self._outcomes = OutcomeBuffer(options, self._ledger)
+        self._slots = Slots(options, self._outcomes)
+        self._lease = LeaseClock(options, self._ledger)
+        self._drain = Drain(self._ledger, self._slots)
 
     # ---- what the shell may ask -------------------------------------------------------------
 
     @property
     def executing(self) -> int:
-        return len(self._executing)
+        return len(self._slots.executing)
 
     @property
     def unreported(self) -> int:
         """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
-        return len(self._executing) + len(self._buffer) + len(self._writing)
+        return self._slots.unreported
 
     @property
     def free_slots(self) -> int:
         """Threads of the pool no job holds: claimed jobs, claims in flight and abandoned handlers
         each take one."""
-        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._abandoned))
+        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._slots.abandoned))
 
     @property
     def idle(self) -> bool:
@@ -169,22 +84,21 @@ class NodeDriver:
         if self.state in (State.NEW, State.STOPPED):
             return None
         if self.state is State.OPENING:
-            return None if self._ledger.busy(cmd.OpenLease) else self._next_open
-        deadlines = [self._next_heartbeat, self._lease_trusted_until]
+            return None if self._ledger.busy(cmd.OpenLease) else self._lease.next_open
+        deadlines = [self._lease.next_heartbeat, self._lease.trusted_until]
         if self.state is State.RUNNING:
             deadlines += [self._claims.next_poll, self._maintenance.next_due()]
-        elif self._drain_deadline is not None:
-            deadlines.append(self._drain_deadline)
+        elif self._drain.deadline is not None:
+            deadlines.append(self._drain.deadline)
         return min(deadlines)
 
     @property
     def _claim_limit(self) -> int:
         return self._claims.limit_in_flight
 
-    @property
-    def _writing(self) -> tuple[Outcome, ...]:
-        write = self._ledger.oldest(cmd.WriteOutcomes)
-        return write.outcomes if write else ()
+    # Read by the simulator's checks (backwave/testing/simulation).
+    _executing = property(lambda self: self._slots.executing)
+    _abandoned = property(lambda self: self._slots.abandoned)
 
     # ---- the one entry point ----------------------------------------------------------------
 
@@ -199,6 +113,8 @@ class NodeDriver:
             commands = []
         elif type(event) not in ACCEPTS[self.state]:
             raise InvalidEvent.refused(event, self.state)
+        elif (awaited := AWAITED.get(type(event))) and not self._ledger.busy(awaited):
+            raise InvalidEvent(event, self.state, f"no {awaited.__name__} is in flight")
         else:
             commands = handler(self, event)
         if type(event) in STORE_RESULTS:
@@ -209,20 +125,16 @@ class NodeDriver:
 
     def _on_started(self, event: ev.Started) -> list[cmd.Command]:
         self.state = State.OPENING
-        return self._open(event.now)
+        return self._lease.open(event.now)
 
     def _on_lease_opened(self, event: ev.LeaseOpened) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.OpenLease):
-            raise InvalidEvent(event, self.state, "no OpenLease is in flight")
-        _, sent_at = self._ledger.landed(cmd.OpenLease)
         self.lease_id = event.lease_id
         # Trusted and heartbeated from now on, even while it is being given straight back below.
-        self._trust_lease_from(sent_at)
-        self._next_heartbeat = event.now + self.options.heartbeat_every
+        self._trust_lease_from(self._lease.opened(event.now))
         if self.state is State.STOPPED:
             # Drain came while the lease was being opened: give it straight back.
             self.state = State.DRAINING
-            return [self._ledger.send(cmd.ReleaseLease(lease_id=event.lease_id), event.now)]
+            return self._drain.release(event.now, event.lease_id)
         self.state = State.RUNNING
         # Maintenance at once: a worker that crashed before us may have left lapsed leases.
         self._maintenance.next_run = event.now
@@ -233,87 +145,54 @@ class NodeDriver:
         if self.state is State.STOPPED:
             return []
         if self.state is State.OPENING:
-            if self._ledger.busy(cmd.OpenLease) or event.now < self._next_open:
-                return []
-            return self._open(event.now)
+            return self._lease.open(event.now) if self._lease.reopen_due(event.now) else []
         return self._on_due(event.now)
 
     def _on_hint(self, event: ev.HintReceived) -> list[cmd.Command]:
-        if self.state is not State.RUNNING:
+        if self.state is not State.RUNNING or not self._claims.hinted_at(event.now, self.free_slots):
             return []
-        if self._claim_limit:
-            self._claims.hinted = True
-            return []
-        if not self.free_slots:
-            # Nothing to claim with; a slot that reopens through a write claims anyway. (Polling
-            # now would only flush a half-full buffer early.)
-            return []
-        self._claims.next_poll = min(self._claims.next_poll, event.now)
         return self._on_due(event.now)
 
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
-        asked = self._ledger.oldest(cmd.ClaimJobs)
-        if asked is None:
-            raise InvalidEvent(event, self.state, "no ClaimJobs is in flight")
-        # An outcome still buffered for a job the claim just returned is from an older attempt
-        # whose write did land (its reply was lost): the job ran on and is due again. It is
-        # obsolete, and it must not share a batch with the new attempt's outcome.
-        claimed_ids = {job.id for job in event.jobs}
-        obsolete = [o for o in self._buffer if o.job_id in claimed_ids]
-        if reason := claims.refusal(
-            event.jobs, asked.limit, self._executing, unreported=self.unreported, obsolete=len(obsolete),
-            abandoned=len(self._abandoned), pool_size=self.options.pool_size,
-        ):
-            raise InvalidEvent(event, self.state, reason)
+        try:
+            self.stats.lost += self._slots.take(event.jobs, self._ledger.oldest(cmd.ClaimJobs).limit)
+        except ValueError as refused:
+            raise InvalidEvent(event, self.state, str(refused)) from None
         self._claims.landed(len(event.jobs))
         self.stats.claims += 1
         self.stats.claimed += len(event.jobs)
-        if obsolete:
-            self._buffer = deque(o for o in self._buffer if o.job_id not in claimed_ids)
-            self.stats.lost += len(obsolete)
         if self.state is State.DRAINING:
-            ids = tuple(job.id for job in event.jobs)
-            released: list[cmd.Command] = [cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=ids)] if ids else []
-            return released + self._drain_step(event.now)
+            return self._drain.give_back(event.jobs, self.lease_id) + self._drain_step(event.now)
         return self._run(event.jobs, event.now)
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
-        job = self._executing.get(event.job_id)
-        if job is None or job.attempt != event.attempt:
-            if (event.job_id, event.attempt) in self._abandoned:
-                # Abandoned with a lost lease (perhaps finishing after its job was claimed again).
-                self._abandoned.discard((event.job_id, event.attempt))
-                return []
-            if job is None:
-                raise InvalidEvent(event, self.state, f"job {event.job_id} is not executing on this pump")
-            raise InvalidEvent(event, self.state, f"job {event.job_id} runs attempt {job.attempt}, not {event.attempt}")
         try:
+            job = self._slots.finishing(event.job_id, event.attempt)
+            if job is None:
+                return []  # an abandoned attempt: its slot reopens, and nothing else changes
             outcome = decide(job, event)  # before any change: a refused event leaves no trace
-        except ValueError as error:  # an unknown result, a jitter outside [0, 1)
+        except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
-        del self._executing[event.job_id]
-        self._buffer.append(outcome)
+        self._slots.report(outcome)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
-        if len(self._buffer) >= self.options.outcome_batch or not self._executing:
+        if self._outcomes.full or not self._slots.executing:
             return self._flush(event.now, then_claim=True)
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
-        if not self._writing:
-            raise InvalidEvent(event, self.state, "no WriteOutcomes is in flight")
-        written = {o.job_id for o in self._writing}
+        written = {o.job_id for o in self._outcomes.writing}
         if not event.applied <= written:
             raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
         self.stats.writes += 1
         self.stats.applied += len(event.applied)
         self.stats.lost += len(written) - len(event.applied)
-        self._ledger.landed(cmd.WriteOutcomes)
+        self._outcomes.written()
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
             return []
-        if len(self._buffer) >= self.options.outcome_batch or (self._buffer and not self._executing):
+        if self._outcomes.full or (self._outcomes.waiting and not self._slots.executing):
             return self._flush(event.now, then_claim=not self._claim_limit)
         if not self._claim_limit and self.free_slots:
             # Re-poll after an applied batch: work may have become due meanwhile.
@@ -321,9 +200,7 @@ class NodeDriver:
         return []
 
     def _on_lease_renewed(self, event: ev.LeaseRenewed) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.RenewLease):
-            raise InvalidEvent(event, self.state, "no RenewLease is in flight")
-        _, sent_at = self._ledger.landed(cmd.RenewLease)
+        sent_at = self._lease.renewed()
         self.stats.heartbeats += 1
         if event.held:
             self._trust_lease_from(sent_at)
@@ -340,8 +217,6 @@ class NodeDriver:
         return []
 
     def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.PurgeJobs):
-            raise InvalidEvent(event, self.state, "no PurgeJobs is in flight")
         if not 0 <= event.purged <= PURGE_BATCH:
             raise InvalidEvent(event, self.state, f"a purge page holds 0 to {PURGE_BATCH} jobs, got {event.purged}")
         self._maintenance.page_purged(event.purged, event.now, running=self.state is State.RUNNING)
@@ -349,9 +224,7 @@ class NodeDriver:
         return []
 
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.ReconcileLease):
-            raise InvalidEvent(event, self.state, "no ReconcileLease is in flight")
-        given_back_held = event.released & self._held_attempts()
+        given_back_held = event.released & self._slots.held_attempts()
         if given_back_held:
             raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
         self._claims.reconciled()
@@ -359,8 +232,6 @@ class NodeDriver:
         return self._claim(event.now) if self.state is State.RUNNING else []
 
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
-        if not self._ledger.busy(cmd.ReleaseLease):
-            raise InvalidEvent(event, self.state, "no ReleaseLease is in flight")
         self._ledger.landed(cmd.ReleaseLease)
         self._give_up_lease()
         self.lease_id = None
@@ -376,10 +247,9 @@ class NodeDriver:
         if not 0.0 <= event.jitter < 1.0:
             raise InvalidEvent(event, self.state, f"jitter must be in [0, 1), got {event.jitter}")
         self.stats.store_faults += 1
-        # Never back off past half a heartbeat: a renewal retried later than that could miss the
-        # lease's end after a short outage and self-fence for nothing.
-        cap = max(self.options.poll_interval, self.options.heartbeat_every / 2)
-        retry_at = self._faults.retry_at(now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=cap)
+        retry_at = self._faults.retry_at(
+            now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=self.options.fault_backoff_cap,
+        )
         if isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
             if self.state is State.DRAINING:
                 # Give up: the lease lapses and maintenance anywhere gives the jobs back. A
@@ -391,7 +261,7 @@ class NodeDriver:
             return []
         if undo := _UNDO.get(type(failed)):  # ExpireLeases, MintSchedules, PurgePumps: none
             undo(self, retry_at)
-        if self.state is State.DRAINING and self._drain_deadline is not None and event.now >= self._drain_deadline:
+        if self.state is State.DRAINING and self._drain.past_deadline(event.now):
             self._give_up_lease(drop_buffer=True)
             self.state = State.STOPPED
         return []
@@ -404,34 +274,20 @@ class NodeDriver:
             self.state = State.STOPPED
             return []
         self.state = State.DRAINING
-        self._drain_deadline = event.now + event.timeout
+        self._drain.deadline = event.now + event.timeout
         return self._drain_step(event.now)
 
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
 
-    def _undo_open(self, retry_at: float) -> None:
-        self._ledger.failed(cmd.OpenLease)
-        self._next_open = retry_at
-
     def _undo_write(self, retry_at: float) -> None:
-        # Nothing was written: the batch goes back to the front of the buffer, and is written
-        # once on a later tick.
-        write, _ = self._ledger.failed(cmd.WriteOutcomes)
-        self._buffer.extendleft(reversed(write.outcomes))
-        self._claims.retry_no_sooner_than(retry_at)
-
-    def _undo_renew(self, retry_at: float) -> None:
-        self._ledger.failed(cmd.RenewLease)
-        self._next_heartbeat = min(self._next_heartbeat, retry_at)
-
-    def _undo_purge(self, retry_at: float) -> None:
-        self._maintenance.purge_failed()
+        self._outcomes.write_failed()
+        self._claims.retry_no_sooner_than(retry_at)  # the poll after it writes the batch again
 
     # ---- decisions ----------------------------------------------------------------------------
 
     def _on_due(self, now: float) -> list[cmd.Command]:
         commands: list[cmd.Command] = []
-        if now >= self._lease_trusted_until:
+        if not self._lease.trusted(now):
             # No renewal has landed for a whole lease: another node may already have expired
             # it and re-run our jobs. Stop writing for them and start over.
             return self._lose_lease(now)
@@ -443,19 +299,14 @@ class NodeDriver:
             if not self._claim_limit and self.free_slots:
                 commands += self._claim(now)
             commands += self._flush(now, then_claim=False)
-        if now >= self._next_heartbeat and not self._ledger.busy(cmd.RenewLease) and self.lease_id is not None:
-            self._next_heartbeat = now + self.options.heartbeat_every
-            commands.append(self._ledger.send(cmd.RenewLease(lease_id=self.lease_id), now))
+        commands += self._lease.heartbeat(now, self.lease_id)
         if self.state is State.RUNNING:
             commands += self._maintenance.due(now)
         return commands
 
     def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
         """Start the jobs a claim returned; at the end of the pass, claim again if more is waiting."""
-        commands: list[cmd.Command] = []
-        for job in jobs:
-            self._executing[job.id] = job
-            commands.append(cmd.ExecuteJob(job=job))
+        commands = self._slots.start(jobs)
         self._claims.next_poll = now + self.options.poll_interval
         if self._claim_limit:
             return commands  # the rest of this pass is still on its way
@@ -467,46 +318,23 @@ class NodeDriver:
             commands += self._claim(now, skip=skip)
         return commands
 
-    def _trusted(self, now: float) -> bool:
-        """Whether the lease may still be written under (see the self-fencing note above)."""
-        return now < self._lease_trusted_until
-
     def _claim(self, now: float, *, skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
         limit = min(self.free_slots, self.options.max_claim_batch)
-        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._trusted(now):
+        if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._lease.trusted(now):
             return []
-        return self._claims.send(now, limit, self.lease_id, self._held_attempts, skip)
+        return self._claims.send(now, limit, self.lease_id, self._slots.held_attempts, skip)
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
-        if self._writing or not self._buffer:
-            return []
-        if not self._trusted(now):
-            # Self-fenced: these outcomes are not ours to write any more. The tick that is due
-            # at once (next_wakeup is past) drops them and starts over with a new lease.
-            return []
-        batch = tuple(self._buffer.popleft() for _ in range(min(len(self._buffer), self.options.outcome_batch)))
-        commands: list[cmd.Command] = [self._ledger.send(cmd.WriteOutcomes(lease_id=self.lease_id, outcomes=batch), now)]
-        if then_claim and self.state is State.RUNNING and not self._claim_limit:
-            # The claim runs after the write lands, so the slots the write frees are counted as
-            # free: size it without the batch being written.
-            held = len(self._executing) + len(self._buffer) + len(self._abandoned)
-            limit = min(self.options.pool_size - held, self.options.max_claim_batch)
-            if limit > 0:
-                commands += self._claims.send(now, limit, self.lease_id, self._held_attempts)
+        # Self-fenced, these outcomes are not ours to write any more: the tick that is due at
+        # once (next_wakeup is past) drops them and starts over with a new lease.
+        commands = self._outcomes.write(now, self.lease_id) if self._lease.trusted(now) else []
+        if commands and then_claim and self.state is State.RUNNING and not self._claim_limit:
+            if (limit := self._slots.claimable_after_write()) > 0:
+                commands += self._claims.send(now, limit, self.lease_id, self._slots.held_attempts)
         return commands
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
-        """Move a drain forward: write what is buffered, then give the lease back."""
-        if self._claim_limit or self._writing or self._ledger.busy(cmd.ReleaseLease):
-            return []
-        past_deadline = self._drain_deadline is not None and now >= self._drain_deadline
-        if self._executing and not past_deadline:
-            if len(self._buffer) >= self.options.outcome_batch:
-                return self._flush(now, then_claim=False)
-            return []
-        if self._buffer:
-            return self._flush(now, then_claim=False)
-        return [self._ledger.send(cmd.ReleaseLease(lease_id=self.lease_id), now)]
+        return self._drain.step(now, self.lease_id, claiming=bool(self._claim_limit), trusted=self._lease.trusted(now))
 
     def _lose_lease(self, now: float) -> list[cmd.Command]:
         self._give_up_lease(drop_buffer=True)
@@ -515,34 +343,28 @@ class NodeDriver:
             self.state = State.STOPPED
             return []
         self.state = State.OPENING
-        return self._open(now)
-
-    def _open(self, now: float) -> list[cmd.Command]:
-        return [self._ledger.send(cmd.OpenLease(), now)]
+        return self._lease.open(now)
 
     def _give_up_lease(self, *, drop_buffer: bool = False) -> None:
         """Stop working under the lease: abandon what runs, and wait for nothing sent under it
         (whatever is in flight will come back as a stale result)."""
-        self.stats.abandoned += len(self._executing)
-        # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
-        # first lease lapsed, then that lease lost too) and hear of both, in either order.
-        self._abandoned.update((job.id, job.attempt) for job in self._executing.values())
-        self._executing.clear()
+        self.stats.abandoned += self._slots.abandon_all()
         if drop_buffer:
-            self._buffer.clear()
+            self._outcomes.waiting.clear()
         self._claims.lease_lost()
         self._ledger.lease_lost(STALE_TOLERANT)
 
-    def _held_attempts(self) -> set[tuple[int, int]]:
-        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
-        held = {(job.id, job.attempt) for job in self._executing.values()}
-        held.update((o.job_id, o.attempt) for o in (*self._buffer, *self._writing))
-        return held
-
+    # The fault hooks (tests/faults/hooks.py) replace this method and set the attribute below.
     def _trust_lease_from(self, sent_at: float) -> None:
-        # The database stamped the renewal no earlier than we sent it, so the lease is ours at
-        # least until sent_at + lease_duration; stop a margin before that.
-        self._lease_trusted_until = sent_at + self.options.lease_duration * (1.0 - SELF_FENCE_MARGIN)
+        self._lease.trust_from(sent_at)
+
+    @property
+    def _lease_trusted_until(self) -> float:
+        return self._lease.trusted_until
+
+    @_lease_trusted_until.setter
+    def _lease_trusted_until(self, until: float) -> None:
+        self._lease.trusted_until = until
 
 
 _HANDLERS = {
@@ -567,10 +389,10 @@ _HANDLERS = {
 
 # What a StoreFailed of each command undoes; a command missing here left nothing to undo.
 _UNDO = {
-    cmd.OpenLease: NodeDriver._undo_open,
+    cmd.OpenLease: lambda driver, retry_at: driver._lease.open_failed(retry_at),
     cmd.ClaimJobs: lambda driver, retry_at: driver._claims.failed(retry_at),
     cmd.WriteOutcomes: NodeDriver._undo_write,
     cmd.ReconcileLease: lambda driver, retry_at: driver._claims.reconcile_failed(retry_at),
-    cmd.RenewLease: NodeDriver._undo_renew,
-    cmd.PurgeJobs: NodeDriver._undo_purge,
+    cmd.RenewLease: lambda driver, retry_at: driver._lease.renew_failed(retry_at),
+    cmd.PurgeJobs: lambda driver, retry_at: driver._maintenance.purge_failed(),
 }

@@ -100,6 +100,13 @@ class WorkerGroupOptions:
         """Seconds between lease renewals: heartbeat_interval, else a third of the lease."""
         return self.heartbeat_interval if self.heartbeat_interval is not None else self.lease_duration / 3.0
 
+    @property
+    def fault_backoff_cap(self) -> float:
+        """The longest wait before retrying the store after faults in a row. Never past half a
+        heartbeat: a renewal retried later than that could miss the lease's end after a short
+        outage and self-fence for nothing."""
+        return max(self.poll_interval, self.heartbeat_every / 2)
+
 
 def validate_groups(groups: Iterable[WorkerGroupOptions]) -> list[WorkerGroupOptions]:
     """Reject what the seeds reject (a duplicate group name, fewer than one pump), then intervals

@@ -15,13 +15,25 @@ into. It rides on the Outcome it decides, through the buffer and into WriteOutco
 shell takes it back to write the record and signal the result. Whatever drops an outcome (a lost
 lease clears the buffer, a claim makes a buffered one obsolete) drops its report with it, and a
 JobFinished of an abandoned attempt leaves nothing behind, so the shell needs no map of reports.
+
+Buffering: decided outcomes wait in an ``OutcomeBuffer`` and are written a batch at a time, one
+write in flight at most. Each, waiting or being written, still holds its job's slot, because it
+still holds its lease.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections import deque
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from . import commands as cmd
 from . import events as ev
 from .backoff import retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
+from .ledger import Ledger
+from .options import WorkerGroupOptions
 
 RESULTS = ("succeeded", "failed", "unroutable")
 
@@ -42,3 +54,46 @@ def decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
         return Outcome(**decided, kind=OutcomeKind.FAILED)
     delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
     return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=delay)
+
+
+@dataclass
+class OutcomeBuffer:
+    options: WorkerGroupOptions
+    ledger: Ledger  # the driver's: every WriteOutcomes is sent through it
+    waiting: deque[Outcome] = field(default_factory=deque)
+
+    @property
+    def writing(self) -> tuple[Outcome, ...]:
+        """The outcomes of the write in flight."""
+        write = self.ledger.oldest(cmd.WriteOutcomes)
+        return write.outcomes if write else ()
+
+    @property
+    def full(self) -> bool:
+        return len(self.waiting) >= self.options.outcome_batch
+
+    def attempts(self) -> set[tuple[int, int]]:
+        """(job id, attempt) of every outcome waiting or being written."""
+        return {(o.job_id, o.attempt) for o in (*self.waiting, *self.writing)}
+
+    def write(self, now: float, lease_id: uuid.UUID | None) -> list[cmd.Command]:
+        """The next batch's WriteOutcomes; none while one is in flight or while nothing waits."""
+        if self.writing or not self.waiting:
+            return []
+        batch = tuple(self.waiting.popleft() for _ in range(min(len(self.waiting), self.options.outcome_batch)))
+        return [self.ledger.send(cmd.WriteOutcomes(lease_id=lease_id, outcomes=batch), now)]
+
+    def written(self) -> None:
+        self.ledger.landed(cmd.WriteOutcomes)
+
+    def write_failed(self) -> None:
+        # Nothing was written: the batch goes back to the front, to be written once later.
+        write, _ = self.ledger.failed(cmd.WriteOutcomes)
+        self.waiting.extendleft(reversed(write.outcomes))
+
+    def of_jobs(self, job_ids: Collection[int]) -> int:
+        """How many waiting outcomes are of ``job_ids``."""
+        return sum(1 for o in self.waiting if o.job_id in job_ids)
+
+    def drop(self, job_ids: Collection[int]) -> None:
+        self.waiting = deque(o for o in self.waiting if o.job_id not in job_ids)

@@ -1,9 +1,87 @@
-"""The Node Driver's transition table as data: which events each lifecycle state accepts.
+"""The Node Driver's transition table, in prose and as data.
 
-``NodeDriver.handle`` consults ``ACCEPTS`` once, before any handler runs, so a handler checks only
-its event's own preconditions (a command of its kind in flight, numbers that add up). What each
-accepted pair does is the table in driver.py's docstring; tests/core/test_transitions.py holds
-that table and this data equal, both ways. A new event is one entry here and one row there.
+``NodeDriver.handle`` consults ``ACCEPTS`` once, before any handler runs, and refuses the result
+of a command it waits for (``AWAITED``) unless one is in flight; a handler checks only its
+event's own preconditions (numbers that add up, jobs it knows).
+tests/core/test_transitions.py holds the prose table below and this data equal, both ways: a new
+event is one row below and one entry in ``ACCEPTS``.
+
+Lifecycle states, the events each accepts, and what each accepted event does::
+
+    state             | event            | what happens                                        | next
+    ------------------+------------------+-----------------------------------------------------+---------
+    NEW               | Started          | OpenLease                                           | OPENING
+    NEW, OPENING      | DrainRequested   | nothing held yet (an OpenLease in flight: see *)    | STOPPED*
+    OPENING           | LeaseOpened      | first poll: ClaimJobs                               | RUNNING
+    OPENING           | Tick             | retry OpenLease after a failed one                  | OPENING
+    OPENING           | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
+    OPENING           | OutcomesWritten  | none is in flight here: refused, unless stale (see  | OPENING
+                      |                  | below)                                              |
+    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
+                      |                  | heartbeat due: RenewLease; maintenance due:         |
+                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
+                      |                  | a full purge page: the next PurgeJobs;              |
+                      |                  | lease presumed lapsed: self-fence                   | OPENING
+    RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
+                      |                  | permitting (one pending-poll slot: a burst costs    |
+                      |                  | one extra claim); else a free slot: poll now; none: |
+                      |                  | nothing                                             |
+    RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
+    RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
+                      |                  | buffer; flush when the batch is full or nothing     |
+                      |                  | executes: WriteOutcomes + ClaimJobs                 |
+    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
+    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
+                      |                  | taken until their handlers return), OpenLease       |
+    RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
+    RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
+                      |                  | after a jittered backoff that doubles per fault in  |
+                      |                  | a row (up to half a heartbeat); a failed claim may  |
+                      |                  | have committed: the next claim waits for a          |
+                      |                  | ReconcileLease(known = (job, attempt) held)         |
+    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
+    RUNNING           | DrainRequested   | stop claiming                                       | DRAINING
+    any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
+                      |                  | reopens (a poll or a write's claim uses it);        |
+                      |                  | outside RUNNING and DRAINING nothing else executes  |
+    any*              | HintReceived     | outside RUNNING: nothing                            | same
+    any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
+                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
+                      | PumpsPurged,     |                                                     |
+                      | JobsPurged       |                                                     |
+    DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
+                      | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
+                      | Tick             | ReleaseLease (gives back what did not finish)       |
+    DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
+    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
+    DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
+    DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
+    DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
+                      |                  | lease lapses and maintenance frees the rest         |
+    DRAINING, STOPPED | DrainRequested   | nothing                                             | same
+    STOPPED           | LeaseOpened      | one that was in flight at the drain: ReleaseLease   | DRAINING
+    STOPPED           | Tick             | nothing                                             | STOPPED
+    STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
+
+    * after a LeaseOpened that was already in flight, the lease is released first.
+    any*: every state but NEW.
+
+Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
+under the old lease on their way. Each (or its StoreFailed) is swallowed on arrival, in any state
+and before the table above is consulted, while no command of its kind is in flight::
+
+    result           | answers
+    -----------------+---------------
+    ClaimReturned    | ClaimJobs
+    OutcomesWritten  | WriteOutcomes
+    LeaseRenewed     | RenewLease
+    LeaseReconciled  | ReconcileLease
+    LeaseReleased    | ReleaseLease
+
+Self-fencing, the Tick row's "lease presumed lapsed": see core/lease.py.
+
+Any other pairing raises ``InvalidEvent`` naming the event and the state, and leaves the driver
+untouched: the shell halts the pump on it (fail-stop).
 """
 
 from __future__ import annotations
@@ -76,6 +154,9 @@ STALE_TOLERANT = frozenset({cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cm
 # Store commands the driver waits for none of: a StoreFailed of one is always accepted, and the
 # next maintenance run (or the lease's lapse) makes up for it.
 UNTRACKED = frozenset({cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgePumps, cmd.ReleaseJobs})
+
+# The results of the commands the driver waits for: each is refused while none of its kind is in flight.
+AWAITED: dict[type[ev.Event], type[cmd.Command]] = {result: sent for result, sent in ANSWERS.items() if sent not in UNTRACKED}
 
 
 def answered_by(event: ev.Event) -> type | None:

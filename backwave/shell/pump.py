@@ -341,7 +341,7 @@ class Pump:
                 delay = fault_delay(
                     streak=streak,
                     base=self.options.poll_interval,
-                    cap=max(self.options.poll_interval, self.options.heartbeat_every / 2),
+                    cap=self.options.fault_backoff_cap,
                     jitter=self._random.random(),
                 )
             try:

@@ -1,4 +1,4 @@
-"""The transition table in driver.py's docstring and the data in core/transitions.py are one table."""
+"""The transition table in core/transitions.py's docstring and the data beside it are one table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from backwave.core import commands as cmd
-from backwave.core import driver
+from backwave.core import transitions
 from backwave.core import events as ev
 from backwave.core.transitions import ACCEPTS, ANSWERS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, State
 
@@ -46,7 +46,7 @@ def _names(cell: str, known: dict[str, type]) -> set[type]:
 
 def documented_pairs() -> set[tuple[State, type]]:
     pairs = set()
-    for state_cell, event_cell, *_ in _rows(driver.__doc__, "state "):
+    for state_cell, event_cell, *_ in _rows(transitions.__doc__, "state "):
         states = set().union(*(STATE_WORDS[word.strip()] for word in state_cell.split(",")))
         pairs |= {(state, kind) for state in states for kind in _names(event_cell, EVENT_TYPES)}
     return pairs
@@ -66,7 +66,7 @@ def test_every_pair_the_data_accepts_is_in_the_docstring():
 
 def test_the_stale_results_the_docstring_shows_are_the_data():
     documented = {}
-    for result_cell, answers_cell, *_ in _rows(driver.__doc__, "result "):
+    for result_cell, answers_cell, *_ in _rows(transitions.__doc__, "result "):
         (result,) = _names(result_cell, EVENT_TYPES)
         (answered,) = _names(answers_cell, COMMAND_TYPES)
         documented[result] = answered

@@ -1,0 +1,94 @@
+"""Backpressure for the Node Driver: which jobs hold the pool's ``pool_size`` slots.
+
+A pump never holds more than ``pool_size`` jobs that are claimed and not yet reported. A
+finished job whose outcome sits in the buffer (or in a write in flight) still holds its slot,
+because it still holds its lease; the slot reopens when the write lands. An attempt abandoned
+with a lost lease holds its slot too, until its JobFinished arrives: its handler still runs on
+one of the pool's threads, and a job claimed for that thread would wait in the pool's queue,
+unstarted, while its lease ticks. So every job the pump claims starts at once. A drain never
+waits for abandoned handlers: their jobs are no longer the pump's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import claims
+from . import commands as cmd
+from .jobs import ClaimedJob, Outcome
+from .options import WorkerGroupOptions
+from .outcomes import OutcomeBuffer
+
+
+@dataclass
+class Slots:
+    options: WorkerGroupOptions
+    outcomes: OutcomeBuffer  # the driver's: outcomes waiting or being written hold their slots
+    executing: dict[int, ClaimedJob] = field(default_factory=dict)
+    # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
+    # returned yet: each still occupies a thread of the pool, so it still takes a slot.
+    abandoned: set[tuple[int, int]] = field(default_factory=set)
+
+    @property
+    def unreported(self) -> int:
+        """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
+        return len(self.executing) + len(self.outcomes.waiting) + len(self.outcomes.writing)
+
+    def claimable_after_write(self) -> int:
+        """How many jobs a claim that rides the write in flight may ask for: it runs after the
+        write lands, so the slots the write frees are counted as free."""
+        held = len(self.executing) + len(self.outcomes.waiting) + len(self.abandoned)
+        return min(self.options.pool_size - held, self.options.max_claim_batch)
+
+    def held_attempts(self) -> set[tuple[int, int]]:
+        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
+        return {(job.id, job.attempt) for job in self.executing.values()} | self.outcomes.attempts()
+
+    def take(self, jobs: tuple[ClaimedJob, ...], asked: int) -> int:
+        """Take the jobs a claim returned, dropping the buffered outcomes they make obsolete;
+        returns how many. ValueError, before any change, when the answer cannot be taken."""
+        # An outcome still buffered for a job the claim just returned is from an older attempt
+        # whose write did land (its reply was lost): the job ran on and is due again. It is
+        # obsolete, and it must not share a batch with the new attempt's outcome.
+        claimed_ids = {job.id for job in jobs}
+        obsolete = self.outcomes.of_jobs(claimed_ids)
+        if reason := claims.refusal(
+            jobs, asked, self.executing, unreported=self.unreported, obsolete=obsolete,
+            abandoned=len(self.abandoned), pool_size=self.options.pool_size,
+        ):
+            raise ValueError(reason)
+        if obsolete:
+            self.outcomes.drop(claimed_ids)
+        return obsolete
+
+    def start(self, jobs: tuple[ClaimedJob, ...]) -> list[cmd.Command]:
+        self.executing.update((job.id, job) for job in jobs)
+        return [cmd.ExecuteJob(job=job) for job in jobs]
+
+    def finishing(self, job_id: int, attempt: int) -> ClaimedJob | None:
+        """The executing job whose attempt finished, or None for an abandoned attempt (forgotten
+        now). ValueError when the pump knows no such attempt."""
+        job = self.executing.get(job_id)
+        if job is not None and job.attempt == attempt:
+            return job
+        if (job_id, attempt) in self.abandoned:
+            # Abandoned with a lost lease (perhaps finishing after its job was claimed again).
+            self.abandoned.discard((job_id, attempt))
+            return None
+        if job is None:
+            raise ValueError(f"job {job_id} is not executing on this pump")
+        raise ValueError(f"job {job_id} runs attempt {job.attempt}, not {attempt}")
+
+    def report(self, outcome: Outcome) -> None:
+        """The attempt's outcome, buffered, holds its job's slot from now on."""
+        del self.executing[outcome.job_id]
+        self.outcomes.waiting.append(outcome)
+
+    def abandon_all(self) -> int:
+        """Give up every executing job; returns how many."""
+        # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
+        # first lease lapsed, then that lease lost too) and hear of both, in either order.
+        self.abandoned.update((job.id, job.attempt) for job in self.executing.values())
+        count = len(self.executing)
+        self.executing.clear()
+        return count
