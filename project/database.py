@@ -55,6 +55,21 @@ def embedded_server_info():
     return info
 
 
+def embedded_client_sessions() -> int:
+    """Client sessions connected to the running embedded server, besides the one asking (0 when
+    it is not running): someone still using it, whom a stop would cut off."""
+    import psycopg
+
+    info = embedded_server_info()
+    if info is None:
+        return 0
+    with psycopg.connect(host=str(info.socket_dir), port=info.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return count
+
+
 def stop_embedded_server(timeout: float = 60) -> bool:
     """Stop the embedded server with a fast shutdown; False when it was not running."""
     if embedded_server_info() is None:

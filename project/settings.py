@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "django.contrib.postgres",
     "backwave",
     "project.demo",
@@ -97,6 +98,11 @@ BACKWAVE = {
     "WORKER_GROUPS": [
         {"name": "default", "queues": ["default", "emails", "reports"], "pool_size": 16},
     ],
+    # So the admin's Schedules page shows a schedule at work: every worker writes it at start and
+    # maintenance mints one report job per slot.
+    "SCHEDULES": {
+        "demo-report": {"task": "project.demo.tasks.report_job", "cron": "*/5 * * * *", "queue": "reports"},
+    },
 }
 
 LOGGING = {

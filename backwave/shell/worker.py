@@ -1,5 +1,5 @@
 """A worker process: the configured groups' pumps (on every database they serve), signals,
-graceful drain, throughput log."""
+graceful drain, throughput log (for intervals in which jobs ran)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ class Worker:
         return "" if self.databases == [DEFAULT_DB_ALIAS] else f" on {database}"
 
     def _watch(self, until_idle: bool) -> int:
-        """Log throughput, drain when idle (if asked), keep halted pumps' health rows fresh, and
+        """Log throughput (for intervals in which jobs ran), drain when idle (if asked), keep halted pumps' health rows fresh, and
         return the exit code once every pump has stopped (1 when every pump halted)."""
         last_time, last_done = time.monotonic(), 0
         refresh_every = min(g.heartbeat_every for g in self.groups)
@@ -119,15 +119,18 @@ class Worker:
             now = time.monotonic()
             if now - last_time >= self._log_every:
                 done = self.jobs_done
-                rate = (done - last_done) / (now - last_time)
-                logger.info(
-                    "throughput: %.0f jobs/s (%d done, %d running, %d store round-trips); pumps: %s",
-                    rate,
-                    done,
-                    sum(p.snapshot.executing for p in self.pumps),
-                    sum(p.round_trips for p in self.pumps),
-                    ", ".join(p.health for p in self.pumps),
-                )
+                running = sum(p.snapshot.executing for p in self.pumps)
+                # An idle worker stays quiet: a line every interval saying nothing happened would
+                # bury the lines that matter (its idle polls still count as round-trips).
+                if done != last_done or running:
+                    logger.info(
+                        "throughput: %.0f jobs/s (%d done, %d running, %d store round-trips); pumps: %s",
+                        (done - last_done) / (now - last_time),
+                        done,
+                        running,
+                        sum(p.round_trips for p in self.pumps),
+                        ", ".join(p.health for p in self.pumps),
+                    )
                 last_time, last_done = now, done
             if until_idle and self.idle:
                 self.drain()

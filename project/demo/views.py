@@ -1,13 +1,18 @@
 """The demo: a form that enqueues N jobs in one transaction, and a page that watches them run."""
 
+import json
+from datetime import timedelta
+from pathlib import Path
+
 from django.db import transaction
 from django.db.models import Count, Max, Min
-from django.http import Http404
+from django.http import FileResponse, Http404
+from django.utils import timezone
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
-from backwave.models import FINISHED_STATES, Job, JobState
+from backwave.models import FINISHED_STATES, Attempt, Job, JobState, Pump, PumpStatus, Queue
 
 from . import tasks
 from .forms import EnqueueForm
@@ -22,6 +27,7 @@ JOB_KINDS = {
     "reports": (tasks.report_job, lambda i: ((), {})),
 }
 ROWS_SHOWN = 200
+FAVICON = Path(__file__).resolve().parent / "static" / "demo" / "favicon.ico"
 
 
 def enqueue_all(task, calls):
@@ -66,9 +72,17 @@ def run(request, token):
     if not unfinished and times["first_enqueued"] and times["last_finished"]:
         elapsed = (times["last_finished"] - times["first_enqueued"]).total_seconds()
     admin_root = reverse("admin:index")
+    shown = list(batch.order_by("id")[:ROWS_SHOWN])
+    errors = last_errors([job.pk for job in shown if job.attempts])
     jobs = [
-        {"job": job, "admin_url": f"{admin_root}backwave/job/{job.pk}/change/", "name": job.task_path.rsplit(".", 1)[-1]}
-        for job in batch.order_by("id")[:ROWS_SHOWN]
+        {
+            "job": job,
+            "admin_url": f"{admin_root}backwave/job/{job.pk}/change/",
+            "name": job.task_path.rsplit(".", 1)[-1],
+            "result": json.dumps(job.return_value) if job.state == JobState.SUCCEEDED else None,
+            "error": errors.get(job.pk, "") if job.state != JobState.SUCCEEDED else "",
+        }
+        for job in shown
     ]
     return render(
         request,
@@ -80,5 +94,52 @@ def run(request, token):
             "finished": not unfinished,
             "elapsed": elapsed,
             "jobs": jobs,
+            "waiting": why_jobs_wait(batch) if unfinished else [],
         },
     )
+
+
+def why_jobs_wait(batch):
+    """Why the run's unfinished jobs are not moving, in the operator's words: a page that only
+    keeps refreshing looks the same whether the worker is busy, paused out or not running."""
+    reasons = []
+    paused = set(Queue.objects.filter(paused=True).values_list("name", flat=True))
+    waiting_by_queue = dict(batch.filter(state=JobState.READY).values_list("queue").annotate(n=Count("id")).order_by())
+    for queue in sorted(paused & waiting_by_queue.keys()):
+        reasons.append({"kind": "paused", "queue": queue, "count": waiting_by_queue[queue]})
+    if not any(live_pumps()):
+        reasons.append({"kind": "no-worker"})
+    return reasons
+
+
+def live_pumps():
+    """Pumps that are not halted and whose heartbeat is within their lease: someone is claiming."""
+    now = timezone.now()
+    for pump in Pump.objects.exclude(status=PumpStatus.HALTED).only("lease_duration", "last_heartbeat_at"):
+        if pump.last_heartbeat_at + timedelta(seconds=pump.lease_duration) >= now:
+            yield pump
+
+
+def last_errors(job_ids):
+    """job id -> its latest attempt's error, as the exception's last line says it."""
+    latest = (
+        Attempt.objects.filter(job_id__in=job_ids)
+        .exclude(error_class="")
+        .order_by("job_id", "-number")
+        .distinct("job_id")
+        .only("job_id", "error_class", "traceback")
+    )
+    return {attempt.job_id: error_line(attempt) for attempt in latest}
+
+
+def error_line(attempt):
+    lines = [line for line in attempt.traceback.splitlines() if line.strip()]
+    return lines[-1] if lines else attempt.error_class
+
+
+@require_GET
+def favicon(request):
+    # Browsers ask for /favicon.ico on every page (the admin's too) whatever the page links.
+    response = FileResponse(FAVICON.open("rb"), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

@@ -1,10 +1,12 @@
 """The demo pages: enqueue N jobs in one transaction, then watch their states."""
 
+from datetime import timedelta
+
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from backwave.models import Job
+from backwave.models import Attempt, Job, Pump, Queue
 from project.demo import views
 from project.demo.runs import ids_from_token, run_token
 
@@ -128,3 +130,79 @@ def test_results_page_marks_a_pending_retry(client):
 @pytest.mark.parametrize("token", ["1-3", "1-3:forged", "garbage"])
 def test_results_page_refuses_unsigned_runs(client, token):
     assert client.get(reverse("demo:run", kwargs={"token": token})).status_code == 404
+
+
+def healthy_pump(**fields):
+    return Pump.objects.create(
+        worker_id=fields.pop("worker_id", "host:1:default:0:abc"), group="default", hostname="host", pid=1,
+        status=fields.pop("status", "healthy"), lease_duration=30, **fields,
+    )
+
+
+def test_results_page_says_when_no_worker_runs(client):
+    run_url = post_form(client, count=2, kind="fast").url
+    content = client.get(run_url).content.decode()
+    assert "No worker is running" in content
+
+    healthy_pump()
+    assert "No worker is running" not in client.get(run_url).content.decode()
+
+
+def test_a_halted_or_silent_pump_is_no_live_worker(client):
+    run_url = post_form(client, count=1, kind="fast").url
+    healthy_pump(worker_id="a", status="halted")
+    healthy_pump(worker_id="b", last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert "No worker is running" in client.get(run_url).content.decode()
+
+
+def test_results_page_says_which_queue_is_paused(client):
+    healthy_pump()
+    run_url = post_form(client, count=3, kind="emails").url
+    Queue.objects.create(name="emails", paused=True)
+    content = client.get(run_url).content.decode()
+    assert "The queue <code>emails</code> is paused" in content
+    assert "3 jobs wait" in content
+
+    Queue.objects.filter(name="emails").update(paused=False)
+    assert "is paused" not in client.get(run_url).content.decode()
+
+
+def test_failed_rows_show_their_last_error(client):
+    run_url = post_form(client, count=1, kind="failing").url
+    job = Job.objects.get()
+    Job.objects.update(state="failed", attempts=2, finished_at=timezone.now())
+    for number in (1, 2):
+        Attempt.objects.create(
+            job=job, number=number, state="failed", worker_id="w", error_class="builtins.RuntimeError",
+            traceback=f"Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: demo failure, attempt {number}\n",
+        )
+    content = client.get(run_url).content.decode()
+    assert "<th>Error</th>" in content
+    assert "RuntimeError: demo failure, attempt 2" in content
+    assert "attempt 1" not in content
+
+
+def test_return_values_are_shown_as_json(client):
+    run_url = post_form(client, count=2, kind="reports").url
+    first, second = Job.objects.order_by("id")
+    Job.objects.filter(pk=first.pk).update(state="succeeded", return_value={"rows": [42, True, None]})
+    Job.objects.filter(pk=second.pk).update(state="succeeded", return_value="sent")
+    content = client.get(run_url).content.decode()
+    assert "<code>{&quot;rows&quot;: [42, true, null]}</code>" in content
+    assert "<code>&quot;sent&quot;</code>" in content
+
+
+def test_large_numbers_are_grouped(client):
+    run_url = post_form(client, count=1000, kind="fast").url
+    content = client.get(run_url).content.decode()
+    assert "Run of 1,000 jobs" in content
+    assert "<b>1,000</b>" in content  # the ready count
+    assert "Run of 1000" not in content and "<b>1000</b>" not in content
+
+
+def test_favicon_is_served_and_linked(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200
+    assert response["Content-Type"] in ("image/x-icon", "image/vnd.microsoft.icon")
+    assert b"".join(response.streaming_content)[:4] == b"\x00\x00\x01\x00"  # an ICO header
+    assert '<link rel="icon" href="/favicon.ico"' in client.get(reverse("demo:home")).content.decode()

@@ -1,6 +1,7 @@
 """``manage.py embedded_db start|stop|status``: control the embedded PostgreSQL in .pgdata/.
 
-``status`` exits 0 when the server runs and 3 when it does not (as ``pg_ctl status`` does), so
+``stop --unless-in-use`` leaves the server running while other sessions use it (what bin/run
+asks at its end, so a test run or a shell sharing the server keeps it). ``status`` exits 0 when the server runs and 3 when it does not (as ``pg_ctl status`` does), so
 scripts can ask before they start it and stop only what they started.
 """
 
@@ -18,9 +19,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("action", choices=["start", "stop", "status"])
+        parser.add_argument(
+            "--unless-in-use",
+            action="store_true",
+            help="stop: leave the server running, and say so, while other sessions are connected to it.",
+        )
 
-    def handle(self, *args, action, **options):
-        getattr(self, f"handle_{action}")()
+    def handle(self, *args, action, unless_in_use=False, **options):
+        if action == "stop":
+            self.handle_stop(unless_in_use=unless_in_use)
+        else:
+            getattr(self, f"handle_{action}")()
 
     def handle_start(self):
         if os.environ.get("DATABASE_URL"):
@@ -28,7 +37,13 @@ class Command(BaseCommand):
         info = database.embedded_server().get_postmaster_info()
         self.stdout.write(f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}")
 
-    def handle_stop(self):
+    def handle_stop(self, unless_in_use=False):
+        if unless_in_use and (sessions := database.embedded_client_sessions()):
+            self.stdout.write(
+                f"embedded PostgreSQL left running: {sessions} other session(s) still use it "
+                f"(data {database.EMBEDDED_DATA_DIR}); stop it with: python manage.py embedded_db stop"
+            )
+            return
         try:
             stopped = database.stop_embedded_server()
         except Exception as exc:  # pg_ctl's failure: CalledProcessError or TimeoutExpired
