@@ -73,6 +73,9 @@ from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
 
+# While its channel never runs dry, a pump publishes its snapshot at least every this many events.
+SNAPSHOT_EVERY = 64
+
 
 class PumpSnapshot(NamedTuple):
     """The driver's state as other threads may know it, published by the pump thread after each
@@ -205,6 +208,7 @@ class Pump:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{options.name}:{index}:{uuid.uuid4().hex[:8]}"
         self.driver = NodeDriver(options)  # the pump thread's alone: others read ``snapshot``
         self.snapshot = PumpSnapshot.of(self.driver)
+        self._unpublished = 0  # events handled since the snapshot was last published
         self._hint_flag = _HintFlag()
         self.health = HEALTHY
         self.health_reason = ""
@@ -314,6 +318,7 @@ class Pump:
         except Exception as error:
             self._halt(error)
         finally:
+            self._publish()  # the last word on what it did, for the worker's closing line
             # Never wait here: after a clean drain nothing is running, and after a drain deadline,
             # a halt or a stop, the handlers still running belong to jobs already given up on.
             self._pool.shutdown()
@@ -353,6 +358,11 @@ class Pump:
         return None
 
     def _next_event(self) -> ev.Event:
+        if self._channel.empty() or self._unpublished >= SNAPSHOT_EVERY:
+            # Published when the pump is about to wait (what it shows then is what an idle check
+            # or a hint needs) and at least every SNAPSHOT_EVERY events while it is busy: building
+            # it after every event cost more than the driver's own handling of a finished job.
+            self._publish()
         wake = self.driver.next_wakeup()
         timeout = None if wake is None else max(0.0, wake - self._clock())
         try:
@@ -374,10 +384,8 @@ class Pump:
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""
         had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
-        try:
-            commands = self.driver.handle(event)
-        finally:
-            self.snapshot = PumpSnapshot.of(self.driver)
+        self._unpublished += 1
+        commands = self.driver.handle(event)
         if had_lease and self.driver.state is State.OPENING:
             logger.warning(
                 "Pump %s gave up its lease (%s); %d job(s) it was running will run again elsewhere, and it opens a new lease",
@@ -387,6 +395,10 @@ class Pump:
             )
         self._abandoned_before = self.driver.stats.abandoned
         return commands
+
+    def _publish(self) -> None:
+        self.snapshot = PumpSnapshot.of(self.driver)
+        self._unpublished = 0
 
     def _submit(self, job) -> None:
         if is_async(job, self._registry):
