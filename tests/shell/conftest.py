@@ -16,6 +16,16 @@ from django.db import connection, connections
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def wait_until(predicate, what: str = "condition", timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} did not happen within {timeout}s")
+
+
 class WorkerProcess:
     """A worker subprocess with its output captured to a file."""
 

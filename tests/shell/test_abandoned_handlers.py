@@ -5,7 +5,6 @@ it claims starts at once, none waits in the pool's queue behind the abandoned ha
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -18,17 +17,10 @@ from backwave.tasking.registry import TaskRegistry
 from backwave.store.postgres import PostgresStore
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
+from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 class LeaseWatchingStore:

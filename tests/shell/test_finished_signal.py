@@ -4,7 +4,6 @@ pump's thread; never for an outcome the fence refused. A real Pump against the r
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -20,19 +19,12 @@ from backwave.tasking.registry import TaskRegistry
 from backwave.store.postgres import PostgresStore
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
+from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REGISTRY = TaskRegistry([worker_tasks.noop, worker_tasks.flaky, worker_tasks.waits_for_gate_on_first_attempt])
 
-
-def _wait_until(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{what} did not happen within {timeout}s")
 
 
 def _recorder():
@@ -85,8 +77,8 @@ def pump_factory():
 def test_one_signal_per_applied_attempt_after_its_outcome_is_written(received, pump_factory):
     (result,) = enqueue_many([(worker_tasks.flaky, (3,), {})])  # fails twice, then succeeds
     pump = pump_factory()
-    _wait_until(lambda: len(received) == 3, what="three task_finished signals")
-    _wait_until(lambda: pump.driver.unreported == 0)
+    wait_until(lambda: len(received) == 3, what="three task_finished signals")
+    wait_until(lambda: pump.driver.unreported == 0)
 
     assert Job.objects.get(id=result.id).state == "succeeded"
     assert [(r["attempt"], r["status"], r["errors"]) for r in received] == [
@@ -105,12 +97,12 @@ def test_an_outcome_the_fence_refuses_sends_nothing(received, pump_factory):
     worker_tasks.ENTERED.clear()
     (result,) = enqueue_many([(worker_tasks.waits_for_gate_on_first_attempt, (), {})])
     pump = pump_factory()  # heartbeat every 200 s: the pump does not notice the lease lapse before it writes
-    _wait_until(lambda: worker_tasks.ENTERED == [int(result.id)], what="the first attempt starting")
+    wait_until(lambda: worker_tasks.ENTERED == [int(result.id)], what="the first attempt starting")
     with connection.cursor() as cursor:  # lapsed by the database clock, before the outcome is written
         cursor.execute("UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE worker_id = %s", [pump.worker_id])
 
     worker_tasks.GATE.set()
-    _wait_until(lambda: pump.driver.stats.lost == 1, what="the fence refusing the outcome")
+    wait_until(lambda: pump.driver.stats.lost == 1, what="the fence refusing the outcome")
 
     assert received == []
     assert Attempt.objects.filter(job_id=result.id).count() == 0
@@ -127,9 +119,9 @@ def test_a_raising_receiver_is_logged_and_neither_stops_the_others_nor_the_pump(
     try:
         enqueue_many([(worker_tasks.noop, (n,), {}) for n in range(6)])
         pump = pump_factory()
-        _wait_until(lambda: Job.objects.filter(state="succeeded").count() == 6, what="six jobs succeeding")
-        _wait_until(lambda: len(received) == 6, what="six signals reaching the second receiver")
-        _wait_until(lambda: pump.driver.unreported == 0)
+        wait_until(lambda: Job.objects.filter(state="succeeded").count() == 6, what="six jobs succeeding")
+        wait_until(lambda: len(received) == 6, what="six signals reaching the second receiver")
+        wait_until(lambda: pump.driver.unreported == 0)
     finally:
         task_finished.disconnect(explode)
         task_finished.disconnect(record)

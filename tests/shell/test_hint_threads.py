@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -32,17 +31,10 @@ from backwave.shell.worker import Worker
 from backwave.store.postgres import PostgresStore, django_conninfo
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
+from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def notify(queue: str) -> None:

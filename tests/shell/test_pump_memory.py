@@ -5,7 +5,6 @@ lease, or never wanted because the attempt was abandoned). A real Pump, the real
 from __future__ import annotations
 
 import gc
-import time
 
 import pytest
 from django.db import connection
@@ -19,20 +18,13 @@ from backwave.tasking.registry import TaskRegistry
 from backwave.store.postgres import PostgresStore
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
+from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROUNDS = 3
 JOBS_PER_ROUND = 4
 
-
-def _wait_until(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout}s")
 
 
 def _reports_alive(job_ids) -> int:
@@ -54,19 +46,19 @@ def test_reports_of_attempts_abandoned_with_a_lost_lease_are_not_kept():
             results = enqueue_many([(worker_tasks.waits_for_gate_on_first_attempt, (), {})] * JOBS_PER_ROUND)
             ids = {int(r.id) for r in results}
             job_ids |= ids
-            _wait_until(lambda: set(worker_tasks.ENTERED) == ids, what=f"round {round_number}: every first attempt running")
+            wait_until(lambda: set(worker_tasks.ENTERED) == ids, what=f"round {round_number}: every first attempt running")
             # Expired by the database clock: the next heartbeat finds the lease gone and the pump
             # gives those attempts up while their handlers are still running.
             with connection.cursor() as cursor:
                 cursor.execute("UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE worker_id = %s", [pump.worker_id])
-            _wait_until(lambda: pump.driver.stats.abandoned == round_number * JOBS_PER_ROUND, what=f"round {round_number}: the lease loss")
+            wait_until(lambda: pump.driver.stats.abandoned == round_number * JOBS_PER_ROUND, what=f"round {round_number}: the lease loss")
             worker_tasks.GATE.set()  # the abandoned handlers finish now, after the loss
             # The second attempts (after expiry made the jobs ready again) run on and succeed.
-            _wait_until(lambda: Job.objects.filter(id__in=ids, state="succeeded").count() == JOBS_PER_ROUND, what=f"round {round_number}: the re-runs")
-        _wait_until(lambda: pump.driver.unreported == 0, what="every outcome written")
+            wait_until(lambda: Job.objects.filter(id__in=ids, state="succeeded").count() == JOBS_PER_ROUND, what=f"round {round_number}: the re-runs")
+        wait_until(lambda: pump.driver.unreported == 0, what="every outcome written")
         assert pump.health == HEALTHY
         try:
-            _wait_until(lambda: _reports_alive(job_ids) == 0, timeout=10, what="the reports being let go")
+            wait_until(lambda: _reports_alive(job_ids) == 0, timeout=10, what="the reports being let go")
         except AssertionError:
             raise AssertionError(f"{_reports_alive(job_ids)} attempt report(s) of {len(job_ids)} settled jobs are still held") from None
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from io import StringIO
@@ -30,19 +29,12 @@ from backwave.shell.worker import Worker
 from backwave.store.contract import TransientStoreError
 from backwave.store.postgres import PostgresStore
 from tests.shell import worker_tasks
+from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LOCK_TIMEOUT = "canceling statement due to lock timeout"
 
-
-def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def get(url: str) -> tuple[int, dict]:

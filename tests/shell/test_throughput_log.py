@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import pytest
 
@@ -16,16 +15,10 @@ from backwave.store.postgres import PostgresStore
 from backwave.tasking.registry import TaskRegistry
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
+from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def wait_for(predicate, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_the_throughput_line_is_written_only_for_intervals_in_which_something_happened(caplog):
@@ -42,16 +35,16 @@ def test_the_throughput_line_is_written_only_for_intervals_in_which_something_ha
     runner.start()
     try:
         # Idle: empty claims, one per poll, each several log intervals apart.
-        wait_for(lambda: pump.round_trips >= 6, "idle polls")
+        wait_until(lambda: pump.round_trips >= 6, "idle polls")
         assert throughput_lines() == []
 
         enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(20)])
-        wait_for(lambda: worker.jobs_done == 20, "the jobs to run")
-        wait_for(lambda: any("20 done" in line for line in throughput_lines()), "a throughput line for them")
+        wait_until(lambda: worker.jobs_done == 20, "the jobs to run")
+        wait_until(lambda: any("20 done" in line for line in throughput_lines()), "a throughput line for them")
 
         written = len(throughput_lines())
         idle_from = pump.round_trips
-        wait_for(lambda: pump.round_trips >= idle_from + 6, "idle polls after the jobs")
+        wait_until(lambda: pump.round_trips >= idle_from + 6, "idle polls after the jobs")
         assert len(throughput_lines()) == written
     finally:
         worker.drain()
