@@ -143,6 +143,10 @@ def test_concurrent_claimers_never_share_a_row_and_drain_the_queue(make_store, o
     stores = [make_store(), make_store()]
     leases = [open_lease(f"host:1:default:{n}", on=s) for n, s in enumerate(stores)]
     start = threading.Barrier(2)
+    # Both claimers hold a batch before either goes on, so they really drain the queue side by
+    # side: left to the scheduler, one thread could take all 2,000 jobs from the in-memory store
+    # within a single GIL switch interval, before the other ever ran.
+    both_claiming = threading.Barrier(2)
     claimed: list[list[int]] = [[], []]
     errors: list[BaseException] = []
 
@@ -152,6 +156,8 @@ def test_concurrent_claimers_never_share_a_row_and_drain_the_queue(make_store, o
             while batch := stores[n].claim_jobs(lease_id=leases[n].id, worker_id=leases[n].worker_id, queues=queues, limit=7):
                 assert len(batch) <= 7
                 claimed[n].extend(job.id for job in batch)
+                if len(claimed[n]) == len(batch):
+                    both_claiming.wait(timeout=30)
         except BaseException as error:  # surfaced below, in the test's thread
             errors.append(error)
 
