@@ -30,6 +30,8 @@ from .queue_rules import QUEUE_NAME_DATABASE_REGEX, QUEUE_NAME_PATTERN, QUEUE_NA
 
 
 class JobState(models.TextChoices):
+    WAITING = "waiting", "Waiting"  # for its ancestors (Dependency): not claimable yet
+    HELD = "held", "Held"  # an ancestor failed under an on_failure="hold" dependency: an operator decides
     READY = "ready", "Ready"
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
@@ -160,6 +162,16 @@ class Job(models.Model):
     lease_id = models.UUIDField(null=True, blank=True, help_text="The lease the job runs under while running.")
     worker_id = models.CharField(max_length=255, blank=True, default="", help_text="Pump identity of the latest attempt.")
     return_value = models.JSONField(null=True, blank=True)
+    # Named values a handler recorded with context.output(), merged over its attempts (a later
+    # attempt's value of a name wins); its dependents read them through their JobContext.
+    output = models.JSONField(null=True, blank=True, help_text="Job Output: what the handler recorded with context.output(name, value).")
+    # Ancestors (Dependency rows) that have not succeeded yet: the dependent is ready when this
+    # reaches 0, in the same statement that applies its last ancestor's success.
+    waiting_on = models.IntegerField(default=0, db_default=0, help_text="Ancestors this job still waits for.")
+    reason = models.TextField(
+        blank=True, default="", db_default="",
+        help_text="Why BackWave cancelled or holds this job: the ancestor whose failure decided it.",
+    )
 
     # Set on jobs minted from a schedule. No index of its own: the partial unique index below
     # (schedule_id leading) serves lookups by schedule, and ordinary enqueues never touch it.
@@ -237,6 +249,40 @@ class Job(models.Model):
 
     def __str__(self):
         return f"{self.task_path} #{self.pk} ({self.state})"
+
+
+class DependencyPolicy(models.TextChoices):
+    """What a dependent does when its ancestor fails for good, is cancelled or quarantined."""
+
+    CANCEL = "cancel", "Cancel the dependent"
+    RUN = "run", "Run the dependent anyway"
+    HOLD = "hold", "Hold the dependent for an operator"
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``job`` waits until ``ancestor`` has succeeded.
+
+    The primary key (job, ancestor) lists a job's ancestors; the index on ``ancestor`` is how
+    the outcome statement finds the dependents of the jobs it settles, so releasing a fan-out of
+    10,000 is one index range scan in that statement. Both foreign keys cascade: a purged job
+    takes its edges along.
+    """
+
+    pk = models.CompositePrimaryKey("job", "ancestor")
+    job = models.ForeignKey(Job, on_delete=models.DB_CASCADE, related_name="ancestor_links", db_index=False)
+    ancestor = models.ForeignKey(Job, on_delete=models.DB_CASCADE, related_name="dependent_links", db_index=False)
+    on_failure = models.CharField(max_length=8, choices=DependencyPolicy.choices, default=DependencyPolicy.CANCEL)
+    position = models.IntegerField(default=0, help_text="The ancestor's place in the after= list it was given in.")
+
+    class Meta:
+        indexes = [models.Index(fields=["ancestor"], name="backwave_dependency_ancestor")]
+        constraints = [
+            models.CheckConstraint(condition=~models.Q(job=models.F("ancestor")), name="backwave_dependency_not_self"),
+            models.CheckConstraint(condition=models.Q(on_failure__in=["cancel", "run", "hold"]), name="backwave_dependency_policy_valid"),
+        ]
+
+    def __str__(self):
+        return f"job {self.job_id} after {self.ancestor_id} ({self.on_failure})"
 
 
 class Lease(models.Model):

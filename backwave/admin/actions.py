@@ -22,8 +22,9 @@ from ..models import Job, Queue
 from ..queue_rules import validate_concurrency_limit
 from ..store import operator
 
-RETRYABLE_STATES = ("failed", "quarantined")
-CANCELLABLE_STATES = ("ready",)
+# A held job (its ancestor failed under on_failure="hold") may be run now by retrying it.
+RETRYABLE_STATES = ("failed", "quarantined", "held")
+CANCELLABLE_STATES = ("ready", "waiting", "held")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

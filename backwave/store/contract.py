@@ -35,6 +35,29 @@ class TransientStoreError(StoreError):
     the pump marks itself degraded and retries on a later tick."""
 
 
+DEPENDENCY_POLICIES = ("cancel", "run", "hold")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class After:
+    """One ancestor of a new job: an existing job (``job_id``) or the job at ``position`` (0-based)
+    of the same enqueue batch, and what the dependent does if that ancestor fails, is cancelled
+    or quarantined (``on_failure``: cancel, run or hold)."""
+
+    job_id: int | None = None
+    position: int | None = None
+    on_failure: str = "cancel"
+
+
+class DependencyRefused(StoreError):
+    """An enqueue named ancestors that do not exist or that already ended badly; nothing was
+    written. ``refused`` maps each such ancestor id to its state (None: no such job)."""
+
+    def __init__(self, message: str, refused: dict[int, str | None]):
+        super().__init__(message, statement="enqueue_with_dependencies")
+        self.refused = refused
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewJob:
     """A job to insert. Validated by the caller (the tasks backend) before it gets here."""
@@ -49,6 +72,7 @@ class NewJob:
     backoff_max: float = 3600.0
     backend: str = "default"
     tags: Sequence[str] = field(default_factory=tuple)
+    after: Sequence[After] = ()  # its ancestors: the job waits until every one has succeeded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +87,11 @@ class OutcomeRecord:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0  # seconds the attempt ran, measured on the worker's monotonic clock
+    # The attempt's side channels, whatever its kind: Job Output recorded (merged into the job's)
+    # and runtime tag deltas. None / empty: nothing to change.
+    output: dict[str, Any] | None = None
+    tags_added: tuple[str, ...] = ()
+    tags_removed: tuple[str, ...] = ()
 
 
 class Applied(set):
@@ -73,9 +102,10 @@ class Applied(set):
     saying why (see write_outcomes_many).
     """
 
-    def __init__(self, ids=(), replaced: dict[int, OutcomeRecord] | None = None):
+    def __init__(self, ids=(), replaced: dict[int, OutcomeRecord] | None = None, released: int = 0):
         super().__init__(ids)
         self.replaced: dict[int, OutcomeRecord] = dict(replaced or {})
+        self.released = released  # dependents the write made ready (their last ancestor succeeded)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,7 +205,13 @@ class Store(Protocol):
         to ASCII) below the reason; if that is refused too, the job is FAILED with the reason
         alone. One round-trip when nothing is refused; a refused row costs about 2·log2(batch)
         more. ``Applied.replaced`` names the rows written that way. Any applied outcome clears the
-        job's suspect flag: the attempt ended without taking its worker down."""
+        job's suspect flag: the attempt ended without taking its worker down.
+
+        An outcome's Job Output is merged into the job's and its tag deltas applied, whatever its
+        kind. An outcome that ends its job settles the job's dependents in the same statement:
+        one whose last ancestor succeeded is ready (``Applied.released`` counts them); a failed,
+        quarantined (or cancelled) ancestor cancels, releases or holds each dependent by its
+        dependency's on_failure, a cancelled dependent cancelling its own in turn."""
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
@@ -205,7 +241,10 @@ class Store(Protocol):
         released."""
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert jobs in one statement; returns their ids in input order."""
+        """Insert jobs in one statement; returns their ids in input order. Jobs with ``after``
+        are inserted waiting (or ready when every ancestor has already succeeded) with their
+        dependency rows, in the same statement; DependencyRefused, with nothing written, when an
+        ancestor does not exist or already ended badly under a policy other than run."""
 
     # -- maintenance: schedules, retention, pump health --------------------------------------------
 

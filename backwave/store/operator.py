@@ -20,15 +20,20 @@ UNSET: Any = object()
 
 # A job action's name -> the SET list of queries.sql that act_on_jobs applies.
 JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignments"}
+# ... and the CTEs that carry the change to the changed jobs' dependents (workflows).
+JOB_ACTION_DEPENDENTS = {"retry": "retry_job_dependents", "cancel": "cancel_job_dependents"}
 
 
 def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
     """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
-    (id, state when locked, changed) per selected job that still exists, by id."""
+    (id, state when locked, changed) per selected job that still exists, by id. A cancel settles
+    the changed jobs' dependents as a failed ancestor would; a retry re-arms those held for them."""
     if action not in JOB_ACTIONS:
         raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
     sql, params = selection
-    statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
+    statement = QUERIES["act_on_jobs"].format(
+        selection=sql, assignments=QUERIES[JOB_ACTIONS[action]], then=QUERIES[JOB_ACTION_DEPENDENTS[action]]
+    )
     cursor.execute(statement, [*params, list(allowed)])
     return cursor.fetchall()
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import Applied, NewJob, OutcomeRecord, Store, StoreError
+from .contract import Applied, DependencyRefused, NewJob, OutcomeRecord, Store, StoreError
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 # -- leases and claims ---------------------------------------------------------------------------
@@ -60,10 +60,56 @@ def known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
 # -- enqueue ---------------------------------------------------------------------------------------
 
 
+def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[str, Any]]:
+    """The enqueue's statement and parameters: enqueue_many, or enqueue_with_dependencies when
+    a job of the batch waits for others (the plain batch keeps the plain statement)."""
+    if not any(job.after for job in jobs):
+        return "enqueue_many", insert_jobs_params(jobs, hint=hint)
+    rows = _job_rows(jobs)
+    for row, job in zip(rows, jobs, strict=True):
+        row["after"] = [
+            {
+                "job": edge.job_id,
+                "pos": None if edge.position is None else edge.position + 1,  # WITH ORDINALITY counts from 1
+                "on_failure": edge.on_failure,
+            }
+            for edge in job.after
+        ]
+    return "enqueue_with_dependencies", {"jobs": json.dumps(rows), "hint": hint}
+
+
+def inserted_ids(name: str, rows: list[tuple]) -> list[int]:
+    """The ids an enqueue statement returned, or DependencyRefused naming the ancestors it refused."""
+    if name == "enqueue_many":
+        return [row[0] for row in rows]
+    refused = {row[1]: row[2] for row in rows if row[0] is None}
+    if refused:
+        raise DependencyRefused(dependency_refusal(refused), refused)
+    return [row[0] for row in rows]
+
+
+def dependency_refusal(refused: Mapping[int, str | None]) -> str:
+    """The message of DependencyRefused."""
+    parts = []
+    for job_id, state in sorted(refused.items()):
+        if state is None:
+            parts.append(f"job {job_id} does not exist (a wrong id, another database, or purged by retention)")
+        else:
+            parts.append(
+                f"job {job_id} is already {state}, so a dependent with on_failure 'cancel' or 'hold' would be "
+                "cancelled or held at once; retry it first, or depend on it with on_failure='run'"
+            )
+    return "Nothing was enqueued: " + "; ".join(parts) + "."
+
+
 def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
     """The parameters of enqueue_many: the jobs as one JSON array of objects, and whether the
     statement sends a Wake-Up Hint per queue."""
-    rows = [
+    return {"jobs": json.dumps(_job_rows(jobs)), "hint": hint}
+
+
+def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
+    return [
         {
             "task_path": job.task_path,
             "payload": job.payload,
@@ -78,7 +124,6 @@ def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
         }
         for job in jobs
     ]
-    return {"jobs": json.dumps(rows), "hint": hint}
 
 
 # -- outcomes: the batch, and what cannot be encoded -------------------------------------------
@@ -133,11 +178,21 @@ def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
         "error_class": error_class_text(o.error_class),
         "traceback": clean_text(o.traceback),
         "duration": float(o.duration),
+        "output": o.output or None,
+        "tag_add": list(o.tags_added) or None,
+        "tag_remove": list(o.tags_removed) or None,
     }
 
 
 def _row_problem(outcome: OutcomeRecord) -> str | None:
     """Why this outcome's row cannot be encoded for jsonb, or None."""
+    if outcome.output:
+        try:
+            json.dumps(outcome.output, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as error:
+            return f"its output cannot be stored: {result_problem(outcome.output) or error}"
+        if (problem := result_problem(outcome.output)) is not None:
+            return f"its output cannot be stored: {problem.replace('the return value', 'the output', 1)}"
     try:
         encoded = json.dumps(_outcome_row(outcome), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as error:
@@ -164,7 +219,15 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 def applied_from_rows(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) -> Applied:
     """The ids a write's RETURNING gave back, with the replacements among them."""
     ids = {row[0] for row in rows}
-    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids})
+    released = rows[0][1] if rows and len(rows[0]) > 1 else 0
+    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids}, released=released)
+
+
+def lock_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any] | None:
+    """lock_outcome_jobs' parameters: the jobs whose outcome ends them (a retry settles no
+    dependent), or None when there are none and the lock is not sent."""
+    ending = [o.job_id for o in outcomes if o.kind is not OutcomeKind.RETRY]
+    return {"lease_id": lease_id, "job_ids": ending} if ending else None
 
 
 # -- the second wall: a batch the server refuses for one row's data ----------------------------
@@ -230,7 +293,7 @@ def write_isolating(
         return _write_replacement(write, outcomes[0], refused)
     middle = len(outcomes) // 2
     first, second = write_isolating(write, outcomes[:middle]), write_isolating(write, outcomes[middle:])
-    return Applied(first | second, {**first.replaced, **second.replaced})
+    return Applied(first | second, {**first.replaced, **second.replaced}, released=first.released + second.released)
 
 
 def _write_replacement(write: Callable[[Sequence[OutcomeRecord]], Applied], outcome: OutcomeRecord, refused: StoreError) -> Applied:
@@ -246,7 +309,7 @@ def _write_replacement(write: Callable[[Sequence[OutcomeRecord]], Applied], outc
                 raise
             reason += f"; written as it was decided ({outcome.kind.value}), it was refused again [{again.sqlstate}]: {_server_reason(again)}"
             continue
-        return Applied(applied, {outcome.job_id: replacement} if outcome.job_id in applied else {})
+        return Applied(applied, {outcome.job_id: replacement} if outcome.job_id in applied else {}, released=applied.released)
     raise AssertionError("unreachable: the last replacement is written or raises")
 
 

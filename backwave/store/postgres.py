@@ -50,7 +50,8 @@ from backwave.core.options import store_timeouts
 
 from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
 from .params import (
-    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, insert_statement, inserted_ids, known_params, lease_seconds, lock_params, outcome_batch,
+    write_isolating, write_then_claim,
 )
 from .queries import QUERIES
 from .storable import clean_text
@@ -277,7 +278,9 @@ class PostgresStore:
 
         def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
             params, replaced = outcome_batch(lease_id, outcomes)
-            written, _, claimed = self._pipeline("write_outcomes_then_claim", [("write_outcomes_many", params), _lock_statement(claim), claim])
+            *_, written, _, claimed = self._pipeline(
+                "write_outcomes_then_claim", [*_write_statements(lease_id, outcomes, params), _lock_statement(claim), claim]
+            )
             return applied_from_rows(written, replaced), [_claimed_job(row) for row in claimed]
 
         return write_then_claim(
@@ -286,9 +289,12 @@ class PostgresStore:
         )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
-        """One write_outcomes_many statement (one round-trip)."""
+        """One write_outcomes_many statement, behind lock_outcome_jobs (one round-trip)."""
         params, replaced = outcome_batch(lease_id, outcomes)
-        return applied_from_rows(self._execute("write_outcomes_many", params), replaced)
+        statements = _write_statements(lease_id, outcomes, params)
+        if len(statements) == 1:
+            return applied_from_rows(self._execute("write_outcomes_many", params), replaced)
+        return applied_from_rows(self._pipeline("write_outcomes_many", statements)[-1], replaced)
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
         """Run the named statements in order in one round-trip and one transaction."""
@@ -358,7 +364,8 @@ class PostgresStore:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:
             return []
-        return [row[0] for row in self._execute("enqueue_many", insert_jobs_params(jobs, hint=True))]
+        name, params = insert_statement(jobs, hint=True)
+        return inserted_ids(name, self._execute(name, params))
 
     # -- maintenance: schedules, retention, pump health -----------------------------------------
 
@@ -486,6 +493,12 @@ def _milliseconds(name: str, seconds: float | None) -> str | None:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{name} must be a finite number of seconds above 0, or None to leave the session's value; got {seconds!r}")
     return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _write_statements(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], params: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """write_outcomes_many, behind lock_outcome_jobs when some outcome ends its job."""
+    lock = lock_params(lease_id, outcomes)
+    return [("lock_outcome_jobs", lock), ("write_outcomes_many", params)] if lock else [("write_outcomes_many", params)]
 
 
 def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:

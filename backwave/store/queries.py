@@ -8,13 +8,16 @@ from pathlib import Path
 QUERIES_FILE = Path(__file__).with_name("queries.sql")
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*(\w+)\s*$")
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
 
 def parse_queries(text: str) -> dict[str, str]:
     """Split ``text`` into ``{name: sql}`` at each ``-- name: <name>`` line.
 
     Whole-line comments are dropped (they are for the reader, and psycopg would read a ``%`` in
-    them as a placeholder); anything before the first name line is the file's preamble.
+    them as a placeholder); anything before the first name line is the file's preamble. A
+    ``{{name}}`` in a block is replaced by that block's text: CTEs several statements share
+    (settle_dependents), written once.
     """
     queries: dict[str, list[str]] = {}
     current: list[str] | None = None
@@ -29,7 +32,13 @@ def parse_queries(text: str) -> dict[str, str]:
     result = {name: "\n".join(lines).strip() for name, lines in queries.items()}
     if empty := [name for name, sql in result.items() if not sql]:
         raise ValueError(f"{QUERIES_FILE.name}: query {empty[0]!r} has no SQL")
-    return result
+
+    def include(match: re.Match) -> str:
+        if match.group(1) not in result or _INCLUDE.search(result[match.group(1)]):
+            raise ValueError(f"{QUERIES_FILE.name}: {{{{{match.group(1)}}}}} names no block, or one that includes another")
+        return result[match.group(1)]
+
+    return {name: _INCLUDE.sub(include, sql) for name, sql in result.items()}
 
 
 QUERIES: dict[str, str] = parse_queries(QUERIES_FILE.read_text(encoding="utf-8"))

@@ -290,7 +290,16 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- ended without taking its worker down (see expire_leases). Attempt rows are inserted from the
 -- UPDATE's RETURNING, so only applied outcomes are logged; the unique (job_id, number)
 -- constraint would turn a double apply into an error rather than a second row.
-WITH lease AS MATERIALIZED (
+--
+-- Workflows ride the same statement. The attempt's Job Output is merged into the job's (a
+-- name recorded again wins) and its runtime tag deltas applied to its tags, whatever the kind:
+-- a handler that recorded them and then raised keeps them. An outcome that ends its job
+-- ("settling": succeeded, failed for good, quarantined) settles the job's dependents
+-- (settle_dependents, included below): a dependent whose last ancestor succeeded here is ready
+-- when this statement commits. lock_outcome_jobs runs just before this statement, in the same
+-- transaction, so that this statement's snapshot sees every dependency committed on these jobs
+-- (see there). The count of dependents made ready rides on every returned row.
+WITH RECURSIVE lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
@@ -300,10 +309,11 @@ WITH lease AS MATERIALIZED (
     -- comes boxed as {"v": value} so that a task returning None stores JSON null, a value,
     -- while the other kinds (box absent) store SQL NULL.
     SELECT b.job_id, b.attempt, b.kind, b.retry_delay, b.boxed -> 'v' AS return_value,
-           b.error_class, b.traceback, b.duration
+           b.error_class, b.traceback, b.duration, b.output, b.tag_add, b.tag_remove
     FROM jsonb_to_recordset(%(outcomes)s::jsonb)
          AS b(job_id bigint, attempt int, kind text, retry_delay float8, boxed jsonb,
-              error_class text, traceback text, duration float8)
+              error_class text, traceback text, duration float8, output jsonb,
+              tag_add varchar[], tag_remove varchar[])
 ), applied AS (
     UPDATE backwave_job AS j
     SET state = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
@@ -316,7 +326,14 @@ WITH lease AS MATERIALIZED (
         finished_at = CASE WHEN o.kind = 'retry' THEN NULL ELSE now() END,
         return_value = o.return_value,
         lease_id = NULL,
-        suspect = false
+        suspect = false,
+        output = CASE WHEN o.output IS NULL THEN j.output ELSE coalesce(j.output, '{}'::jsonb) || o.output END,
+        -- Tags kept in their order, those added appended, each once, those removed left out.
+        tags = CASE WHEN o.tag_add IS NULL AND o.tag_remove IS NULL THEN j.tags
+                    ELSE ARRAY(SELECT t.tag
+                               FROM unnest(j.tags || coalesce(o.tag_add, '{}'::varchar[])) WITH ORDINALITY AS t(tag, n)
+                               WHERE t.tag <> ALL (coalesce(o.tag_remove, '{}'::varchar[]))
+                               GROUP BY t.tag ORDER BY min(t.n))::varchar(64)[] END
     FROM outcome AS o
     WHERE j.id = o.job_id
       AND j.lease_id = %(lease_id)s
@@ -325,7 +342,14 @@ WITH lease AS MATERIALIZED (
       AND EXISTS (SELECT FROM lease)
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
               o.error_class, o.traceback, o.duration
+), settling AS (
+    SELECT a.id, CASE a.kind WHEN 'succeeded' THEN 'succeeded'
+                             WHEN 'quarantined' THEN 'quarantined'
+                             ELSE 'failed' END AS state
+    FROM applied AS a
+    WHERE a.kind <> 'retry'
 )
+{{settle_dependents}}
 INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
                               error_class, traceback, return_value)
 SELECT a.id, a.attempt,
@@ -337,7 +361,107 @@ SELECT a.id, a.attempt,
        coalesce(a.last_attempted_at, now()) + make_interval(secs => greatest(a.duration, 0)),
        a.error_class, a.traceback, a.return_value
 FROM applied AS a
-RETURNING job_id
+RETURNING job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready') AS released
+
+
+-- name: lock_outcome_jobs
+-- Sent just before write_outcomes_many, in the same transaction (one pipelined round-trip), for
+-- the jobs whose outcome ends them. An enqueue that names one of them in after= holds its row
+-- FOR SHARE until the enqueuing transaction commits. Without this lock, the outcome statement
+-- would wait for that row inside its own statement, whose snapshot was taken before the enqueue
+-- committed: it would apply the outcome without seeing the new dependent, which would then wait
+-- for ever. Waiting here instead, the outcome statement that follows takes a fresh snapshot (READ
+-- COMMITTED) that sees the dependency; and an enqueue that comes second waits for this
+-- transaction and reads the ancestor as it ended. The lease row first and job rows in id
+-- order, as every statement locks (see the top of this file).
+WITH lease AS MATERIALIZED (
+    SELECT id FROM backwave_lease
+    WHERE id = %(lease_id)s AND expires_at > now()
+    FOR KEY SHARE
+)
+SELECT j.id
+FROM backwave_job AS j
+WHERE j.id = ANY(%(job_ids)s::bigint[])
+  AND j.lease_id = %(lease_id)s
+  AND j.state = 'running'
+  AND EXISTS (SELECT FROM lease)
+ORDER BY j.id
+FOR NO KEY UPDATE OF j
+
+
+-- name: settle_dependents
+-- Not a statement: the CTEs every statement that ends jobs includes ({{settle_dependents}}),
+-- after a CTE "settling"(id, state) of the jobs it ends and their new state. The statement must
+-- be WITH RECURSIVE. No parameters (act_on_jobs formats its text, and takes positional ones).
+--
+-- What an ended ancestor does to its dependents (backwave_dependency, found through its
+-- ancestor index, so a fan-out of 10,000 is one index range scan):
+--   * succeeded: the dependent's waiting_on goes down by one; at 0 it is ready (due at once, or
+--     at its own run_at if that is later);
+--   * failed, cancelled or quarantined, by the dependency's on_failure: "cancel" cancels the
+--     dependent, and that cancels its own "cancel" dependents in turn (dep_doomed, recursive:
+--     a DAG has no cycle, and UNION stops on a row found twice anyway); "run" counts as a
+--     success; "hold" holds the dependent for an operator (state held: retrying the ancestor
+--     from the admin re-arms it).
+-- A dependent is updated once however many of its ancestors end here (dep_effects aggregates
+-- them), and never when the statement ends it itself. Each reason names the ancestor.
+-- Concurrent statements ending two ancestors of one dependent serialize on its row, and READ
+-- COMMITTED re-reads its waiting_on before subtracting, so a fan-in is released exactly once.
+, dep_doomed(id, via) AS (
+    SELECT d.job_id, s.id
+    FROM settling AS s
+    JOIN backwave_dependency AS d ON d.ancestor_id = s.id
+    JOIN backwave_job AS w ON w.id = d.job_id
+    WHERE s.state <> 'succeeded' AND d.on_failure = 'cancel' AND w.state IN ('waiting', 'held')
+      AND d.job_id NOT IN (SELECT id FROM settling)
+    UNION
+    SELECT d.job_id, x.id
+    FROM dep_doomed AS x
+    JOIN backwave_dependency AS d ON d.ancestor_id = x.id
+    JOIN backwave_job AS w ON w.id = d.job_id
+    WHERE d.on_failure = 'cancel' AND w.state IN ('waiting', 'held')
+      AND d.job_id NOT IN (SELECT id FROM settling)
+), dep_ended AS MATERIALIZED (
+    SELECT s.id, s.state FROM settling AS s
+    UNION ALL
+    SELECT DISTINCT x.id, 'cancelled' FROM dep_doomed AS x
+), dep_cause AS MATERIALIZED (
+    SELECT DISTINCT ON (x.id) x.id, x.via, e.state AS via_state
+    FROM dep_doomed AS x JOIN dep_ended AS e ON e.id = x.via
+    ORDER BY x.id, x.via
+), dep_effects AS MATERIALIZED (
+    SELECT d.job_id,
+           count(*) FILTER (WHERE e.state = 'succeeded' OR d.on_failure = 'run') AS satisfied,
+           min(d.ancestor_id) FILTER (WHERE e.state <> 'succeeded' AND d.on_failure = 'hold') AS held_by,
+           min(e.state) FILTER (WHERE e.state <> 'succeeded' AND d.on_failure = 'hold') AS held_by_state
+    FROM dep_ended AS e
+    JOIN backwave_dependency AS d ON d.ancestor_id = e.id
+    WHERE d.job_id NOT IN (SELECT id FROM settling)
+    GROUP BY d.job_id
+), dep_released AS (
+    UPDATE backwave_job AS j
+    SET state = CASE WHEN c.id IS NOT NULL THEN 'cancelled'
+                     WHEN j.state = 'held' OR f.held_by IS NOT NULL THEN 'held'
+                     WHEN j.waiting_on - f.satisfied <= 0 THEN 'ready'
+                     ELSE 'waiting' END,
+        waiting_on = greatest(j.waiting_on - f.satisfied, 0),
+        run_at = CASE WHEN c.id IS NULL AND f.held_by IS NULL AND j.state = 'waiting'
+                           AND j.waiting_on - f.satisfied <= 0
+                      THEN greatest(j.run_at, now()) ELSE j.run_at END,
+        finished_at = CASE WHEN c.id IS NOT NULL THEN now() ELSE j.finished_at END,
+        reason = CASE WHEN c.id IS NOT NULL
+                      THEN 'Cancelled: ancestor #' || c.via::text
+                           || CASE c.via_state WHEN 'failed' THEN ' failed.' ELSE ' was ' || c.via_state || '.' END
+                      WHEN f.held_by IS NOT NULL AND j.state = 'waiting'
+                      THEN 'Held: ancestor #' || f.held_by::text
+                           || CASE f.held_by_state WHEN 'failed' THEN ' failed' ELSE ' was ' || f.held_by_state END
+                           || '. Retry it to re-arm this job, retry this job to run it now, or cancel it.'
+                      ELSE j.reason END
+    FROM dep_effects AS f
+    LEFT JOIN dep_cause AS c ON c.id = f.job_id
+    WHERE j.id = f.job_id AND j.state IN ('waiting', 'held')
+    RETURNING j.id, j.state
+)
 
 
 -- name: release_jobs_many
@@ -383,8 +507,8 @@ RETURNING j.id
 -- "stranded" waits for if need be, and READ COMMITTED re-evaluates the WHERE clause on that
 -- version (finished, lease_id NULL), so the job is skipped. "stranded" reads (and locks) the
 -- jobs before the UPDATE so that the text can say what each was before (RETURNING only sees
--- the new row).
-WITH lapsed AS MATERIALIZED (
+-- the new row). A job failed here settles its dependents (settle_dependents).
+WITH RECURSIVE lapsed AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE expires_at < now()
     ORDER BY expires_at
@@ -437,7 +561,10 @@ WITH lapsed AS MATERIALIZED (
                                     ELSE 'no attempts left, the job failed.' END
                   END
     FROM released AS r
+), settling AS (
+    SELECT r.id, r.state FROM released AS r WHERE r.state = 'failed'
 )
+{{settle_dependents}}
 SELECT count(*) FROM released
 
 
@@ -711,6 +838,91 @@ WITH inserted AS (
 SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
 
 
+-- name: enqueue_with_dependencies
+-- enqueue_many for a batch in which some job waits for others (after=, a chain, a group, a
+-- DAG): the jobs and their dependency rows in one statement, or nothing at all. Each job's
+-- "after" is a JSON array of {job, pos, on_failure}: an existing job's id, or the 1-based
+-- position of a job of this batch (the caller has refused cycles). An existing ancestor is
+-- locked FOR SHARE, in id order, until the enqueuing transaction commits: a worker writing its
+-- outcome meanwhile waits for the commit (lock_outcome_jobs) and then sees this dependent, and
+-- one that wrote first is read here as it ended. A job waits (state waiting, waiting_on =
+-- ancestors not yet succeeded) or, when every ancestor has already succeeded, is ready.
+-- Refused, with nothing inserted: an ancestor id that names no job ("refused" returns it with a
+-- NULL state) and one that already failed, was cancelled or quarantined when its dependency's
+-- on_failure is not "run" (returned with its state: a dependent cancelled or held at birth is a
+-- mistake to report, not to store). Rows: the new ids in input order, or the refused ancestors.
+WITH given AS MATERIALIZED (
+    SELECT n.*
+    FROM ROWS FROM (
+             jsonb_to_recordset(%(jobs)s::jsonb)
+             AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
+                 max_attempts int, backoff_base float8, backoff_max float8, backend text,
+                 tags varchar[], after jsonb)
+         ) WITH ORDINALITY
+         AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
+              backend, tags, after, position)
+), wanted AS MATERIALIZED (
+    SELECT g.position AS job_position, e.job AS ancestor_id, e.pos AS ancestor_position,
+           e.on_failure, e.n AS dependency_position
+    FROM given AS g
+    CROSS JOIN LATERAL ROWS FROM (
+        jsonb_to_recordset(coalesce(g.after, '[]'::jsonb)) AS (job bigint, pos bigint, on_failure text)
+    ) WITH ORDINALITY AS e(job, pos, on_failure, n)
+), ancestors AS MATERIALIZED (
+    SELECT j.id, j.state
+    FROM backwave_job AS j
+    WHERE j.id IN (SELECT w.ancestor_id FROM wanted AS w WHERE w.ancestor_id IS NOT NULL)
+    ORDER BY j.id
+    FOR SHARE OF j
+), refused AS MATERIALIZED (
+    SELECT DISTINCT w.ancestor_id, a.state
+    FROM wanted AS w
+    LEFT JOIN ancestors AS a ON a.id = w.ancestor_id
+    WHERE w.ancestor_id IS NOT NULL
+      AND (a.id IS NULL OR (a.state IN ('failed', 'cancelled', 'quarantined') AND w.on_failure <> 'run'))
+), waits AS (
+    SELECT w.job_position,
+           count(*) FILTER (WHERE w.ancestor_position IS NOT NULL
+                               OR a.state NOT IN ('succeeded', 'failed', 'cancelled', 'quarantined')) AS n
+    FROM wanted AS w
+    LEFT JOIN ancestors AS a ON a.id = w.ancestor_id
+    GROUP BY w.job_position
+), inserted AS (
+    INSERT INTO backwave_job (
+        task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
+        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id
+    )
+    SELECT g.task_path, g.payload, g.queue, g.priority, coalesce(g.run_at, now()), g.max_attempts,
+           g.backoff_base, g.backoff_max, g.backend, coalesce(g.tags, '{}'::varchar[]),
+           CASE WHEN coalesce(x.n, 0) > 0 THEN 'waiting' ELSE 'ready' END, coalesce(x.n, 0),
+           0, now(), ''
+    FROM given AS g
+    LEFT JOIN waits AS x ON x.job_position = g.position
+    WHERE NOT EXISTS (SELECT FROM refused)
+    ORDER BY g.position
+    RETURNING id, queue, state
+), numbered AS MATERIALIZED (
+    -- Ids come from the sequence in insertion order, which is input order (see enqueue_many).
+    SELECT i.id, i.queue, i.state, row_number() OVER (ORDER BY i.id) AS position
+    FROM inserted AS i
+), linked AS (
+    INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position)
+    SELECT dependent.id, coalesce(w.ancestor_id, batch_ancestor.id), w.on_failure, w.dependency_position
+    FROM wanted AS w
+    JOIN numbered AS dependent ON dependent.position = w.job_position
+    LEFT JOIN numbered AS batch_ancestor ON batch_ancestor.position = w.ancestor_position
+), hinted AS (
+    SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
+    FROM (SELECT DISTINCT queue FROM numbered WHERE state = 'ready') AS q
+    WHERE %(hint)s::boolean
+)
+SELECT n.id, NULL::bigint AS refused_id, NULL::text AS refused_state
+FROM numbered AS n CROSS JOIN hinted
+UNION ALL
+SELECT NULL, r.ancestor_id, r.state FROM refused AS r
+ORDER BY 1, 2
+
+
 -- name: has_due_jobs
 -- Whether a ready job of these queues (not paused) is due: the deterministic test pump's check
 -- that a drain is finished (backwave/testing/store.py). Not a Storage Contract operation.
@@ -737,9 +949,10 @@ SELECT EXISTS (
 -- taken) and reads each one's state as it is once locked: after waiting for a worker's claim,
 -- the row it re-reads is running; a row deleted while it waited is skipped. "changed" updates
 -- the locked rows that are in an allowed state; nobody else can change them in between.
--- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments.
--- Parameters: the selection's, then the allowed states (text[]).
-WITH target AS MATERIALIZED (
+-- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments,
+-- and "{then}" what the change does to the changed jobs' dependents (retry_job_dependents,
+-- cancel_job_dependents). Parameters: the selection's, then the allowed states (text[]).
+WITH RECURSIVE target AS MATERIALIZED (
     SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j
@@ -749,7 +962,7 @@ WITH target AS MATERIALIZED (
     FROM target AS t
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id
-)
+){then}
 SELECT t.id, t.state, c.id IS NOT NULL
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
 ORDER BY t.id
@@ -761,13 +974,44 @@ ORDER BY t.id
 -- job used all of its attempts (as Oban's retry_job does); attempts forgiven after a lapse never
 -- counted, so they are left out here as they are everywhere the limit is checked. Attempt
 -- numbers keep counting up, so the attempt log keeps every earlier try.
-state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL,
+state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL, reason = '',
 max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
 
 
 -- name: cancel_job_assignments
 -- "Cancel", for act_on_jobs.
-state = 'cancelled', finished_at = now()
+state = 'cancelled', finished_at = now(), reason = ''
+
+
+-- name: cancel_job_dependents
+-- What cancelling does to the dependents, for act_on_jobs: settle_dependents, as when a worker
+-- writes the end of an ancestor.
+, settling AS (
+    SELECT c.id, 'cancelled'::text AS state FROM changed AS c
+)
+{{settle_dependents}}
+
+
+-- name: retry_job_dependents
+-- "Retry now" re-arms the dependents that an on_failure="hold" dependency on a retried job
+-- holds: waiting again, unless another "hold" ancestor of theirs is still failed, cancelled or
+-- quarantined (and not retried by this action). Their waiting_on never counted the failure, so
+-- the retried ancestor's success releases them as usual.
+, rearmed AS (
+    UPDATE backwave_job AS w
+    SET state = 'waiting', reason = ''
+    FROM (SELECT DISTINCT d.job_id
+          FROM changed AS c JOIN backwave_dependency AS d ON d.ancestor_id = c.id
+          WHERE d.on_failure = 'hold') AS h
+    WHERE w.id = h.job_id AND w.state = 'held'
+      AND w.id NOT IN (SELECT id FROM changed)
+      AND NOT EXISTS (
+          SELECT FROM backwave_dependency AS other
+          JOIN backwave_job AS a ON a.id = other.ancestor_id
+          WHERE other.job_id = w.id AND other.on_failure = 'hold'
+            AND a.state IN ('failed', 'cancelled', 'quarantined')
+            AND a.id NOT IN (SELECT id FROM changed))
+)
 
 
 -- name: set_schedules_enabled

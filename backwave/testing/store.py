@@ -33,7 +33,7 @@ from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import JsonbLoader
 
 from backwave.store.contract import NewJob, StoreError, TransientStoreError
-from backwave.store.params import insert_jobs_params
+from backwave.store.params import insert_statement, inserted_ids
 from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
 
@@ -78,7 +78,8 @@ class DjangoConnectionStore(PostgresStore):
         """Insert jobs in one statement (no Wake-Up Hint); returns their ids in input order."""
         if not jobs:
             return []
-        return [row[0] for row in self._execute("enqueue_many", insert_jobs_params(jobs, hint=False))]
+        name, params = insert_statement(jobs, hint=False)
+        return inserted_ids(name, self._execute(name, params))
 
     def has_due_jobs(self, queues: Sequence[str]) -> bool:
         """Whether a ready job of ``queues`` (not paused) is due by the virtual clock: the test

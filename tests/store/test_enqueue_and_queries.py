@@ -53,8 +53,11 @@ def test_every_statement_the_store_uses_is_loaded():
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs",
+        # workflows: the dependent enqueue, the outcome write's lock, the shared settling CTEs
+        "enqueue_with_dependencies", "lock_outcome_jobs", "settle_dependents",
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "set_schedules_enabled", "upsert_queues",
+        "retry_job_dependents", "cancel_job_dependents",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
