@@ -9,6 +9,14 @@ def __getattr__(name):
         from backwave.tasking import task
 
         return getattr(task, name)
+    if name in {"Workflow", "Dependency", "InvalidDependency", "chain", "group", "dag"}:
+        from backwave.tasking import workflow
+
+        return getattr(workflow, name)
+    if name == "JobContext":
+        from backwave.tasking.context import JobContext
+
+        return JobContext
     if name == "UnstorableResult":
         from backwave.store.storable import UnstorableResult
 

@@ -24,13 +24,14 @@ from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from backwave.conf import DEFAULTS
 from backwave.core.events import JobResult
 from backwave.core.jobs import ClaimedJob
+from backwave.tasking.context import JobContext, database_resolver
 from backwave.tasking.results import task_result_for_attempt
 from backwave.store.contract import OutcomeRecord
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
@@ -58,6 +59,11 @@ class AttemptReport:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0
+    # The JobContext's side channels (Job Output, tag deltas), kept whether the handler returned
+    # or raised: they ride the outcome into the batched write.
+    output: dict[str, Any] | None = None
+    tags_added: tuple[str, ...] = ()
+    tags_removed: tuple[str, ...] = ()
     # For task_finished, sent once the outcome is written: the attempt's TaskResult (None for an
     # unroutable job, which never started) and the backend class it is sent from.
     task_result: TaskResult | None = field(default=None, compare=False, repr=False)
@@ -67,23 +73,37 @@ class AttemptReport:
 class _Attempt:
     """One routed attempt between its start and its report: the parts sync and async share."""
 
-    __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes")
+    __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes", "context")
 
-    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int):
+    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int,
+                 resolver=None):
         self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
         self.result = _running_result(job, task, worker_id)
         self.sender = sender
         self.started = started
         self.max_traceback_chars = max_traceback_chars
         self.max_result_bytes = max_result_bytes
+        # Made before the handler runs (and before its try), so whatever the handler recorded
+        # through it is read back however the handler ends.
+        self.context = (
+            JobContext(task_result=self.result, job_id=job.id, max_output_bytes=max_result_bytes, resolver=resolver or _resolver_for(job))
+            if task.takes_context else None
+        )
 
     def announce(self) -> None:
         task_started.send(sender=self.sender, task_result=self.result)
 
     def arguments(self) -> tuple[list, dict]:
-        if self.task.takes_context:
-            return [TaskContext(task_result=self.result), *self.args], self.kwargs
+        if self.context is not None:
+            return [self.context, *self.args], self.kwargs
         return self.args, self.kwargs
+
+    def side_channels(self) -> dict[str, Any]:
+        """What the handler recorded through its context; the context records nothing more."""
+        if self.context is None:
+            return {}
+        output, added, removed = self.context.close()
+        return {"output": output, "tags_added": added, "tags_removed": removed}
 
     def storable(self, value: Any) -> Any:
         return _json_value(value, max_bytes=self.max_result_bytes)
@@ -97,7 +117,7 @@ class _Attempt:
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration,
-            task_result=self.result, sender=self.sender,
+            task_result=self.result, sender=self.sender, **self.side_channels(),
         )
 
     def succeeded(self, encoded) -> AttemptReport:
@@ -106,7 +126,7 @@ class _Attempt:
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started,
-            task_result=self.result, sender=self.sender,
+            task_result=self.result, sender=self.sender, **self.side_channels(),
         )
 
 
@@ -130,6 +150,17 @@ def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_tracebac
         job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started,
         max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
     )
+
+
+def _resolver_for(job: ClaimedJob):
+    """Ancestors are read on the handler thread's connection to the database of the job's backend."""
+    from django.tasks import task_backends
+
+    try:
+        database = getattr(task_backends[job.backend], "database", "default")
+    except Exception:  # a backend alias no longer configured: its jobs live where the default's do
+        database = "default"
+    return database_resolver(database)
 
 
 def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:

@@ -72,6 +72,9 @@ def outcome_record(outcome: Outcome) -> OutcomeRecord:
         error_class=report.error_class,
         traceback=report.traceback,
         duration=report.duration,
+        output=report.output,
+        tags_added=report.tags_added,
+        tags_removed=report.tags_removed,
     )
 
 

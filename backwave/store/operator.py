@@ -104,6 +104,13 @@ def pumps_in_flight(cursor, worker_ids: Sequence[str]) -> dict[str, int]:
     return dict(cursor.fetchall())
 
 
+def ancestor_outputs(cursor, job_id: int) -> list[tuple]:
+    """(id, task_path, state, output) of each ancestor of the job, in its after= order: a
+    JobContext's resolver, one statement however many ancestors."""
+    cursor.execute(QUERIES["ancestor_outputs"], {"job_id": job_id})
+    return cursor.fetchall()
+
+
 def available_connections(cursor) -> int:
     """How many connections the server accepts from ordinary roles."""
     cursor.execute(QUERIES["available_connections"])

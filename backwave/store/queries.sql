@@ -1153,6 +1153,16 @@ WHERE l.worker_id = ANY(%(worker_ids)s::text[])
 GROUP BY l.worker_id
 
 
+-- name: ancestor_outputs
+-- A JobContext's ancestors (their Job Output): one statement per job however many ancestors,
+-- through the dependency table's primary key (job_id leading), in the after= order.
+SELECT a.id, a.task_path, a.state, a.output
+FROM backwave_dependency AS d
+JOIN backwave_job AS a ON a.id = d.ancestor_id
+WHERE d.job_id = %(job_id)s
+ORDER BY d.position, a.id
+
+
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int

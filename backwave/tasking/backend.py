@@ -20,6 +20,7 @@ E104 unknown OPTIONS key, E105 invalid OPTIONS value, E106 app not installed, E1
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from inspect import iscoroutinefunction
 
 from asgiref.sync import sync_to_async
@@ -38,13 +39,12 @@ from django.utils.module_loading import import_string
 
 from .. import conf
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
-from ..store.contract import NewJob
+from ..store.contract import After, DependencyRefused, NewJob
 from ..store.enqueue import insert_jobs
 from .payload import encode_payload
-from .task import BackWaveTask, TaskCall, coerce_calls, validate_backwave_options, validate_django_options
+from .task import MAX_JOB_ID, BackWaveTask, TaskCall, coerce_calls, validate_backwave_options, validate_django_options
 
 MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
-MAX_JOB_ID = 2**63 - 1  # bigint
 
 
 class BackWaveBackend(BaseTaskBackend):
@@ -135,20 +135,29 @@ class BackWaveBackend(BaseTaskBackend):
         self.validate_task(task)
         return self._new_job(task, args, kwargs, self._defaults())
 
-    def _enqueue_calls(self, calls: Sequence[TaskCall]) -> list[TaskResult]:
-        """Validate every call, then insert them all with one statement and announce them."""
+    def _enqueue_calls(self, calls: Sequence[TaskCall], afters: Sequence[Sequence[After]] | None = None) -> list[TaskResult]:
+        """Validate every call, then insert them all with one statement and announce them.
+        ``afters``: each call's ancestors (a workflow), checked by that same statement."""
         defaults = self._defaults()
         validated = set()
         jobs = []
-        for call in calls:
+        for position, call in enumerate(calls):
             if call.task.backend != self.alias:
                 raise InvalidTask(f"Task {call.task.module_path!r} uses backend {call.task.backend!r}, not {self.alias!r}.")
             if id(call.task) not in validated:
                 self.validate_task(call.task)
                 validated.add(id(call.task))
-            jobs.append(self._new_job(call.task, call.args, call.kwargs, defaults))
+            job = self._new_job(call.task, call.args, call.kwargs, defaults)
+            if afters is not None and afters[position]:
+                job = replace(job, after=tuple(afters[position]))
+            jobs.append(job)
         with connections[self.database].cursor() as cursor:
-            job_ids = insert_jobs(cursor, jobs)
+            try:
+                job_ids = insert_jobs(cursor, jobs)
+            except DependencyRefused as refused:
+                from .workflow import InvalidDependency
+
+                raise InvalidDependency(str(refused)) from None
         # insert_jobs returns ids only; the row's enqueued_at is the transaction's now().
         enqueued_at = timezone.now()
         results = []
@@ -185,6 +194,14 @@ class BackWaveBackend(BaseTaskBackend):
     async def aenqueue_many(self, calls: Iterable[TaskCall | tuple]) -> list[TaskResult]:
         """See enqueue_many()."""
         return await sync_to_async(self.enqueue_many, thread_sensitive=True)(list(calls))
+
+    def enqueue_dependent(self, calls: Sequence[TaskCall], afters: Sequence[Sequence[After]]) -> list[TaskResult]:
+        """Enqueue calls that wait for others (``backwave.tasking.workflow``, which has refused
+        cycles): one INSERT of the jobs and their dependency rows; nothing is written when an
+        ancestor does not exist or already ended badly. Results in input order."""
+        if len(afters) != len(calls):
+            raise ValueError("enqueue_dependent takes one after list per call")
+        return self._enqueue_calls(list(calls), afters) if calls else []
 
     # --- results ------------------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 # Job.state -> TaskResultStatus. Django has no "cancelled": a cancelled job did not succeed.
 STATUS_BY_STATE = {
+    "waiting": TaskResultStatus.READY,  # for its ancestors: not yet claimable, but queued
+    "held": TaskResultStatus.READY,  # an ancestor failed; an operator decides
     "ready": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "succeeded": TaskResultStatus.SUCCESSFUL,

@@ -25,6 +25,7 @@ from django.tasks.exceptions import InvalidTask
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
 
 MAX_TASK_PATH_LENGTH = 255  # Job.task_path
+MAX_JOB_ID = 2**63 - 1  # bigint
 MAX_TAGS = 16
 MAX_TAG_LENGTH = 64  # Job.tags is varchar(64)[]
 
@@ -68,6 +69,24 @@ class BackWaveTask(Task):
             "tags": tags,
         }
         return replace(self, **{name: value for name, value in options.items() if value is not None})
+
+    def enqueue(self, *args, after=None, **kwargs):
+        """Django's enqueue; with ``after=[...]`` (TaskResults, job ids, or
+        ``backwave.Dependency(result, on_failure=...)``) the job waits until every one of those
+        has succeeded. ``after`` is BackWave's: a task argument of that name goes positionally."""
+        if after is None:
+            return Task.enqueue(self, *args, **kwargs)
+        from .workflow import Workflow
+
+        flow = Workflow()
+        flow.add(self, args, kwargs, after=after)
+        return flow.enqueue()[0]
+
+    async def aenqueue(self, *args, after=None, **kwargs):
+        """See enqueue()."""
+        if after is None:
+            return await Task.aenqueue(self, *args, **kwargs)
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, after=after, **kwargs)
 
 
 class TaskCall(NamedTuple):

@@ -32,9 +32,12 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob
 
-from backwave.store.contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
+from backwave.store.contract import (
+    Applied, DependencyRefused, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError,
+)
 from backwave.store.params import (
-    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, dependency_refusal, insert_statement, known_params, lease_seconds, outcome_batch,
+    write_isolating, write_then_claim,
 )
 from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 
@@ -43,6 +46,7 @@ _ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry
 _MAX_PRIORITY = 100
 _LOG2_10 = math.log2(10)
 _FINISHED = ("succeeded", "failed", "cancelled", "quarantined")
+_ENDED_BADLY = ("failed", "cancelled", "quarantined")
 
 
 def wall_clock() -> datetime:
@@ -78,6 +82,9 @@ class JobRow:
     return_value_json: str | None = None
     schedule_id: int | None = None
     schedule_slot: datetime | None = None
+    output_json: str | None = None
+    waiting_on: int = 0
+    reason: str = ""
 
     @property
     def pk(self) -> int:
@@ -86,6 +93,10 @@ class JobRow:
     @property
     def payload(self) -> Any:
         return json.loads(self.payload_json)
+
+    @property
+    def output(self) -> Any:
+        return None if self.output_json is None else json.loads(self.output_json)
 
     @property
     def return_value(self) -> Any:
@@ -200,6 +211,8 @@ class MemoryDatabase:
     pumps: dict[str, PumpRow] = field(default_factory=dict)
     # The Queue table: name -> (concurrency_limit or None, paused).
     queues: dict[str, tuple[int | None, bool]] = field(default_factory=dict)
+    # backwave_dependency: (job_id, ancestor_id) -> (on_failure, position).
+    dependencies: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_id: int = 0
     last_schedule_id: int = 0
@@ -282,6 +295,7 @@ class InMemoryStore:
                 raise StoreError('expire_leases failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"')
             for lease_id in gone:
                 del db.leases[lease_id]
+            failed_for_good: dict[int, str] = {}
             for job in released:
                 lease = gone[job.lease_id]
                 # Not suspect: forgiven (not counted), and suspect from now on. Suspect: it pays.
@@ -295,11 +309,14 @@ class InMemoryStore:
                     job.forgiven_attempts += 1
                 job.suspect = True
                 job.lease_id = None
+                if not again:
+                    failed_for_good[job.id] = "failed"
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
                     job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
+            settle_dependents(db, now, failed_for_good)
             return len(released)
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -327,8 +344,8 @@ class InMemoryStore:
         def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
             rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
-                applied = self._write(db, now, lease_id, rows)
-                return applied_from_rows([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim[1])
+                applied, released = self._write(db, now, lease_id, rows)
+                return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim[1])
 
         return write_then_claim(
             self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
@@ -338,8 +355,8 @@ class InMemoryStore:
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         rows, replaced = _outcome_rows(lease_id, outcomes)
         with self._operation() as (db, now):
-            applied = self._write(db, now, lease_id, rows)
-        return applied_from_rows([(job_id,) for job_id in applied], replaced)
+            applied, released = self._write(db, now, lease_id, rows)
+        return applied_from_rows([(job_id, released) for job_id in applied], replaced)
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
@@ -374,25 +391,45 @@ class InMemoryStore:
         """Insert jobs in one operation; returns their ids in input order."""
         if not jobs:
             return []
-        document = insert_jobs_params(jobs, hint=False)["jobs"]
-        rows = jsonb_input(document, "enqueue_many")
+        name, params = insert_statement(jobs, hint=False)
+        rows = jsonb_input(params["jobs"], name)
         for row in rows:
             if not -_MAX_PRIORITY <= row["priority"] <= _MAX_PRIORITY:
                 raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_priority_range"')
             if row["max_attempts"] < 1:
                 raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_max_attempts_positive"')
         with self._operation() as (db, now):
+            # enqueue_with_dependencies' "refused": an ancestor missing, or ended badly under a
+            # policy other than run. Nothing is inserted then.
+            refused = {
+                edge["job"]: (db.jobs[edge["job"]].state if edge["job"] in db.jobs else None)
+                for row in rows for edge in row.get("after", ())
+                if edge["job"] is not None and (
+                    edge["job"] not in db.jobs
+                    or (db.jobs[edge["job"]].state in _ENDED_BADLY and edge["on_failure"] != "run")
+                )
+            }
+            if refused:
+                raise DependencyRefused(dependency_refusal(refused), refused)
             ids = []
             for row in rows:
                 db.last_id += 1
                 run_at = datetime.fromisoformat(row["run_at"]) if row["run_at"] is not None else now
+                waits = sum(
+                    1 for edge in row.get("after", ())
+                    if edge["pos"] is not None or db.jobs[edge["job"]].state not in _FINISHED
+                )
                 db.jobs[db.last_id] = JobRow(
                     id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
-                    payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
-                    run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"],
+                    payload_json=json.dumps(row["payload"]), state="waiting" if waits else "ready", backend=row["backend"],
+                    tags=list(row["tags"]), run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], waiting_on=waits,
                 )
                 ids.append(db.last_id)
+            for job_id, row in zip(ids, rows, strict=True):
+                for position, edge in enumerate(row.get("after", ()), start=1):
+                    ancestor = edge["job"] if edge["job"] is not None else ids[edge["pos"] - 1]
+                    db.dependencies[(job_id, ancestor)] = (edge["on_failure"], position)
             return ids
 
     # -- maintenance: schedules, retention, pump health -----------------------------------------
@@ -484,6 +521,8 @@ class InMemoryStore:
             gone = set(doomed)
             for key in [key for key in db.attempts if key[0] in gone]:  # ON DELETE CASCADE
                 del db.attempts[key]
+            for key in [key for key in db.dependencies if key[0] in gone or key[1] in gone]:
+                del db.dependencies[key]
             return len(doomed)
 
     def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
@@ -592,13 +631,15 @@ class InMemoryStore:
         return claimed
 
     @staticmethod
-    def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]]) -> set[int]:
+    def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]]) -> tuple[set[int], int]:
+        """The applied ids, and how many dependents were made ready."""
         # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
         for row in rows:
-            if row["boxed"] is not None and (refusal := _jsonb_refusal(row["boxed"])):
-                raise _refused(*refusal)
+            for document in (row["boxed"], row["output"]):
+                if document is not None and (refusal := _jsonb_refusal(document)):
+                    raise _refused(*refusal)
         if not _live(db, lease_id, now):
-            return set()
+            return set(), 0
         # The fence: this lease's token, still running, at this attempt. Checked for the whole
         # batch before anything changes, as one statement either applies or fails as a whole.
         applied = []
@@ -623,12 +664,18 @@ class InMemoryStore:
             job.return_value_json = value
             job.lease_id = None
             job.suspect = False  # the attempt ended without taking its worker down
+            if row["output"] is not None:  # coalesce(j.output, '{}') || o.output
+                job.output_json = json.dumps({**(job.output or {}), **row["output"]})
+            if row["tag_add"] is not None or row["tag_remove"] is not None:
+                removed = set(row["tag_remove"] or ())
+                job.tags = [tag for tag in dict.fromkeys([*job.tags, *(row["tag_add"] or ())]) if tag not in removed]
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
                 job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
                 started_at=job.last_attempted_at, finished_at=finished_at,
                 error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
             )
-        return {job.id for job, *_ in applied}
+        settling = {job.id: _ATTEMPT_STATE[row["kind"]] for job, row, *_ in applied if row["kind"] != "retry"}
+        return {job.id for job, *_ in applied}, settle_dependents(db, now, settling)
 
 
 class _Operation:
@@ -649,6 +696,71 @@ class _Operation:
 
     def __exit__(self, *exc_info: object) -> None:
         self._db.lock.release()
+
+
+def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str]) -> int:
+    """settle_dependents in queries.sql: what the jobs ``settling`` ends (id -> new state) do to
+    their dependents; returns how many were made ready. Also what the admin's cancel does."""
+    if not settling or not db.dependencies:
+        return 0
+    dependents: dict[int, list[tuple[int, str]]] = {}  # ancestor -> [(dependent, on_failure)]
+    for (job_id, ancestor_id), (on_failure, _position) in db.dependencies.items():
+        dependents.setdefault(ancestor_id, []).append((job_id, on_failure))
+
+    def open_dependent(job_id: int) -> bool:
+        return job_id not in settling and db.jobs[job_id].state in ("waiting", "held")
+
+    # dep_doomed: "cancel" dependents of the failed, transitively; the smallest ancestor is the cause.
+    doomed: dict[int, int] = {}
+    frontier = [ancestor for ancestor, state in settling.items() if state != "succeeded"]
+    while frontier:
+        reached = []
+        for ancestor in frontier:
+            for job_id, on_failure in dependents.get(ancestor, ()):
+                if on_failure == "cancel" and open_dependent(job_id):
+                    if job_id not in doomed:
+                        reached.append(job_id)
+                    doomed[job_id] = min(doomed.get(job_id, ancestor), ancestor)
+        frontier = reached
+    ended = {**settling, **dict.fromkeys(doomed, "cancelled")}
+    satisfied: dict[int, int] = {}
+    held_by: dict[int, int] = {}
+    for ancestor, state in ended.items():
+        for job_id, on_failure in dependents.get(ancestor, ()):
+            if job_id in settling:
+                continue
+            satisfied.setdefault(job_id, 0)
+            if state == "succeeded" or on_failure == "run":
+                satisfied[job_id] += 1
+            elif on_failure == "hold":
+                held_by[job_id] = min(held_by.get(job_id, ancestor), ancestor)
+    made_ready = 0
+    for job_id, count in satisfied.items():
+        job = db.jobs[job_id]
+        if job.state not in ("waiting", "held"):
+            continue
+        left = job.waiting_on - count
+        was = job.state
+        job.waiting_on = max(left, 0)
+        if job_id in doomed:
+            job.state, job.finished_at = "cancelled", now
+            job.reason = f"Cancelled: ancestor #{doomed[job_id]}{_ended_words(ended[doomed[job_id]])}."
+        elif was == "held" or job_id in held_by:
+            job.state = "held"
+            if was == "waiting":
+                cause = held_by[job_id]
+                job.reason = (
+                    f"Held: ancestor #{cause}{_ended_words(ended[cause])}. "
+                    "Retry it to re-arm this job, retry this job to run it now, or cancel it."
+                )
+        elif left <= 0:
+            job.state, job.run_at = "ready", max(job.run_at, now)
+            made_ready += 1
+    return made_ready
+
+
+def _ended_words(state: str) -> str:
+    return " failed" if state == "failed" else f" was {state}"
 
 
 def _live(db: MemoryDatabase, lease_id: uuid.UUID, now: datetime) -> bool:

@@ -54,6 +54,10 @@ class Report:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0
+    # A JobContext's side channels: the simulated tasks record none.
+    output: dict[str, Any] | None = None
+    tags_added: tuple[str, ...] = ()
+    tags_removed: tuple[str, ...] = ()
 
 
 def run_handler(rng: random.Random, *, job_id: int, attempt: int, task_path: str, result: str, duration: float, hostile_rate: float | None) -> Report:

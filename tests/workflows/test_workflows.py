@@ -1,0 +1,220 @@
+"""Job dependencies, Job Output and runtime tags, on the deterministic test pump (real PostgreSQL,
+the test's connection): the enqueue API, the release in the outcome statement, the failure
+policies, the admin's cancel and retry, and what a raising handler keeps."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import backwave
+from backwave.admin import actions
+from backwave.models import Dependency, Job
+from backwave.testing import DeterministicPump
+from backwave.tasking.workflow import Dependency as After, InvalidDependency, Workflow, chain, dag, group
+
+from . import tasks
+
+
+@pytest.fixture
+def pump(db):
+    with DeterministicPump(tasks=[tasks], pool_size=8) as pump:
+        yield pump
+
+
+def job(result) -> Job:
+    return Job.objects.get(pk=result.id)
+
+
+def test_a_diamond_runs_in_order_and_passes_outputs(pump):
+    results = dag(
+        {
+            "a": (tasks.source, ["a", 1]),
+            "b": (tasks.combine, ["b"]),
+            "c": (tasks.combine, ["c"]),
+            "d": (tasks.combine, ["d"]),
+        },
+        after={"b": ["a"], "c": ["a"], "d": ["b", "c"]},
+    )
+    assert [job(results[name]).state for name in "abcd"] == ["ready", "waiting", "waiting", "waiting"]
+    assert job(results["d"]).waiting_on == 2
+
+    drained = pump.drain()
+
+    assert drained.succeeded == 4 and drained.failed == drained.retried == 0
+    order = [attempt.job_id for attempt in drained.attempts]
+    ids = {name: int(results[name].id) for name in "abcd"}
+    assert order[0] == ids["a"] and order[-1] == ids["d"]
+    d = job(results["d"])
+    assert d.return_value == 2 and d.output == {"value": 2, "seen": ["b", "c"], "name": "d"}
+    assert job(results["a"]).tags == ["source-a"]
+
+
+def test_a_chain_runs_one_after_another_with_its_outputs(pump):
+    results = chain((tasks.source, ["x", 5]), (tasks.combine, ["y"]), (tasks.combine, ["z"]))
+    assert pump.drain().succeeded == 3
+    assert [job(r).return_value for r in results] == [5, 5, 5]
+    assert job(results[2]).output["seen"] == ["y"]
+
+
+def test_enqueue_after_existing_results_through_the_task(pump):
+    first = tasks.source.enqueue("first", 2)
+    second = tasks.source.enqueue("second", 3)
+    total = tasks.combine.using(priority=5).enqueue("total", after=[first, second])
+    assert job(total).state == "waiting" and job(total).priority == 5
+    assert {d.ancestor_id for d in Dependency.objects.filter(job_id=total.id)} == {int(first.id), int(second.id)}
+
+    pump.drain()
+
+    assert job(total).return_value == 5
+
+
+def test_a_fan_in_of_1000_releases_its_dependent_once(pump):
+    members, fan_in = group([(tasks.noop, [n]) for n in range(1000)], then=(tasks.counts_running_ancestors,))
+    assert job(fan_in).waiting_on == 1000
+
+    drained = pump.drain()
+
+    assert drained.succeeded == 1001
+    assert [a.job_id for a in drained.attempts].count(int(fan_in.id)) == 1
+    assert drained.attempts[-1].job_id == int(fan_in.id)  # after every member
+    fan_in_job = job(fan_in)
+    assert (fan_in_job.state, fan_in_job.return_value, fan_in_job.waiting_on) == ("succeeded", 0, 0)
+
+
+def test_an_ancestor_that_already_succeeded_counts_at_enqueue(pump):
+    done = tasks.source.enqueue("done", 4)
+    pump.drain()
+    later = tasks.combine.enqueue("later", after=[done])
+    assert (job(later).state, job(later).waiting_on) == ("ready", 0)
+    pump.drain()
+    assert job(later).return_value == 4
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_state"),
+    [("cancel", "cancelled"), ("run", "succeeded"), ("hold", "held")],
+)
+def test_a_failing_ancestor_decides_each_dependent_by_its_policy(pump, policy, expected_state):
+    flow = Workflow()
+    bad = flow.add(tasks.fails)
+    dependent = flow.add(tasks.noop, [1], after=[After(bad, on_failure=policy)])
+    grandchild = flow.add(tasks.noop, [2], after=[dependent])
+    bad_result, dependent_result, grandchild_result = flow.enqueue()
+
+    pump.drain()
+
+    assert job(bad_result).state == "failed"
+    dependent_job = job(dependent_result)
+    assert dependent_job.state == expected_state
+    if policy == "cancel":
+        assert dependent_job.reason == f"Cancelled: ancestor #{bad_result.id} failed."
+        grandchild_job = job(grandchild_result)
+        assert (grandchild_job.state, grandchild_job.reason) == ("cancelled", f"Cancelled: ancestor #{dependent_result.id} was cancelled.")
+    elif policy == "run":
+        assert job(grandchild_result).state == "succeeded"
+    else:
+        assert dependent_job.reason.startswith(f"Held: ancestor #{bad_result.id} failed.")
+        assert job(grandchild_result).state == "waiting"  # behind the held job, still waiting
+
+
+def test_retrying_a_failed_ancestor_from_the_admin_rearms_its_held_dependents(pump):
+    flow = Workflow()
+    bad = flow.add(tasks.fails)
+    held = flow.add(tasks.noop, [1], after=[After(bad, on_failure="hold")])
+    bad_result, held_result = flow.enqueue()
+    pump.drain()
+    assert job(held_result).state == "held"
+
+    done = actions.retry_job_ids([int(bad_result.id)])
+
+    assert done.changed == (int(bad_result.id),)
+    rearmed = job(held_result)
+    assert (rearmed.state, rearmed.reason, rearmed.waiting_on) == ("waiting", "", 1)
+    Job.objects.filter(pk=bad_result.id).update(task_path=tasks.noop.module_path)  # the fix is deployed
+    pump.drain()
+    assert job(held_result).state == "succeeded"
+
+
+def test_cancelling_an_ancestor_from_the_admin_cancels_its_dependents(pump):
+    root = tasks.noop.using(run_after=None).enqueue(1)
+    dependent = tasks.noop.enqueue(2, after=[root])
+    runs_anyway = tasks.noop.enqueue(3, after=[After(root, on_failure="run")])
+
+    done = actions.cancel_job_ids([int(root.id)])
+
+    assert done.changed == (int(root.id),)
+    assert (job(dependent).state, job(dependent).reason) == ("cancelled", f"Cancelled: ancestor #{root.id} was cancelled.")
+    assert job(runs_anyway).state == "ready"
+    assert pump.drain().succeeded == 1
+
+
+def test_output_and_tags_survive_a_raising_handler(pump):
+    result = tasks.records_then_raises.using(tags=["initial", "kept"]).enqueue()
+
+    drained = pump.drain()
+
+    assert drained.failed == 1
+    failed = job(result)
+    assert failed.output == {"progress": {"rows": 41}}
+    assert failed.tags == ["kept", "partial", "needs-review"]
+    assert "gave up after 41 rows" in failed.attempt_log.get().traceback
+
+
+def test_a_cycle_is_refused_before_anything_is_written(db):
+    with pytest.raises(InvalidDependency, match=r"cycle \('a' -> 'b' -> 'a'\)|cycle \('b' -> 'a' -> 'b'\)"):
+        dag({"a": (tasks.noop,), "b": (tasks.noop,)}, after={"a": ["b"], "b": ["a"]})
+    with pytest.raises(InvalidDependency, match="'c', which is not a step"):
+        dag({"a": (tasks.noop,)}, after={"a": ["c"]})
+    assert not Job.objects.exists()
+
+
+def test_a_dangling_ancestor_is_refused_with_nothing_written_and_the_transaction_usable(db):
+    real = tasks.noop.enqueue(1)
+    with pytest.raises(InvalidDependency, match=r"job 999999999 does not exist"):
+        group([(tasks.noop, [n]) for n in range(3)], then=(tasks.noop,), after=[real, 999999999])
+    assert list(Job.objects.values_list("id", flat=True)) == [int(real.id)]
+    assert not Dependency.objects.exists()
+    assert connection.in_atomic_block and not connection.needs_rollback
+
+
+def test_an_ancestor_that_already_failed_is_refused_unless_the_policy_is_run(pump):
+    bad = tasks.fails.enqueue()
+    pump.drain()
+    with pytest.raises(InvalidDependency, match=rf"job {bad.id} is already failed"):
+        tasks.noop.enqueue(after=[bad])
+    anyway = tasks.noop.enqueue(after=[After(bad, on_failure="run")])
+    assert job(anyway).state == "ready"
+
+
+def test_bad_after_values_are_refused_where_they_are_written(db):
+    with pytest.raises(InvalidDependency, match="takes a list of ancestors"):
+        tasks.noop.enqueue(after=tasks.noop.enqueue(1))
+    with pytest.raises(InvalidDependency, match="on_failure must be one of"):
+        After(1, on_failure="ignore")
+    with pytest.raises(InvalidDependency, match="takes TaskResults, job ids"):
+        tasks.noop.enqueue(after=[object()])
+    other = Workflow()
+    step = other.add(tasks.noop)
+    with pytest.raises(InvalidDependency, match="another Workflow"):
+        tasks.noop.enqueue(after=[step])
+
+
+def test_context_refuses_what_it_cannot_store_inside_the_attempt(db):
+    from backwave.store.storable import UnstorableResult
+    from backwave.tasking.context import JobContext
+    from backwave.tasking.results import task_result_for_attempt
+
+    result = task_result_for_attempt(task=tasks.noop, job_id=1, attempt=1, worker_id="w", payload={"args": [], "kwargs": {}},
+                                     backend="default", enqueued_at=None, started_at=None, attempted_at=None, earlier_worker_ids=())
+    context = JobContext(task_result=result, job_id=1, max_output_bytes=100, resolver=lambda job_id: [])
+    with pytest.raises(UnstorableResult, match=r"output 'x' holds NaN at \[0\]"):
+        context.output("x", [float("nan")])
+    with pytest.raises(UnstorableResult, match="over BACKWAVE\\['MAX_RESULT_BYTES'\\]"):
+        context.output("big", "y" * 200)
+    with pytest.raises(ValueError, match="a tag is a string"):
+        context.tag("bad\x00tag")
+    context.output("ok", 1)
+    assert context.close() == ({"ok": 1}, (), ())
+    with pytest.raises(RuntimeError, match="is over"):
+        context.tag("late")
