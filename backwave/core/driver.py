@@ -184,7 +184,10 @@ class NodeDriver:
         written = {o.job_id for o in self._outcomes.writing}
         if not event.applied <= written:
             raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
+        if event.released < 0 or (event.released and not event.applied):
+            raise InvalidEvent(event, self.state, f"released must be 0 or more, and only with applied outcomes; got {event.released}")
         self.stats.writes += 1
+        self.stats.released += event.released
         self.stats.applied += len(event.applied)
         self.stats.lost += len(written) - len(event.applied)
         self._outcomes.written()
@@ -195,7 +198,9 @@ class NodeDriver:
         if self._outcomes.full or (self._outcomes.waiting and not self._slots.executing):
             return self._flush(event.now, then_claim=not self._claim_limit)
         if not self._claim_limit and self.free_slots:
-            # Re-poll after an applied batch: work may have become due meanwhile.
+            # Re-poll after an applied batch: work may have become due meanwhile, and the
+            # dependents the write released became ready in it. (A claim in flight was queued
+            # behind the write on the pump's one connection: it sees them already.)
             return self._claim(event.now)
         return []
 

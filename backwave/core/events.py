@@ -65,9 +65,11 @@ class JobFinished(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutcomesWritten(Event):
-    """The outcome write landed; ``applied`` are the ids the fence let through."""
+    """The outcome write landed; ``applied`` are the ids the fence let through, ``released`` the
+    dependents it made ready (jobs whose last ancestor's success it applied)."""
 
     applied: frozenset[int]
+    released: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,3 +18,4 @@ class DriverStats:
     minted: int = 0  # jobs minted from schedules by this pump's maintenance
     purged: int = 0  # finished jobs purged by this pump's maintenance
     reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
+    released: int = 0  # dependents this pump's outcome writes made ready

@@ -30,7 +30,11 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
                       |                  | buffer; flush when the batch is full or nothing     |
                       |                  | executes: WriteOutcomes + ClaimJobs                 |
-    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
+    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write:   | RUNNING
+                      |                  | the dependents it released (their last ancestor     |
+                      |                  | succeeded in it) are claimable at once, and a claim |
+                      |                  | in flight runs after the write and sees them;       |
+                      |                  | released counted (stats.released)                   |
     RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
                       |                  | taken until their handlers return), OpenLease       |
     RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same

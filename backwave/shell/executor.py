@@ -78,6 +78,11 @@ def outcome_record(outcome: Outcome) -> OutcomeRecord:
     )
 
 
+def _released(applied) -> int:
+    """The dependents a write made ready (a store double may answer a plain set)."""
+    return getattr(applied, "released", 0) if applied else 0
+
+
 def lease_ids_from(rng: Random) -> Callable[[], uuid.UUID]:
     """Lease ids drawn from a seeded source: the same run every time (tests, the simulator)."""
     return lambda: uuid.UUID(int=rng.getrandbits(128), version=4)
@@ -189,7 +194,7 @@ class Executor:
             )
             self._settled(write.outcomes, applied)
             now = self._clock()
-            return [ev.OutcomesWritten(now=now, applied=frozenset(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
+            return [ev.OutcomesWritten(now=now, applied=frozenset(applied), released=_released(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
         return [self._run_one(batch[0])]
 
     def _run_one(self, command: cmd.Command) -> ev.Event:
@@ -201,7 +206,7 @@ class Executor:
             case cmd.WriteOutcomes():
                 applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=[outcome_record(o) for o in command.outcomes])
                 self._settled(command.outcomes, applied)
-                return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied))
+                return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied), released=_released(applied))
             case cmd.OpenLease():
                 lease_id = self._new_lease_id()
                 store.open_lease(

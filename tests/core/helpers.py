@@ -172,10 +172,10 @@ class Trace:
             attempt = 1 if isinstance(job, int) else job.attempt
         return self.send(ev.JobFinished(now=self._now(now), job_id=job_id, attempt=attempt, result=result, jitter=jitter))
 
-    def written(self, applied: Iterable[int] | cmd.WriteOutcomes, now=None):
+    def written(self, applied: Iterable[int] | cmd.WriteOutcomes, now=None, released=0):
         if isinstance(applied, cmd.WriteOutcomes):
             applied = ids_of(applied)
-        return self.send(ev.OutcomesWritten(now=self._now(now), applied=frozenset(applied)))
+        return self.send(ev.OutcomesWritten(now=self._now(now), applied=frozenset(applied), released=released))
 
     def renewed(self, held=True, now=None):
         return self.send(ev.LeaseRenewed(now=self._now(now), held=held))

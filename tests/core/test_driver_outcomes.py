@@ -8,6 +8,7 @@ from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.backoff import retry_delay
 from backwave.core.jobs import Outcome, OutcomeKind
+from backwave.core.transitions import InvalidEvent
 
 from .helpers import LEASE, Trace, claim, execute, ids_of
 
@@ -239,3 +240,34 @@ def test_a_report_rides_on_its_outcome_into_the_write_unlooked_at():
     # Equality and repr leave it out: traces and comparisons read as they did.
     assert write.outcomes[0] == Outcome(job_id=jobs[0].id, attempt=1, kind=OutcomeKind.SUCCEEDED)
     assert "report" not in repr(write.outcomes[0])
+
+
+def test_a_write_that_released_dependents_is_followed_by_a_claim_that_sees_them():
+    """The seeds: each applied outcome triggers a re-poll, because a released dependency may be
+    due that instant. With the claim riding the write it runs after the write in one
+    transaction; a lone write (a tick's flush) is followed by a claim of its own."""
+    t, jobs = Trace.with_jobs(1, pool_size=4)
+    out = t.finished(jobs[0], now=0.5)
+    assert [type(c) for c in out] == [cmd.WriteOutcomes, cmd.ClaimJobs]  # rides: sees the released
+    assert t.written(out[0], now=0.6, released=1) == []
+    assert t.driver.stats.released == 1
+    dependent = t.jobs.make(1)
+    assert t.returned(*dependent, now=0.6) == execute(*dependent)
+
+    # A lone write: the tick's poll claimed first (nothing), then flushed; the write re-polls.
+    t2, more = Trace.with_jobs(2, pool_size=4, max_outcome_batch=4)
+    assert t2.finished(more[0], now=0.5) == []
+    tick = t2.tick(now=t2.driver.next_wakeup())
+    assert [type(c) for c in tick][:2] == [cmd.ClaimJobs, cmd.WriteOutcomes]
+    assert t2.returned(now=t2.now) == []
+    assert t2.written(tick[1], now=t2.now, released=3) == [claim(3)]  # pool 4, one executing
+    assert t2.driver.stats.released == 3
+
+
+def test_released_dependents_must_add_up():
+    t, jobs = Trace.with_jobs(1, pool_size=4)
+    out = t.finished(jobs[0], now=0.5)
+    with pytest.raises(InvalidEvent, match="released must be 0 or more"):
+        t.written(out[0], now=0.6, released=-1)
+    with pytest.raises(InvalidEvent, match="only with applied outcomes"):
+        t.written([], now=0.6, released=2)
