@@ -190,8 +190,10 @@ def _row_problem(outcome: OutcomeRecord) -> str | None:
         try:
             json.dumps(outcome.output, allow_nan=False)
         except (TypeError, ValueError, RecursionError) as error:
-            return f"its output cannot be stored: {result_problem(outcome.output) or error}"
-        if (problem := result_problem(outcome.output)) is not None:
+            problem = result_problem(outcome.output) or str(error)
+        else:
+            problem = result_problem(outcome.output)
+        if problem is not None:
             return f"its output cannot be stored: {problem.replace('the return value', 'the output', 1)}"
     try:
         encoded = json.dumps(_outcome_row(outcome), allow_nan=False)

@@ -1,0 +1,146 @@
+"""Workflows in the store (every store kind): the dependent enqueue, the release in the outcome
+statement, the failure policies, Job Output and tag deltas."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from backwave.core.jobs import OutcomeKind
+from backwave.store.contract import After, DependencyRefused, NewJob, OutcomeRecord
+from backwave.store.enqueue import insert_jobs
+from backwave.store.postgres import PostgresStore
+
+PAYLOAD = {"args": [], "kwargs": {}}
+
+
+def new(after=(), **fields) -> NewJob:
+    return NewJob(task_path="app.tasks.t", payload=PAYLOAD, max_attempts=1, after=tuple(after), **fields)
+
+
+def claim(store, lease, limit=100):
+    return store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=limit)
+
+
+def outcome(job, kind=OutcomeKind.SUCCEEDED, **fields):
+    return OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=kind, **fields)
+
+
+def test_dependents_wait_and_roots_are_ready(store, rows):
+    a, b, c = store.enqueue_many([new(), new(after=[After(position=0)]), new(after=[After(position=0), After(position=1, on_failure="hold")])])
+    assert rows.states([a, b, c]) == {a: "ready", b: "waiting", c: "waiting"}
+    assert (rows.job(b).waiting_on, rows.job(c).waiting_on) == (1, 2)
+    d = store.enqueue_many([new(after=[After(job_id=c)])])[0]
+    assert rows.job(d).waiting_on == 1
+
+
+def test_an_unknown_ancestor_refuses_the_whole_batch(store, rows):
+    (existing,) = store.enqueue_many([new()])
+    with pytest.raises(DependencyRefused, match="job 987654321 does not exist") as refused:
+        store.enqueue_many([new(), new(after=[After(job_id=existing), After(job_id=987654321)])])
+    assert refused.value.refused == {987654321: None}
+    assert rows.count() == 1
+
+
+def test_the_last_ancestors_success_releases_the_dependent_in_the_same_statement(store, lease, rows):
+    a, b, fan_in = store.enqueue_many([new(), new(), new(after=[After(position=0), After(position=1)])])
+    first, second = claim(store, lease)
+    assert store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(first)]).released == 0
+    assert (rows.job(fan_in).state, rows.job(fan_in).waiting_on) == ("waiting", 1)
+    before = store.round_trips
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(second)], queues=["default"], limit=10
+    )
+    assert store.round_trips == before + 1
+    assert (applied.released, [job.id for job in claimed]) == (1, [fan_in])  # claimed in that round-trip
+
+
+def test_a_retry_settles_nothing(store, lease, rows):
+    a, b = store.enqueue_many([new(), new(after=[After(position=0)])])
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.RETRY, retry_delay=0)])
+    assert (rows.job(b).state, rows.job(b).waiting_on) == ("waiting", 1)
+
+
+@pytest.mark.parametrize("kind", [OutcomeKind.FAILED, OutcomeKind.QUARANTINED])
+def test_a_failed_ancestor_cancels_runs_or_holds_each_dependent_by_policy(store, lease, rows, kind):
+    ids = store.enqueue_many([
+        new(),  # 0: the ancestor that fails
+        new(after=[After(position=0)]),  # 1: cancelled
+        new(after=[After(position=1)]),  # 2: cancelled in turn
+        new(after=[After(position=1, on_failure="run")]),  # 3: runs anyway once 1 is cancelled
+        new(after=[After(position=0, on_failure="run")]),  # 4: runs anyway
+        new(after=[After(position=0, on_failure="hold")]),  # 5: held
+        new(after=[After(position=5)]),  # 6: keeps waiting behind the held job
+    ])
+    (ancestor,) = claim(store, lease)
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor, kind, error_class="x.E")])
+    assert applied.released == 2  # 3 and 4
+    states = rows.states(ids)
+    assert [states[i] for i in ids] == ["failed" if kind is OutcomeKind.FAILED else "quarantined",
+                                        "cancelled", "cancelled", "ready", "ready", "held", "waiting"]
+    ended = "failed" if kind is OutcomeKind.FAILED else "was quarantined"
+    assert rows.job(ids[1]).reason == f"Cancelled: ancestor #{ids[0]} {ended}."
+    assert rows.job(ids[2]).reason == f"Cancelled: ancestor #{ids[1]} was cancelled."
+    assert rows.job(ids[5]).reason.startswith(f"Held: ancestor #{ids[0]} {ended}. Retry it to re-arm")
+    assert rows.job(ids[1]).finished_at is not None
+
+
+def test_output_merges_and_tag_deltas_apply_whatever_the_kind(store, lease, rows):
+    a, b = store.enqueue_many([new(tags=["x", "y"]), new(tags=["keep"])])
+    first, second = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(first, OutcomeKind.RETRY, retry_delay=0, output={"rows": 1, "stage": "a"}, tags_added=("z", "x"), tags_removed=("y",)),
+        outcome(second, OutcomeKind.FAILED, output={"why": "it broke"}, tags_added=("broken",)),
+    ])
+    assert (rows.job(a).output, rows.job(a).tags) == ({"rows": 1, "stage": "a"}, ["x", "z"])
+    assert (rows.job(b).output, rows.job(b).tags) == ({"why": "it broke"}, ["keep", "broken"])
+    (again,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(again, output={"rows": 2})])
+    assert rows.job(a).output == {"rows": 2, "stage": "a"}  # a later attempt's value of a name wins
+
+
+def test_an_unstorable_output_costs_its_row_alone(store, lease, rows):
+    a, b = store.enqueue_many([new(), new()])
+    first, second = claim(store, lease)
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(first, output={"bad": float("nan")}), outcome(second, output={"fine": 1}),
+    ])
+    assert applied == {a, b}
+    assert applied.replaced[a].kind is OutcomeKind.FAILED
+    assert "its output cannot be stored: the output holds NaN at ['bad']" in applied.replaced[a].traceback
+    assert (rows.job(a).state, rows.job(a).output) == ("failed", None)
+    assert rows.job(b).output == {"fine": 1}
+
+
+@pytest.mark.stores("postgres")
+def test_releasing_a_fan_out_of_10000_is_one_statement(store, lease, rows):
+    ids = store.enqueue_many([new(), *(new(after=[After(position=0)]) for _ in range(10_000))])
+    (root,) = claim(store, lease, limit=1)
+    before = store.round_trips
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(root)])
+    assert store.round_trips == before + 1
+    assert applied.released == 10_000
+    assert rows.count("ready") == 10_000 and rows.count("waiting") == 0
+
+
+@pytest.mark.stores("postgres")
+def test_an_enqueue_committing_while_its_ancestor_is_written_is_still_released(store, lease, rows):
+    """The race lock_outcome_jobs closes: the enqueue holds its ancestor FOR SHARE until its
+    transaction commits; the outcome write waits for it, then sees the new dependent."""
+    (ancestor_id,) = store.enqueue_many([new()])
+    (ancestor,) = claim(store, lease)
+    params = {**PostgresStore.from_django()._connect_params, "autocommit": False}
+    with psycopg.connect(**params) as enqueuer:
+        with enqueuer.cursor() as cursor:
+            (dependent,) = insert_jobs(cursor, [new(after=[After(job_id=ancestor_id)])])
+        writer = threading.Thread(target=lambda: store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)]))
+        writer.start()
+        writer.join(timeout=0.5)
+        assert writer.is_alive()  # waiting for the enqueue's commit
+        enqueuer.commit()
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert rows.states([ancestor_id, dependent]) == {ancestor_id: "succeeded", dependent: "ready"}
