@@ -405,21 +405,32 @@ FOR NO KEY UPDATE OF j
 --     from the admin re-arms it).
 -- A dependent is updated once however many of its ancestors end here (dep_effects aggregates
 -- them), and never when the statement ends it itself. Each reason names the ancestor.
+-- "ancestor_id = ANY(ARRAY(...))": the ids as one array (an InitPlan), which the planner reads
+-- through the ancestor index; as a join on a CTE it guesses the CTE's size and may scan the
+-- whole dependency table instead (tests/store/test_plans.py). A dependent's state is read by
+-- a correlated primary-key probe for the same reason: as a join, the planner may prefer to
+-- scan every waiting job.
 -- Concurrent statements ending two ancestors of one dependent serialize on its row, and READ
 -- COMMITTED re-reads its waiting_on before subtracting, so a fan-in is released exactly once.
 , dep_doomed(id, via) AS (
-    SELECT d.job_id, s.id
-    FROM settling AS s
-    JOIN backwave_dependency AS d ON d.ancestor_id = s.id
-    JOIN backwave_job AS w ON w.id = d.job_id
-    WHERE s.state <> 'succeeded' AND d.on_failure = 'cancel' AND w.state IN ('waiting', 'held')
+    SELECT d.job_id, d.ancestor_id
+    FROM backwave_dependency AS d
+    WHERE d.ancestor_id = ANY(ARRAY(SELECT s.id FROM settling AS s WHERE s.state <> 'succeeded'))
+      AND d.on_failure = 'cancel'
+      AND (SELECT w.state FROM backwave_job AS w WHERE w.id = d.job_id) IN ('waiting', 'held')
       AND d.job_id NOT IN (SELECT id FROM settling)
     UNION
+    -- The recursive step cannot use an array of the worktable (a recursive reference may not sit
+    -- in a subquery), so it probes the ancestor index per row found: LATERAL with OFFSET 0,
+    -- which the planner cannot flatten into a hash join over the whole dependency table.
     SELECT d.job_id, x.id
     FROM dep_doomed AS x
-    JOIN backwave_dependency AS d ON d.ancestor_id = x.id
-    JOIN backwave_job AS w ON w.id = d.job_id
-    WHERE d.on_failure = 'cancel' AND w.state IN ('waiting', 'held')
+    CROSS JOIN LATERAL (
+        SELECT c.job_id FROM backwave_dependency AS c
+        WHERE c.ancestor_id = x.id AND c.on_failure = 'cancel'
+        OFFSET 0
+    ) AS d
+    WHERE (SELECT w.state FROM backwave_job AS w WHERE w.id = d.job_id) IN ('waiting', 'held')
       AND d.job_id NOT IN (SELECT id FROM settling)
 ), dep_ended AS MATERIALIZED (
     SELECT s.id, s.state FROM settling AS s
@@ -434,9 +445,10 @@ FOR NO KEY UPDATE OF j
            count(*) FILTER (WHERE e.state = 'succeeded' OR d.on_failure = 'run') AS satisfied,
            min(d.ancestor_id) FILTER (WHERE e.state <> 'succeeded' AND d.on_failure = 'hold') AS held_by,
            min(e.state) FILTER (WHERE e.state <> 'succeeded' AND d.on_failure = 'hold') AS held_by_state
-    FROM dep_ended AS e
-    JOIN backwave_dependency AS d ON d.ancestor_id = e.id
-    WHERE d.job_id NOT IN (SELECT id FROM settling)
+    FROM backwave_dependency AS d
+    JOIN dep_ended AS e ON e.id = d.ancestor_id
+    WHERE d.ancestor_id = ANY(ARRAY(SELECT id FROM dep_ended))
+      AND d.job_id NOT IN (SELECT id FROM settling)
     GROUP BY d.job_id
 ), dep_released AS (
     UPDATE backwave_job AS j

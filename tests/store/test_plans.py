@@ -90,3 +90,57 @@ def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params)
     # The rows come out of the index already in claim order: no Sort sits under a LockRows.
     for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
         assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
+
+
+@pytest.fixture
+def waiting_backlog(backlog):
+    """The backlog plus 20,000 waiting dependents, each after one of the running jobs (a workflow
+    mid-flight), with fresh statistics."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            WITH ancestors AS (SELECT array_agg(id) AS ids FROM backwave_job WHERE state = 'running'),
+            waiting AS (
+                INSERT INTO backwave_job (task_path, queue, priority, payload, state, waiting_on, backend, tags,
+                                          run_at, enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
+                SELECT 't.t', (ARRAY['default', 'emails', 'reports'])[1 + g % 3], 0, '{}', 'waiting', 1, 'default',
+                       '{}', now() - interval '1 day', now(), 0, 1, 1, 3600, ''
+                FROM generate_series(1, 20000) AS g
+                RETURNING id
+            )
+            INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position)
+            SELECT w.id, a.ids[1 + w.id % array_length(a.ids, 1)], 'cancel', 1 FROM waiting AS w, ancestors AS a
+        """)
+        cursor.execute("ANALYZE backwave_job")
+        cursor.execute("ANALYZE backwave_dependency")
+
+
+def test_waiting_dependents_stay_out_of_the_claims_index_scan(waiting_backlog):
+    """Waiting rows (due long ago, in the claimed queues) are not in backwave_job_claim: the claim
+    still reads only that index, in order, whatever the workflows hold back."""
+    nodes = explain("claim_jobs_one_queue", {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, "queue": "default"})
+    scans = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]}
+    assert "backwave_job_claim" in scans
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes), [(n["Node Type"], n.get("Relation Name")) for n in nodes]
+
+
+def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
+    """The outcome statement finds the dependents of the jobs it ends through the ancestor
+    index, never a scan of the dependency table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, lease_id FROM backwave_job WHERE state = 'running' ORDER BY id LIMIT 32")
+        running = cursor.fetchall()
+    outcomes = json.dumps([
+        {"job_id": job_id, "attempt": 1, "kind": "succeeded", "retry_delay": 0, "boxed": {"v": None}, "error_class": "",
+         "traceback": "", "duration": 0, "output": None, "tag_add": None, "tag_remove": None}
+        for job_id, _ in running
+    ])
+    nodes = explain("write_outcomes_many", {"lease_id": running[0][1], "outcomes": outcomes})
+    dependency_reads = [n for n in nodes if n.get("Relation Name") == "backwave_dependency"]
+    assert dependency_reads and all(n["Node Type"] != "Seq Scan" for n in dependency_reads), [
+        (n["Node Type"], n.get("Index Name")) for n in dependency_reads
+    ]
+    # Each read is an index scan, or a bitmap heap scan over one: of the ancestor index.
+    # (the job_pkey probes are the dependents' states, read per dependency row found)
+    used = {n.get("Index Name") for read in dependency_reads for n in plan_nodes(read) if n.get("Index Name")}
+    assert "backwave_dependency_ancestor" in used and used <= {"backwave_dependency_ancestor", "backwave_job_pkey"}, used
+    assert all(not (n.get("Relation Name") == "backwave_job" and n["Node Type"] == "Seq Scan") for n in nodes)
