@@ -68,6 +68,7 @@ class Invariants:
         per_lease: Counter[uuid.UUID] = Counter()
         per_queue: Counter[str] = Counter()
         suspects: Counter[uuid.UUID] = Counter()
+        ancestors_of: dict[int, list[tuple[int, str]]] | None = None  # built on first need
         for job_id, home in self.enqueued.items():
             if home is not db:
                 continue
@@ -98,6 +99,16 @@ class Invariants:
                 raise SimulationBug(f"job {job_id} has {job.forgiven_attempts} forgiven attempts of {job.attempts}")
             if state == "running" and job.suspect:
                 suspects[job.lease_id] += 1
+            if ancestors_of is None and db.dependencies:
+                ancestors_of = {}
+                for (dependent, ancestor_id), (on_failure, _position) in db.dependencies.items():
+                    ancestors_of.setdefault(dependent, []).append((ancestor_id, on_failure))
+            if ancestors_of and job_id in ancestors_of and (
+                state in ("ready", "running", "succeeded") or (state in ("failed", "quarantined") and job.attempts)
+            ):
+                self._check_ancestors_done(db, job_id, state, ancestors_of[job_id])
+            elif state == "cancelled" and not job.reason.startswith("Cancelled: ancestor #"):
+                raise SimulationBug(f"job {job_id} is cancelled without an ancestor's failure (reason {job.reason!r}); nobody else cancels")
         for lease_id, running in per_lease.items():
             if running > self.pool_size:
                 owner = self.lease_owner.get(lease_id)
@@ -119,6 +130,18 @@ class Invariants:
             job = db.jobs.get(job_id)
             if job is not None and number > job.attempts:
                 raise SimulationBug(f"job {job_id} has an attempt row {number} past its attempt count {job.attempts}")
+
+    def _check_ancestors_done(self, db: MemoryDatabase, job_id: int, state: str, ancestors: list[tuple[int, str]]) -> None:
+        """A dependent is claimable (and so ever ran) only once each ancestor has succeeded, or
+        ended badly under on_failure "run"; an ancestor gone was purged after it ended."""
+        for ancestor_id, on_failure in ancestors:
+            ancestor = db.jobs.get(ancestor_id)
+            if ancestor is None or ancestor.state == "succeeded" or (on_failure == "run" and ancestor.state in FINAL):
+                continue
+            raise SimulationBug(
+                f"job {job_id} is {state} while its ancestor {ancestor_id} is {ancestor.state} (on_failure {on_failure}): "
+                "a dependent ran before all its ancestors succeeded"
+            )
 
     def _check_not_charged_for_others(self, db: MemoryDatabase, job_id: int) -> None:
         """A job that just failed: if not one of its own handlers failed or crashed, and every

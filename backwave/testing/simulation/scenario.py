@@ -43,6 +43,7 @@ class Config:
     observers: bool = True  # task_finished receivers see each applied outcome once, and nothing else
     report_checks: bool = True  # once at rest, no pump keeps anything of an attempt it will never hear of again
     max_databases: int = 2  # databases a seed may draw; every node runs its pumps on each one
+    dependencies: bool = True  # some jobs wait for earlier ones (after=, cancel or run on failure)
 
     def flags(self) -> str:
         """The CLI flags that reproduce this config (only those that differ from the defaults)."""
@@ -62,7 +63,7 @@ class Config:
 
 CLASSIC = Config(
     hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
-    thread_checks=False, observers=False, report_checks=False, max_databases=1,
+    thread_checks=False, observers=False, report_checks=False, max_databases=1, dependencies=False,
 )
 
 
@@ -79,6 +80,9 @@ class JobSpec:
     task_path: str
     delay: float  # run_at this many seconds after the enqueue (0: due at once)
     database: int = 0  # which of the scenario's databases it is enqueued on
+    # Ancestors: (index of an earlier JobSpec of the same database, on_failure). The simulated
+    # operator holds nothing, so a seed draws only "cancel" and "run".
+    after: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,4 +178,21 @@ class Scenario:
             changes["hostile_rate"] = rng.choice((0.0, 0.01, 0.05))
         if config.lease_losses:
             changes["hang_rate"] = rng.choice((0.0, 0.02, 0.1))
+        if config.dependencies:
+            # A source of its own (a str seed is hashed with SHA-512, whatever PYTHONHASHSEED): a
+            # seed that draws no dependency replays the run it replayed before they existed.
+            jobs = _with_dependencies(jobs, random.Random(f"dependencies:{self.seed}"))
         return replace(self, jobs=jobs, **changes)
+
+
+def _with_dependencies(jobs: tuple[JobSpec, ...], rng: random.Random) -> tuple[JobSpec, ...]:
+    """Some jobs wait for one to three earlier jobs of their database: chains, fan-ins, DAGs."""
+    rate = rng.choice((0.0, 0.3, 0.6))
+    drawn = []
+    for index, job in enumerate(jobs):
+        earlier = [i for i in range(index) if jobs[i].database == job.database]
+        if earlier and rng.random() < rate:
+            picked = rng.sample(earlier, min(len(earlier), rng.randint(1, 3)))
+            job = replace(job, after=tuple((i, "run" if rng.random() < 0.2 else "cancel") for i in sorted(picked)))
+        drawn.append(job)
+    return tuple(drawn)

@@ -54,7 +54,7 @@ from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.shell.executor import Executor, lease_ids_from
-from backwave.store.contract import NewJob, StoreError
+from backwave.store.contract import After, DependencyRefused, NewJob, StoreError
 from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
 
 from .faults import Faults
@@ -153,6 +153,7 @@ class World(Faults):
         self.options = scenario.options
         self.databases = [MemoryDatabase(now=self._db_now, last_id=k * JOB_ID_STRIDE) for k in range(scenario.databases)]
         self.invariants = Invariants(self)
+        self.spec_jobs: dict[int, int] = {}  # JobSpec index -> the job enqueued for it
         self.nodes = [Node(i) for i in range(scenario.nodes)]
         self.pumps: list[SimPump] = []
         self.quiescing = False
@@ -170,8 +171,8 @@ class World(Faults):
                 database.queues[queue] = (limit, False)
         for node in self.nodes:
             self._boot(node)
-        for spec in self.scenario.jobs:
-            self.at(spec.at, self._enqueue, spec)
+        for index, spec in enumerate(self.scenario.jobs):
+            self.at(spec.at, self._enqueue, spec, index)
         if self.config.faults:
             self.at(self.rng.expovariate(1 / self.scenario.fault_every), self._fault)
         self.at(self.scenario.fault_phase, self._quiesce)
@@ -465,13 +466,22 @@ class World(Faults):
 
     # ---- the producer and its hints -----------------------------------------------------------
 
-    def _enqueue(self, spec) -> None:
+    def _enqueue(self, spec, index: int) -> None:
         run_at = self._db_now() + timedelta(seconds=spec.delay) if spec.delay else None
         database = self.databases[spec.database]
-        (job_id,) = InMemoryStore(database).enqueue_many([
-            NewJob(task_path=spec.task_path, payload={"args": [], "kwargs": {}}, queue=spec.queue, priority=spec.priority, run_at=run_at,
-                   max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max)
-        ])
+        after = tuple(
+            After(job_id=self.spec_jobs[index], on_failure=on_failure) for index, on_failure in spec.after if index in self.spec_jobs
+        )
+        try:
+            (job_id,) = InMemoryStore(database).enqueue_many([
+                NewJob(task_path=spec.task_path, payload={"args": [], "kwargs": {}}, queue=spec.queue, priority=spec.priority, run_at=run_at,
+                       max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max, after=after)
+            ])
+        except DependencyRefused as refused:
+            # An ancestor already failed (or was purged): what the producer's enqueue is told.
+            self.log.line(self.t, "producer", f"enqueue refused: {refused}")
+            return
+        self.spec_jobs[index] = job_id
         self.invariants.enqueued[job_id] = database
         if spec.task_path == CRASH_TASK:
             self.invariants.crashers.add(job_id)
