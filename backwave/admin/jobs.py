@@ -19,6 +19,7 @@ from ..models import Attempt, Job, JobState
 from . import actions, stats
 from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, parse_row_id, seconds_shown, timestamp
 
+LINKS_SHOWN = 50  # ancestors, and dependents, listed on a job's page (with the total of each)
 GONE_SHOWN = 10  # ids listed in the "no longer exists" message before "and N more"
 RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} left alone: try again once {they} finish{es}."
 
@@ -139,12 +140,12 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         (None, {"fields": [("task_path", "queue", "state"), ("priority", "backend", "tags", "schedule_link")]}),
         ("Timing (database clock)", {"fields": [("enqueued", "run_at_shown", "started", "last_attempted", "finished")]}),
         ("Retries and lease", {"fields": [("attempts", "max_attempts", "worker_id"), ("backoff_base", "backoff_max", "lease_id")]}),
-        ("Payload and result", {"fields": [("payload_json", "return_value_json")]}),
+        ("Payload and result", {"fields": [("payload_json", "return_value_json"), "output_json"]}),
     ]
     readonly_fields = (
         "task_path", "queue", "state", "priority", "tags", "backend", "schedule_link", "enqueued", "run_at_shown",
         "started", "last_attempted", "finished", "attempts", "max_attempts", "backoff_base", "backoff_max",
-        "worker_id", "lease_id", "payload_json", "return_value_json",
+        "worker_id", "lease_id", "payload_json", "return_value_json", "output_json",
     )
 
     # --- permissions: the rows are the engine's; only the actions write -----------------------
@@ -161,7 +162,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         # The list shows no payload or result: skip reading (and de-toasting) them.
         queryset = super().get_queryset(request)
         if request.resolver_match and request.resolver_match.url_name.endswith("_changelist"):
-            queryset = queryset.defer("payload", "return_value")
+            queryset = queryset.defer("payload", "return_value", "output")
         return queryset
 
     def get_search_results(self, request, queryset, search_term):
@@ -230,9 +231,34 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             return "-"
         return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(job.return_value, indent=2, ensure_ascii=False))
 
+    @admin.display(description="job output")
+    def output_json(self, job):
+        if not job.output:
+            return "-"
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(job.output, indent=2, ensure_ascii=False))
+
+    def _workflow(self, request, job_id: int) -> dict:
+        """The job's ancestors and dependents (links, states, policies), in one statement."""
+        from django.db import connections, router
+
+        from ..store import operator
+
+        with connections[router.db_for_read(Job)].cursor() as cursor:
+            rows = operator.job_links(cursor, job_id, limit=LINKS_SHOWN)
+        sides: dict[str, dict] = {"ancestor": {"rows": [], "total": 0}, "dependent": {"rows": [], "total": 0}}
+        for side, linked_id, task_path, state, on_failure, total in rows:
+            url = reverse("admin:backwave_job_change", args=[linked_id], current_app=self.admin_site.name)
+            sides[side]["rows"].append({"id": linked_id, "url": url, "task": task_path.rsplit(".", 1)[-1], "task_path": task_path,
+                                        "state": state, "on_failure": on_failure})
+            sides[side]["total"] = total
+        unfinished = [row for row in sides["ancestor"]["rows"] if row["state"] != "succeeded"]
+        return {"ancestors": sides["ancestor"], "dependents": sides["dependent"], "unfinished_ancestors": unfinished}
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         attempts = []
+        workflow = {}
         if (job_id := parse_row_id(object_id)) is not None:
+            workflow = self._workflow(request, job_id)
             for attempt in Attempt.objects.filter(job_id=job_id).order_by("number"):
                 duration = None
                 if attempt.started_at and attempt.finished_at:
@@ -241,6 +267,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         extra_context = {
             **(extra_context or {}),
             "attempt_rows": attempts,
+            "workflow": workflow,
             "can_retry": self.has_retry_permission(request),
             "can_cancel": self.has_cancel_permission(request),
         }
@@ -257,14 +284,14 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             return None
         return [parse_row_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
 
-    @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
+    @admin.action(description="Retry now (failed, quarantined or held jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
         ids = self._ticked_job_ids(request)
         result = actions.retry_jobs(queryset) if ids is None else actions.retry_job_ids(ids)
-        report_job_action(request, result, done="retried", allowed="failed or quarantined")
+        report_job_action(request, result, done="retried", allowed="failed, quarantined or held")
 
-    @admin.action(description="Cancel (ready or scheduled jobs)", permissions=["cancel"], location=BOTH_LOCATIONS)
+    @admin.action(description="Cancel (ready, scheduled, waiting or held jobs)", permissions=["cancel"], location=BOTH_LOCATIONS)
     def cancel(self, request, queryset):
         ids = self._ticked_job_ids(request)
         result = actions.cancel_jobs(queryset) if ids is None else actions.cancel_job_ids(ids)
-        report_job_action(request, result, done="cancelled", allowed="ready or scheduled")
+        report_job_action(request, result, done="cancelled", allowed="ready, scheduled, waiting or held")

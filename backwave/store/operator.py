@@ -111,6 +111,13 @@ def ancestor_outputs(cursor, job_id: int) -> list[tuple]:
     return cursor.fetchall()
 
 
+def job_links(cursor, job_id: int, *, limit: int) -> list[tuple]:
+    """(side, id, task_path, state, on_failure, total on that side) of up to ``limit`` ancestors
+    and dependents of the job: the admin's job page, one statement."""
+    cursor.execute(QUERIES["admin_job_links"], {"job_id": job_id, "limit": limit})
+    return cursor.fetchall()
+
+
 def available_connections(cursor) -> int:
     """How many connections the server accepts from ordinary roles."""
     cursor.execute(QUERIES["available_connections"])

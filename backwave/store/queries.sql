@@ -1175,6 +1175,24 @@ WHERE d.job_id = %(job_id)s
 ORDER BY d.position, a.id
 
 
+-- name: admin_job_links
+-- The job page's workflow: up to "limit" ancestors (in after= order) and dependents (by id),
+-- each with its state and the dependency's policy, and how many there are of each (the window
+-- count runs over the index range before the LIMIT). One statement: both directions have an
+-- index (the primary key leads with job_id, backwave_dependency_ancestor with ancestor_id).
+(SELECT 'ancestor' AS side, j.id, j.task_path, j.state, d.on_failure, count(*) OVER () AS total
+ FROM backwave_dependency AS d JOIN backwave_job AS j ON j.id = d.ancestor_id
+ WHERE d.job_id = %(job_id)s
+ ORDER BY d.position, j.id
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT 'dependent', j.id, j.task_path, j.state, d.on_failure, count(*) OVER ()
+ FROM backwave_dependency AS d JOIN backwave_job AS j ON j.id = d.job_id
+ WHERE d.ancestor_id = %(job_id)s
+ ORDER BY j.id
+ LIMIT %(limit)s)
+
+
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int

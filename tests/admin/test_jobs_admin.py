@@ -199,7 +199,7 @@ def test_retry_refuses_running_jobs_with_a_clear_message(operator_client):
 
     assert messages_of(response) == [
         "1 job is running under a worker's lease and was left alone: try again once it finishes.",
-        "Only failed or quarantined jobs can be retried; left alone: 1 succeeded.",
+        "Only failed, quarantined or held jobs can be retried; left alone: 1 succeeded.",
     ]
     assert Job.objects.get(pk=running.pk).state == "running"
     assert Job.objects.get(pk=succeeded.pk).state == "succeeded"
@@ -216,7 +216,7 @@ def test_cancel_cancels_ready_and_scheduled_jobs_only(operator_client):
     assert messages_of(response) == [
         "Cancelled 2 jobs.",
         "1 job is running under a worker's lease and was left alone: try again once it finishes.",
-        "Only ready or scheduled jobs can be cancelled; left alone: 1 failed.",
+        "Only ready, scheduled, waiting or held jobs can be cancelled; left alone: 1 failed.",
     ]
     states = dict(Job.objects.values_list("pk", "state"))
     assert states == {due.pk: "cancelled", later.pk: "cancelled", running.pk: "running", failed.pk: "failed"}
@@ -242,7 +242,7 @@ def test_ticked_jobs_are_reported_in_their_state_now_even_past_the_filter(operat
     data = {"action": "retry_now", "_selected_action": [failed.pk], "index": 0}
     response = operator_client.post(url, data, follow=True)
 
-    assert messages_of(response) == ["Only failed or quarantined jobs can be retried; left alone: 1 ready."]
+    assert messages_of(response) == ["Only failed, quarantined or held jobs can be retried; left alone: 1 ready."]
 
 
 def test_select_all_acts_on_every_job_the_filters_match(operator_client):
@@ -312,8 +312,8 @@ def test_nobody_adds_edits_or_deletes_jobs_by_hand(admin_client):
 # the halted-pump banner.
 JOB_LIST_QUERIES = 6
 # Session, user, the job, its attempts, the content type (the action form's history link),
-# the banner.
-JOB_DETAIL_QUERIES = 6
+# the banner, the workflow (ancestors and dependents, one statement).
+JOB_DETAIL_QUERIES = 7
 
 
 @pytest.mark.parametrize("params", [{}, {"state": "failed", "queue": "emails"}, {"q": "fast"}, {"q": "12"}])

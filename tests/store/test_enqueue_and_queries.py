@@ -57,7 +57,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "enqueue_with_dependencies", "lock_outcome_jobs", "settle_dependents",
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "set_schedules_enabled", "upsert_queues",
-        "retry_job_dependents", "cancel_job_dependents", "ancestor_outputs",
+        "retry_job_dependents", "cancel_job_dependents", "ancestor_outputs", "admin_job_links",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
