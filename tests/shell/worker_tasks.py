@@ -159,3 +159,29 @@ def hangs_until_released(context):
 def records_start(context):
     STARTED.append((int(context.task_result.id), context.attempt))
     return context.attempt
+
+
+@task(queue_name="e2e", takes_context=True)
+def workflow_source(context, name, value):
+    """A workflow's root: records its value and name as Job Output."""
+    context.output("value", value)
+    context.output("name", name)
+    return value
+
+
+@task(queue_name="e2e", takes_context=True)
+def workflow_combine(context, name):
+    """Sums its ancestors' outputs; refuses to run before every ancestor succeeded."""
+    ancestors = context.ancestors
+    if any(a.state != "succeeded" for a in ancestors):
+        raise AssertionError(f"ran before its ancestors succeeded: {[(a.job_id, a.state) for a in ancestors]}")
+    total = sum(a.output.get("value", 0) for a in ancestors)
+    context.output("value", total)
+    context.output("name", name)
+    context.tag("combined")
+    return total
+
+
+@task(queue_name="e2e", max_attempts=1)
+def workflow_fails():
+    raise ValueError("this ancestor fails")
