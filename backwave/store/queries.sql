@@ -712,6 +712,11 @@ WITH doomed AS MATERIALIZED (
         WHERE j.state = r.state
           AND j.state IN ('succeeded', 'failed', 'cancelled', 'quarantined')
           AND j.finished_at < now() - make_interval(secs => r.seconds)
+          -- An ancestor stays while a dependent of it may still run and read its Job Output
+          -- (one probe of the ancestor index; none for a job that has no dependents).
+          AND NOT EXISTS (
+              SELECT FROM backwave_dependency AS d JOIN backwave_job AS w ON w.id = d.job_id
+              WHERE d.ancestor_id = j.id AND w.state IN ('waiting', 'held', 'ready', 'running'))
         ORDER BY j.finished_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED

@@ -511,9 +511,13 @@ class InMemoryStore:
             return 0
         with self._operation() as (db, now):
             doomed: list[int] = []
+            unfinished = ("waiting", "held", "ready", "running")
+            # An ancestor stays while a dependent of it may still run (the NOT EXISTS).
+            kept = {ancestor for (job_id, ancestor) in db.dependencies if job_id in db.jobs and db.jobs[job_id].state in unfinished}
             for state, seconds in older_than:  # one ordered scan per state, oldest first
                 cutoff = now - timedelta(seconds=float(seconds))
-                old = [j for j in db.jobs.values() if j.state == state and state in _FINISHED and j.finished_at is not None and j.finished_at < cutoff]
+                old = [j for j in db.jobs.values() if j.state == state and state in _FINISHED and j.finished_at is not None
+                       and j.finished_at < cutoff and j.id not in kept]
                 doomed += [j.id for j in sorted(old, key=lambda j: j.finished_at)[:limit]]
             doomed = doomed[:limit]
             for job_id in doomed:

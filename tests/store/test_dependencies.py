@@ -144,3 +144,12 @@ def test_an_enqueue_committing_while_its_ancestor_is_written_is_still_released(s
     writer.join(timeout=10)
     assert not writer.is_alive()
     assert rows.states([ancestor_id, dependent]) == {ancestor_id: "succeeded", dependent: "ready"}
+
+
+def test_retention_keeps_an_ancestor_while_a_dependent_may_still_read_its_output(store, rows):
+    ancestor = rows.finished_job("succeeded", seconds_ago=7200)
+    unrelated = rows.finished_job("succeeded", seconds_ago=7200)
+    (dependent,) = store.enqueue_many([new(after=[After(job_id=ancestor)])])
+    assert rows.job(dependent).state == "ready"  # its ancestor had succeeded already
+    assert store.purge_jobs(older_than=[("succeeded", 3600)], limit=100) == 1
+    assert set(rows.states([ancestor, unrelated])) == {ancestor}
