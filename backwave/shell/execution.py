@@ -75,8 +75,7 @@ class _Attempt:
 
     __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes", "context")
 
-    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int,
-                 resolver=None):
+    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int):
         self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
         self.result = _running_result(job, task, worker_id)
         self.sender = sender
@@ -86,7 +85,7 @@ class _Attempt:
         # Made before the handler runs (and before its try), so whatever the handler recorded
         # through it is read back however the handler ends.
         self.context = (
-            JobContext(task_result=self.result, job_id=job.id, max_output_bytes=max_result_bytes, resolver=resolver or _resolver_for(job))
+            JobContext(task_result=self.result, job_id=job.id, max_output_bytes=max_result_bytes, resolver=_resolver_for(job))
             if task.takes_context else None
         )
 

@@ -48,3 +48,11 @@ def noop(n=0):
 def counts_running_ancestors(context):
     """The fan-in: how many of its ancestors are not succeeded when it runs (must be 0)."""
     return Job.objects.filter(dependent_links__job_id=context.job_id).exclude(state="succeeded").count()
+
+
+@task(takes_context=True)
+async def async_reader(context):
+    """An async task reads its ancestors through aancestors() and records output."""
+    ancestors = await context.aancestors()
+    context.output("seen", [a.output.get("name") for a in ancestors])
+    return len(ancestors)

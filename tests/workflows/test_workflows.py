@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-import backwave
 from backwave.admin import actions
 from backwave.models import Dependency, Job
 from backwave.testing import DeterministicPump
@@ -187,6 +186,15 @@ def test_an_ancestor_that_already_failed_is_refused_unless_the_policy_is_run(pum
     assert job(anyway).state == "ready"
 
 
+def test_the_api_is_on_the_package():
+    import backwave
+    from backwave.tasking import context, workflow
+
+    assert (backwave.chain, backwave.group, backwave.dag, backwave.Workflow) == (chain, group, dag, Workflow)
+    assert (backwave.Dependency, backwave.InvalidDependency, backwave.JobContext) == (After, InvalidDependency, context.JobContext)
+    assert issubclass(workflow.InvalidDependency, __import__("django.tasks.exceptions").tasks.exceptions.InvalidTask)
+
+
 def test_bad_after_values_are_refused_where_they_are_written(db):
     with pytest.raises(InvalidDependency, match="takes a list of ancestors"):
         tasks.noop.enqueue(after=tasks.noop.enqueue(1))
@@ -218,3 +226,10 @@ def test_context_refuses_what_it_cannot_store_inside_the_attempt(db):
     assert context.close() == ({"ok": 1}, (), ())
     with pytest.raises(RuntimeError, match="is over"):
         context.tag("late")
+
+
+def test_an_async_task_reads_its_ancestors_and_records_output(pump):
+    first = tasks.source.enqueue("one", 1)
+    reader = tasks.async_reader.enqueue(after=[first])
+    assert pump.drain().succeeded == 2
+    assert (job(reader).return_value, job(reader).output) == (1, {"seen": ["one"]})
