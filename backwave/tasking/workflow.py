@@ -28,7 +28,7 @@ from django.tasks.exceptions import InvalidTask
 from ..store.contract import DEPENDENCY_POLICIES, After
 from .task import MAX_JOB_ID, TaskCall, coerce_calls
 
-MAX_ANCESTORS = 10_000  # per job: a fan-in wider than this is a batch to split
+MAX_ANCESTORS = 100_000  # per job: a fan-in wider than this is a batch to split
 
 
 class InvalidDependency(InvalidTask):
