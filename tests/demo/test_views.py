@@ -109,7 +109,7 @@ def test_results_page_counts_states_and_refreshes_until_finished(client):
     content = page.content.decode()
     assert 'http-equiv="refresh"' in content
     assert dict((value, count) for value, _label, count in page.context["states"]) == {
-        "ready": 2, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "quarantined": 0,
+        "waiting": 0, "held": 0, "ready": 2, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "quarantined": 0,
     }
     for job in (first, second, third):
         assert f'href="/admin/backwave/job/{job.pk}/change/"' in content
