@@ -26,7 +26,11 @@ SELECT CASE WHEN %(statement_timeout)s::text IS NOT NULL
        CASE WHEN %(lock_timeout)s::text IS NOT NULL
             THEN set_config('lock_timeout', %(lock_timeout)s::text, true) END,
        CASE WHEN %(synchronous_commit)s::text IS NOT NULL
-            THEN set_config('synchronous_commit', %(synchronous_commit)s::text, true) END
+            THEN set_config('synchronous_commit', %(synchronous_commit)s::text, true) END,
+       -- JIT off: these are short statements, and a plan whose estimate passes jit_above_cost
+       -- (the outcome write's settling CTEs beside a wide fan-in) would spend about half a
+       -- second compiling itself on every execution.
+       set_config('jit', 'off', true)
 
 
 -- name: open_lease
