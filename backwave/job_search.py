@@ -1,0 +1,146 @@
+"""The jobs search: what an operator types into the admin's search box or passes to
+``manage.py backwave_jobs --search``.
+
+Terms (separated by spaces, quoted with shell rules when a value holds one), all of which must
+match:
+
+* ``123`` or ``#123``: the job with that id.
+* ``key=value``: a keyword argument; ``user.email=a@b.c`` looks inside a dict argument. The
+  value is read as JSON when it is JSON (``42``, ``true``, ``null``, ``"42"``, ``[1, 2]``) and as
+  text otherwise; a bare number or boolean also matches the same text (``order=42`` finds
+  ``order=42`` and ``order="42"``).
+* ``arg:value``: a positional argument equal to value (read as above).
+* ``tag:name``: jobs carrying that tag.
+* anything else: part of the task's import path.
+
+Argument terms are JSON containment (``payload @> '{"kwargs": {...}}'``), which the GIN index
+``backwave_job_payload`` (jsonb_path_ops) serves; tags use ``backwave_job_tags``. A key that
+``BACKWAVE["REDACT_KEYS"]`` hides cannot be searched for: a match would tell the value.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from .redaction import is_sensitive
+
+MAX_ROW_ID = 2**63 - 1
+MAX_TERMS = 10
+
+
+class SearchError(ValueError):
+    """A search the operator must rephrase; the message says what was wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSearch:
+    """A parsed search: every part must match."""
+
+    ids: tuple[int, ...] = ()
+    payload: tuple[Q, ...] = ()  # one Q per argument term (an OR of its spellings)
+    tags: tuple[str, ...] = ()
+    task_parts: tuple[str, ...] = ()
+    impossible: bool = False  # an id no job can have
+    terms: tuple[str, ...] = field(default=())
+
+    def apply(self, queryset):
+        """``queryset`` narrowed to the jobs that match."""
+        if self.impossible:
+            return queryset.none()
+        for job_id in self.ids:
+            queryset = queryset.filter(id=job_id)
+        for condition in self.payload:
+            queryset = queryset.filter(condition)
+        if self.tags:
+            queryset = queryset.filter(tags__contains=list(self.tags))
+        for part in self.task_parts:
+            queryset = queryset.filter(task_path__icontains=part)
+        return queryset
+
+
+def _value(text: str) -> list[Any]:
+    """The JSON values a typed value stands for: itself as JSON, and its text when that differs."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return [text]
+    if isinstance(value, float) and value != value:  # NaN never equals anything stored
+        return [text]
+    _refuse_sensitive_keys(value)
+    return [value] if isinstance(value, str) else [value, text]
+
+
+def _refuse_sensitive_keys(value: Any) -> None:
+    """A JSON object typed as a value may name a hidden key too: {"password": "x"}."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if is_sensitive(key):
+                    raise SearchError(f"{key!r} is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for.")
+                stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _nested(path: list[str], value: Any) -> Any:
+    for key in reversed(path):
+        value = {key: value}
+    return value
+
+
+def _argument_term(term: str) -> Q:
+    key, _, raw = term.partition("=")
+    path = key.split(".")
+    if not all(path):
+        raise SearchError(f"{term!r}: say which argument, e.g. order_id=42 or customer.email=a@example.com.")
+    for part in path:
+        if is_sensitive(part):
+            raise SearchError(f"{key!r} is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for.")
+    condition = Q()
+    for value in _value(raw):
+        condition |= Q(payload__contains={"kwargs": _nested(path, value)})
+    return condition
+
+
+def parse(text: str) -> JobSearch:
+    """The search ``text`` asks for, or SearchError saying why it cannot be run."""
+    try:
+        terms = shlex.split(text.strip())
+    except ValueError as error:
+        raise SearchError(f"The search has an unbalanced quote ({error}).") from None
+    if len(terms) > MAX_TERMS:
+        raise SearchError(f"At most {MAX_TERMS} search terms, got {len(terms)}.")
+    ids, payload, tags, task_parts = [], [], [], []
+    impossible = False
+    for term in terms:
+        bare = term.lstrip("#")
+        if bare and bare.isascii() and bare.isdigit():
+            job_id = int(bare) if len(bare) <= 19 else 0
+            if 1 <= job_id <= MAX_ROW_ID:
+                ids.append(job_id)
+            else:
+                impossible = True
+        elif term.startswith("tag:"):
+            if not term[4:]:
+                raise SearchError("'tag:' needs a tag, e.g. tag:tenant-7.")
+            tags.append(term[4:])
+        elif term.startswith("arg:"):
+            condition = Q()
+            for value in _value(term[4:]):
+                condition |= Q(payload__contains={"args": [value]})
+            payload.append(condition)
+        elif "=" in term:
+            payload.append(_argument_term(term))
+        elif term.strip("#"):
+            task_parts.append(term)
+        else:
+            impossible = True  # "#" alone, or a digit int() reads but ASCII does not spell
+    return JobSearch(ids=tuple(ids), payload=tuple(payload), tags=tuple(tags), task_parts=tuple(task_parts),
+                     impossible=impossible, terms=tuple(terms))
