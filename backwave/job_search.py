@@ -1,8 +1,8 @@
 """The jobs search: what an operator types into the admin's search box or passes to
 ``manage.py backwave_jobs --search``.
 
-Terms (separated by spaces, quoted with shell rules when a value holds one), all of which must
-match:
+Terms, separated by spaces (a value with spaces goes in quotes: "..." is a JSON string, '...'
+plain text; a JSON object or list may hold spaces), all of which must match:
 
 * ``123`` or ``#123``: the job with that id.
 * ``key=value``: a keyword argument; ``user.email=a@b.c`` looks inside a dict argument. The
@@ -21,7 +21,6 @@ Argument terms are JSON containment (``payload @> '{"kwargs": {...}}'``), which 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +62,44 @@ class JobSearch:
         return queryset
 
 
+def split_terms(text: str) -> list[str]:
+    """Split on spaces outside quotes and brackets, keeping the quotes: ``a="x y" b={"k": 1}``
+    is two terms, and a value's quotes still tell a JSON string from a number."""
+    terms, current, quote, depth, escaped = [], [], "", 0, False
+    for char in text.strip():
+        if quote:
+            current.append(char)
+            if escaped:
+                escaped = False
+            elif char == "\\" and quote == '"':
+                escaped = True
+            elif char == quote:
+                quote = ""
+            continue
+        if char in "\"'":
+            quote = char
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth = max(depth - 1, 0)
+        elif char.isspace() and depth == 0:
+            if current:
+                terms.append("".join(current))
+                current = []
+            continue
+        current.append(char)
+    if quote:
+        raise SearchError(f"The search has an unbalanced quote ({quote}): close it, or leave it out.")
+    if current:
+        terms.append("".join(current))
+    return terms
+
+
 def _value(text: str) -> list[Any]:
-    """The JSON values a typed value stands for: itself as JSON, and its text when that differs."""
+    """The JSON values a typed value stands for: itself as JSON (a number, true, "text", an
+    object...), and its text when that differs; 'single quotes' mean the text inside them."""
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        return [text[1:-1]]
     try:
         value = json.loads(text)
     except ValueError:
@@ -111,10 +146,7 @@ def _argument_term(term: str) -> Q:
 
 def parse(text: str) -> JobSearch:
     """The search ``text`` asks for, or SearchError saying why it cannot be run."""
-    try:
-        terms = shlex.split(text.strip())
-    except ValueError as error:
-        raise SearchError(f"The search has an unbalanced quote ({error}).") from None
+    terms = split_terms(text)
     if len(terms) > MAX_TERMS:
         raise SearchError(f"At most {MAX_TERMS} search terms, got {len(terms)}.")
     ids, payload, tags, task_parts = [], [], [], []

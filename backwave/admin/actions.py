@@ -87,13 +87,14 @@ def _run(using: str, action: str, selection, requested=(), on_batch: OnBatch | N
     return result, (rows[-1][0] if rows else 0)
 
 
-def act_on_matching(queryset, action: str, *, batch_size: int = BATCH_SIZE, on_batch: OnBatch | None = None) -> JobActionResult:
+def act_on_matching(queryset, action: str, *, batch_size: int | None = None, on_batch: OnBatch | None = None) -> JobActionResult:
     """``action`` (retry, cancel, purge) on every job ``queryset`` matches that is in a state
     the action applies to, ``batch_size`` jobs per statement and transaction, in id order.
 
     Each batch selects the next ids past the last one locked (keyset, so no batch re-reads
     what an earlier one changed), and the loop ends on a batch that finds none: a batch cut
     short by a job deleted meanwhile does not end it early."""
+    batch_size = BATCH_SIZE if batch_size is None else batch_size
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
     allowed = ALLOWED_STATES[action]

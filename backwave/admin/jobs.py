@@ -12,7 +12,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
@@ -178,6 +178,11 @@ class JobChangeList(ChangeList):
     and duration), how long a running job has run, and whether its pump is still there."""
 
     def get_results(self, request):
+        if getattr(request, "_backwave_filters_only", False):
+            # The bulk actions' page wants the filtered queryset, not a page of it.
+            self.result_list, self.result_count, self.full_result_count = [], 0, None
+            self.can_show_all, self.multi_page, self.paginator = False, False, None
+            return
         super().get_results(request)
         jobs = list(self.result_list)
         if jobs:
@@ -193,9 +198,12 @@ class JobChangeList(ChangeList):
         self.result_list = jobs
 
 
-def _history_message(action: str, note: str = "") -> str:
-    text = {"retry": "Retried: ready to run now, with one more attempt", "cancel": "Cancelled"}[action]
-    return f"{text}{note}"
+HISTORY = {
+    # action -> (LogEntry flag, what it says)
+    "retry": (CHANGE, "Retried: ready to run now, with one more attempt"),
+    "cancel": (CHANGE, "Cancelled"),
+    "purge": (DELETION, "Purged with its attempts"),
+}
 
 
 def record_history(user, action: str, result: actions.JobActionResult, note: str = "") -> None:
@@ -204,12 +212,12 @@ def record_history(user, action: str, result: actions.JobActionResult, note: str
     if user is None or not result.changed_rows:
         return
     content_type = ContentType.objects.get_for_model(Job)
-    message = _history_message(action, note)
+    flag, text = HISTORY[action]
     LogEntry.objects.bulk_create([
         LogEntry(
             user_id=user.pk, content_type_id=content_type.pk, object_id=str(job_id),
-            object_repr=f"{task_path} #{job_id}"[:200], action_flag=CHANGE,
-            change_message=f"{message} (was {state}).",
+            object_repr=f"{task_path} #{job_id}"[:200], action_flag=flag,
+            change_message=f"{text}{note} (was {state}).",
         )
         for job_id, state, task_path in result.changed_rows
     ])
@@ -466,6 +474,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             query.pop(internal, None)
         changelist_url = reverse(f"{self.admin_site.name}:backwave_job_changelist")
         back = f"{changelist_url}?{query.urlencode()}" if query else changelist_url
+        request._backwave_filters_only = True
         try:
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
