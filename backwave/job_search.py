@@ -7,8 +7,7 @@ plain text; a JSON object or list may hold spaces), all of which must match:
 * ``123`` or ``#123``: the job with that id.
 * ``key=value``: a keyword argument; ``user.email=a@b.c`` looks inside a dict argument. The
   value is read as JSON when it is JSON (``42``, ``true``, ``null``, ``"42"``, ``[1, 2]``) and as
-  text otherwise; a bare number or boolean also matches the same text (``order=42`` finds
-  ``order=42`` and ``order="42"``).
+  text otherwise (``order=42`` is the number, ``order="42"`` the text).
 * ``arg:value``: a positional argument equal to value (read as above).
 * ``tag:name``: jobs carrying that tag.
 * anything else: part of the task's import path.
@@ -21,11 +20,14 @@ Argument terms are JSON containment (``payload @> '{"kwargs": {...}}'``), which 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import BooleanField, F, Func, Q, Value
+from django.db.models.functions import Cast
 
+from .models import Job
 from .redaction import is_sensitive
 
 MAX_ROW_ID = 2**63 - 1
@@ -41,7 +43,7 @@ class JobSearch:
     """A parsed search: every part must match."""
 
     ids: tuple[int, ...] = ()
-    payload: tuple[Q, ...] = ()  # one Q per argument term (an OR of its spellings)
+    payload: tuple[Q, ...] = ()  # one Q per argument term
     tags: tuple[str, ...] = ()
     task_parts: tuple[str, ...] = ()
     impossible: bool = False  # an id no job can have
@@ -56,10 +58,38 @@ class JobSearch:
         for condition in self.payload:
             queryset = queryset.filter(condition)
         if self.tags:
-            queryset = queryset.filter(tags__contains=list(self.tags))
+            queryset = queryset.filter(tags_condition(self.tags))
         for part in self.task_parts:
             queryset = queryset.filter(task_path__icontains=part)
         return queryset
+
+
+class _Within(Func):
+    """``value <@ column``: the containment written from the value's side. The running arm of
+    ``contains`` spells it so on purpose: given two arms with the same ``column @> value``,
+    PostgreSQL factors it out of the OR, and the partial GIN index no longer matches."""
+
+    template = "(%(expressions)s)"
+    arg_joiner = " <@ "
+    output_field = BooleanField()
+
+
+def contains(column: str, value: Any) -> Q:
+    """Jobs whose ``column`` (payload or tags) contains ``value``. The GIN indexes leave running
+    rows out (a claim then writes no GIN entry), so the rest is read through them, and running
+    jobs, at most the jobs in flight, through the partial running-jobs index."""
+    field = Job._meta.get_field(column)
+    within = _Within(Cast(Value(json.dumps(value) if column == "payload" else value), field.__class__(**_cast_options(field))), F(column))
+    return (Q(**{f"{column}__contains": value}) & ~Q(state="running")) | (Q(within) & Q(state="running"))
+
+
+def _cast_options(field) -> dict:
+    return {"base_field": field.base_field.__class__(max_length=field.base_field.max_length)} if hasattr(field, "base_field") else {}
+
+
+def tags_condition(tags) -> Q:
+    """Jobs carrying every one of ``tags``, in the form the partial tags index serves."""
+    return contains("tags", list(tags))
 
 
 def split_terms(text: str) -> list[str]:
@@ -95,19 +125,19 @@ def split_terms(text: str) -> list[str]:
     return terms
 
 
-def _value(text: str) -> list[Any]:
-    """The JSON values a typed value stands for: itself as JSON (a number, true, "text", an
-    object...), and its text when that differs; 'single quotes' mean the text inside them."""
+def _value(text: str) -> Any:
+    """The JSON value a typed value stands for: itself read as JSON (42, true, "text", an
+    object...), else its text; 'single quotes' mean the text inside them."""
     if len(text) >= 2 and text[0] == text[-1] == "'":
-        return [text[1:-1]]
+        return text[1:-1]
     try:
         value = json.loads(text)
     except ValueError:
-        return [text]
-    if isinstance(value, float) and value != value:  # NaN never equals anything stored
-        return [text]
+        return text
+    if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity: JSON has none
+        return text
     _refuse_sensitive_keys(value)
-    return [value] if isinstance(value, str) else [value, text]
+    return value
 
 
 def _refuse_sensitive_keys(value: Any) -> None:
@@ -138,10 +168,7 @@ def _argument_term(term: str) -> Q:
     for part in path:
         if is_sensitive(part):
             raise SearchError(f"{key!r} is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for.")
-    condition = Q()
-    for value in _value(raw):
-        condition |= Q(payload__contains={"kwargs": _nested(path, value)})
-    return condition
+    return contains("payload", {"kwargs": _nested(path, _value(raw))})
 
 
 def parse(text: str) -> JobSearch:
@@ -164,10 +191,7 @@ def parse(text: str) -> JobSearch:
                 raise SearchError("'tag:' needs a tag, e.g. tag:tenant-7.")
             tags.append(term[4:])
         elif term.startswith("arg:"):
-            condition = Q()
-            for value in _value(term[4:]):
-                condition |= Q(payload__contains={"args": [value]})
-            payload.append(condition)
+            payload.append(contains("payload", {"args": [_value(term[4:])]}))
         elif "=" in term:
             payload.append(_argument_term(term))
         elif term.strip("#"):

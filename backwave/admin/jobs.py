@@ -150,7 +150,7 @@ class TagFilter(_StatisticsMixin, admin.SimpleListFilter):
         return [(tag, tag) for tag in sorted(tags)]
 
     def queryset(self, request, queryset):
-        return queryset.filter(tags__contains=[self.value()]) if self.value() else queryset
+        return queryset.filter(job_search.tags_condition([self.value()])) if self.value() else queryset
 
 
 class WorkerFilter(admin.SimpleListFilter):

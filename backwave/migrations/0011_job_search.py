@@ -25,10 +25,12 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name="job",
-            index=django.contrib.postgres.indexes.GinIndex(fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"]),
+            index=django.contrib.postgres.indexes.GinIndex(
+                fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"], condition=~models.Q(state="running"),
+            ),
         ),
         AddIndexConcurrently(
             model_name="job",
-            index=django.contrib.postgres.indexes.GinIndex(fields=["tags"], name="backwave_job_tags"),
+            index=django.contrib.postgres.indexes.GinIndex(fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running")),
         ),
     ]

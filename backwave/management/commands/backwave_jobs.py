@@ -150,7 +150,7 @@ class Command(BaseCommand):
             queryset = queryset.filter(condition)
             described.append(f"state in {states}")
         if options["tags"]:
-            queryset = queryset.filter(tags__contains=options["tags"])
+            queryset = queryset.filter(job_search.tags_condition(options["tags"]))
             described.append(f"tags {options['tags']}")
         if options["older_than"]:
             cut = timezone.now() - parse_age(options["older_than"])
