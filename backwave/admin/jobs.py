@@ -234,9 +234,10 @@ BULK_ACTIONS = {
 class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Jobs"
     list_display = (
-        # Enqueued is on the job page (and the id is in enqueue order): the list keeps to what
-        # says where a job stands, so it fits a laptop's screen beside the filters.
-        "id", "task_name", "queue", "state_badge", "attempts_shown", "run_at_shown", "started_shown",
+        # Enqueued and run-at are on the job page (the id is in enqueue order; a scheduled job's
+        # badge says when it is due): the list keeps to what says where a job stands, so it
+        # fits a laptop's screen beside the filters.
+        "id", "task_name", "queue", "state_badge", "attempts_shown", "started_shown",
         "duration_shown", "finished", "worker_shown", "error_shown",
     )
     list_display_links = ("id", "task_name")
@@ -319,7 +320,10 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         label = job.get_state_display()
         css = job.state
         if job.state == "ready" and job.run_at and job.run_at > timezone.now():
-            label, css = "Scheduled", "scheduled"
+            due = timezone.localtime(job.run_at)
+            return format_html(
+                '<span class="bw-badge bw-scheduled" title="due {} {}">Scheduled</span>', f"{due:%Y-%m-%d %H:%M:%S}", timezone.get_current_timezone_name()
+            )
         return format_html('<span class="bw-badge bw-{}">{}</span>', css, label)
 
     @admin.display(description="attempts")
@@ -366,7 +370,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def _worker_html(self, job, pump_exists: bool, *, short: bool):
         if not job.worker_id:
             return "-"
-        shown = job.worker_id if not short else Truncator(job.worker_id).chars(22)
+        shown = job.worker_id if not short else Truncator(job.worker_id).chars(18)
         if pump_exists:
             url = reverse(f"{self.admin_site.name}:backwave_pump_change", args=[job.worker_id])
             return format_html('<a class="bw-worker" href="{}" title="the pump {}">{}</a>', url, job.worker_id, shown)

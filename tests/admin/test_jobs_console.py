@@ -281,6 +281,13 @@ def test_the_confirmation_page_queries_are_pinned(operator_client, django_assert
         assert operator_client.get(RETRY_ALL, {"state": "failed"}).status_code == 200
 
 
+def test_the_confirmation_page_for_a_superuser_needs_no_permission_queries(admin_client, django_assert_num_queries):
+    make_job(state="failed")
+    admin_client.get(RETRY_ALL)
+    with django_assert_num_queries(5):  # session, user, statistics, the matching count, the banner
+        assert admin_client.get(RETRY_ALL, {"q": "tag:vip"}).status_code == 200
+
+
 # --- the job page ----------------------------------------------------------------------------------
 
 
