@@ -58,6 +58,9 @@ class AttemptReport:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0
+    # The job's queue and task path as claimed: the worker's metrics label each outcome with them.
+    queue: str = ""
+    task_path: str = ""
     # For task_finished, sent once the outcome is written: the attempt's TaskResult (None for an
     # unroutable job, which never started) and the backend class it is sent from.
     task_result: TaskResult | None = field(default=None, compare=False, repr=False)
@@ -97,7 +100,7 @@ class _Attempt:
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration,
-            task_result=self.result, sender=self.sender,
+            queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender,
         )
 
     def succeeded(self, encoded) -> AttemptReport:
@@ -106,7 +109,7 @@ class _Attempt:
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started,
-            task_result=self.result, sender=self.sender,
+            queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender,
         )
 
 
@@ -124,6 +127,8 @@ def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_tracebac
             error_class=f"{Unroutable.__module__}.{Unroutable.__qualname__}",
             traceback=str(unroutable),
             duration=time.monotonic() - started,
+            queue=job.queue,
+            task_path=job.task_path,
         )
     sender = backend_class or registry.sender(task)
     return _Attempt(
