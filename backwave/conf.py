@@ -82,6 +82,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):
+    # "Authorization: Bearer <token>". None: only signed-in staff with backwave.view_job may read it.
+    "METRICS_TOKEN": None,
 }
 
 # The defaults are Retention's own (backwave/core/options.py), so they are written down once.
@@ -130,6 +133,22 @@ def _list_of(kind: type, label: str) -> Callable[[Any], str | None]:
         return None
 
     return check
+
+
+MIN_METRICS_TOKEN_LENGTH = 24
+
+
+def _metrics_token(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < MIN_METRICS_TOKEN_LENGTH or value != value.strip() or not value.isprintable() or " " in value:
+        # A Sentence, so the message never repeats the value: it is meant to be a secret.
+        return Sentence(
+            f"['METRICS_TOKEN'] must be None or a secret of at least {MIN_METRICS_TOKEN_LENGTH} printable characters without"
+            f" spaces, such as secrets.token_urlsafe(32) read from the environment; got {type(value).__name__}"
+            + (f" ({len(value)} characters)." if isinstance(value, str) else ".")
+        )
+    return None
 
 
 def _alias(value) -> str | None:
@@ -248,6 +267,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "METRICS_TOKEN": _metrics_token,
     "DATABASE": _alias,
 }
 

@@ -115,9 +115,9 @@ class WorkerCollector:
             "backwave_job_duration_seconds", "How long attempts ran in this worker (quarantined jobs, which never run, left out).",
             labels=("database", "queue", "task"),
         )
-        pumps = GaugeMetricFamily("backwave_pumps", "This worker's pumps by status.", labels=("database", "group", "status"))
+        pumps = GaugeMetricFamily("backwave_worker_pumps", "This worker's pumps by status.", labels=("database", "group", "status"))
         stalled = GaugeMetricFamily(
-            "backwave_pumps_stalled", "This worker's pumps none of whose store calls completed for longer than their lease.",
+            "backwave_worker_pumps_stalled", "This worker's pumps none of whose store calls completed for longer than their lease.",
             labels=("database", "group"),
         )
         running = GaugeMetricFamily("backwave_jobs_running", "Attempts running in this worker now.", labels=("database", "group"))

@@ -103,3 +103,15 @@ def available_connections(cursor) -> int:
     """How many connections the server accepts from ordinary roles."""
     cursor.execute(QUERIES["available_connections"])
     return cursor.fetchone()[0]
+
+
+def queue_latency(cursor) -> dict[str, float]:
+    """Seconds the oldest due ready job of each queue has waited (queues with ready jobs only)."""
+    cursor.execute(QUERIES["metrics_queue_latency"])
+    return dict(cursor.fetchall())
+
+
+def lapsed_leases(cursor) -> tuple[int, int]:
+    """(leases past their expiry not yet released, jobs still running under them)."""
+    cursor.execute(QUERIES["metrics_lapsed_leases"])
+    return tuple(cursor.fetchone())

@@ -912,3 +912,46 @@ GROUP BY l.worker_id
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+
+
+-- name: metrics_queue_latency
+-- Per queue with ready jobs, the age in seconds of its oldest due one (0 when every ready job is
+-- scheduled later): how long the job that has waited longest has been waiting. The claim index
+-- orders a queue by priority first, so its oldest row is not its first entry: a loose index scan
+-- walks the distinct (queue, priority) pairs of ready rows (one probe each, at most 201
+-- priorities per queue), and the first entry of each pair is that priority's oldest run_at. So
+-- the cost grows with queues x priorities in use, never with the backlog.
+WITH RECURSIVE levels(queue, priority) AS (
+    (SELECT j.queue, j.priority FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue, j.priority DESC LIMIT 1)
+    UNION ALL
+    SELECT following.queue, following.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority < l.priority
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue > l.queue
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        LIMIT 1
+    ) AS following
+)
+SELECT l.queue,
+       extract(epoch FROM greatest(statement_timestamp() - min(oldest.run_at), interval '0'))::float8
+FROM levels AS l
+CROSS JOIN LATERAL (
+    SELECT j.run_at FROM backwave_job AS j
+    WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+    ORDER BY j.queue, j.priority DESC, j.run_at LIMIT 1
+) AS oldest
+GROUP BY l.queue
+ORDER BY l.queue
+
+
+-- name: metrics_lapsed_leases
+-- Leases past their expiry that maintenance has not released yet (their pumps died, hung or
+-- lost the database), and how many jobs still run under them: a probe of the expiry index.
+SELECT count(*), coalesce(sum((SELECT count(*) FROM backwave_job AS j WHERE j.state = 'running' AND j.lease_id = l.id)), 0)::bigint
+FROM backwave_lease AS l
+WHERE l.expires_at <= statement_timestamp()

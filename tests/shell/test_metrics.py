@@ -89,10 +89,10 @@ def test_the_worker_endpoint_counts_outcomes_durations_and_pumps(running_worker)
     assert buckets == sorted(buckets), "cumulative buckets"
 
     pumps = {"database": "default", "group": "metrics"}
-    assert value(samples, "backwave_pumps", **pumps, status="healthy") == 1
-    assert value(samples, "backwave_pumps", **pumps, status="degraded") == 0
-    assert value(samples, "backwave_pumps", **pumps, status="halted") == 0
-    assert value(samples, "backwave_pumps_stalled", **pumps) == 0
+    assert value(samples, "backwave_worker_pumps", **pumps, status="healthy") == 1
+    assert value(samples, "backwave_worker_pumps", **pumps, status="degraded") == 0
+    assert value(samples, "backwave_worker_pumps", **pumps, status="halted") == 0
+    assert value(samples, "backwave_worker_pumps_stalled", **pumps) == 0
     assert value(samples, "backwave_jobs_running", **pumps) == 0
     assert value(samples, "backwave_leases_lost_total", **pumps) == 0
     assert value(samples, "backwave_store_round_trips_total", **pumps) >= 1
@@ -115,7 +115,7 @@ def test_the_worker_endpoint_speaks_openmetrics_when_asked(running_worker):
     from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
     names = {family.name for family in openmetrics_families(body)}
-    assert {"backwave_jobs_finished", "backwave_pumps", "backwave_lease_expired_jobs"} <= names
+    assert {"backwave_jobs_finished", "backwave_worker_pumps", "backwave_lease_expired_jobs"} <= names
 
 
 @pytest.mark.django_db(transaction=True)
