@@ -174,7 +174,9 @@ def _hint_listener(database: str):
     from backwave.shell.hints import HintListener
     from backwave.store.postgres import django_conninfo
 
-    return HintListener(django_conninfo(settings.DATABASES[database]))
+    # Behind a transaction-pooling PgBouncer the LISTEN session goes straight to PostgreSQL.
+    listen_on = conf.get_setting("HINT_DATABASES").get(database, database)
+    return HintListener(django_conninfo(settings.DATABASES[listen_on]))
 
 
 def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], PostgresStore]:
