@@ -36,6 +36,7 @@ from backwave.store.contract import OutcomeRecord
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
 
 from backwave.tasking.registry import TaskRegistry
+from backwave.tracing import attempt_span
 from .scope import enter_attempt, leave_attempt
 
 logger = logging.getLogger("backwave.execution")
@@ -143,7 +144,19 @@ def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
     return task is not None and iscoroutinefunction(task.func)
 
 
-def run_attempt(
+def run_attempt(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:
+    """``_run_attempt`` inside the attempt's OpenTelemetry span (a no-op without opentelemetry)."""
+    with attempt_span(job, worker_id) as span:
+        return span.finished(_run_attempt(job, worker_id=worker_id, **options))
+
+
+async def run_attempt_async(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:
+    """``_run_attempt_async`` inside the attempt's OpenTelemetry span."""
+    with attempt_span(job, worker_id) as span:
+        return span.finished(await _run_attempt_async(job, worker_id=worker_id, **options))
+
+
+def _run_attempt(
     job: ClaimedJob,
     *,
     registry: TaskRegistry,
@@ -173,7 +186,7 @@ def run_attempt(
     return attempt.succeeded(encoded)
 
 
-async def run_attempt_async(
+async def _run_attempt_async(
     job: ClaimedJob,
     *,
     registry: TaskRegistry,

@@ -159,7 +159,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -167,7 +167,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -259,7 +259,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -267,7 +267,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -688,19 +688,20 @@ RETURNING j.id, s.attempts
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context
     )
     SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
            n.backoff_base, n.backoff_max, n.backend,
            coalesce(n.tags, '{}'::varchar[]),
-           'ready', 0, now(), ''
+           'ready', 0, now(), '', n.trace_context
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
-                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[])
+                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
+                 trace_context jsonb)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, position)
+              backend, tags, trace_context, position)
     ORDER BY n.position
     RETURNING id, queue
 ), hinted AS (
