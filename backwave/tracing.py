@@ -1,7 +1,8 @@
 """OpenTelemetry: a span per attempt, the child of the span that enqueued the job.
 
-Optional: with ``opentelemetry-api`` not installed every function here does nothing (and costs
-an ``is None`` test). With it installed, an enqueue made inside a recording span stores that
+Optional: with ``opentelemetry-api`` not installed, or installed without an SDK's tracer provider
+set up, every function here does nothing (and costs an ``is None`` test, or a look at the global
+provider). With it installed, an enqueue made inside a recording span stores that
 span's W3C trace context (``traceparent``, and ``tracestate`` when there is one) on the job row
 (``Job.trace_context``), and each attempt runs inside a CONSUMER span ``process <queue>`` whose
 parent it is, so the trace of a request shows the jobs it caused, however long they waited and
@@ -19,13 +20,14 @@ trace instead: it never costs the attempt.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 try:
     from opentelemetry import trace
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the optional dependency is not installed: tracing is off
     trace = None
@@ -36,6 +38,32 @@ MAX_CONTEXT_VALUE = 8192
 SYSTEM = "backwave"
 
 _propagator = TraceContextTextMapPropagator() if trace is not None else None
+_tracer: tuple[Any, Any] = (None, None)  # (the provider, its tracer): asked for once per provider
+
+
+# trace.get_tracer_provider() looks at os.environ on every call until a provider is set (5 us, a
+# few percent of a no-op job): read the global it sets instead, while the API still has it.
+_READ_GLOBAL = hasattr(trace, "_TRACER_PROVIDER") if trace is not None else False
+_PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+def _provider():
+    """The tracer provider set up for this process, or None when none is."""
+    if _READ_GLOBAL and not _PROVIDER_FROM_ENVIRONMENT:
+        return trace._TRACER_PROVIDER  # noqa: SLF001 - see _READ_GLOBAL
+    return trace.get_tracer_provider()
+
+
+def _current_tracer():
+    """BackWave's tracer, or None while no SDK is set up: the API alone records nothing, and
+    making its non-recording spans would still cost every attempt microseconds."""
+    global _tracer
+    provider = _provider()
+    if provider is None or isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider)):
+        return None
+    if _tracer[0] is not provider:
+        _tracer = (provider, provider.get_tracer(SYSTEM))
+    return _tracer[1]
 
 
 def enabled() -> bool:
@@ -71,9 +99,16 @@ def _parent(trace_context: Any):
 
 
 class _NoSpan:
-    """What ``attempt_span`` yields when tracing is off."""
+    """``attempt_span`` when tracing is off: its own context manager, a shared one, so an
+    attempt pays no generator for it."""
 
     __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return None
 
     def finished(self, report):
         return report
@@ -100,13 +135,17 @@ class _AttemptSpan:
         return report
 
 
+def attempt_span(job, worker_id: str):
+    """The attempt's span, current while the task runs (its own spans are its children): a
+    context manager whose value's ``finished(report)`` records the outcome."""
+    tracer = None if trace is None else _current_tracer()
+    if tracer is None:
+        return _NO_SPAN
+    return _recorded_span(tracer, job, worker_id)
+
+
 @contextmanager
-def attempt_span(job, worker_id: str) -> Iterator[_AttemptSpan | _NoSpan]:
-    """The attempt's span, current while the task runs (its own spans are its children)."""
-    if trace is None:
-        yield _NO_SPAN
-        return
-    tracer = trace.get_tracer(SYSTEM)
+def _recorded_span(tracer, job, worker_id: str) -> Iterator[_AttemptSpan]:
     attributes = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "process",

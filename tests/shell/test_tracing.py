@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from backwave import tracing
 from backwave.models import Job
 from backwave.testing import DeterministicPump
 from tests.factories import JobFactory
@@ -41,6 +42,7 @@ def spans(monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_provider", lambda: provider)
     monkeypatch.setattr(trace, "get_tracer", lambda name, *args, **kwargs: provider.get_tracer(name, *args, **kwargs))
     yield exporter
     provider.shutdown()
@@ -141,6 +143,28 @@ def test_a_workers_failed_and_retried_attempts_are_error_spans_of_the_same_paren
         assert event.name == "exception" and "this task always fails" in event.attributes["exception.stacktrace"]
     outcomes = sorted((s.attributes["backwave.attempt"], s.attributes["backwave.outcome"]) for s in by_job[flaky.id])
     assert outcomes == [(1, "failed"), (2, "succeeded")]
+
+
+@pytest.mark.django_db
+def test_with_the_api_but_no_sdk_set_up_no_span_is_made(monkeypatch):
+    made = []
+    monkeypatch.setattr(trace.ProxyTracerProvider, "get_tracer", lambda *args, **kwargs: made.append(args) or trace.NoOpTracer())
+    worker_tasks.noop.enqueue(1)
+    pump = DeterministicPump(tasks=[worker_tasks.noop], queues=["e2e"])
+    try:
+        assert pump.drain().succeeded == 1
+    finally:
+        pump.close()
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider) and made == []
+    assert tracing.enabled() and tracing._provider() is None
+
+
+def test_a_provider_set_up_later_is_used_from_then_on(monkeypatch):
+    """Read per attempt: set_tracer_provider after the worker started still takes effect."""
+    provider = TracerProvider()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    assert tracing._provider() is provider
+    assert tracing._current_tracer() is tracing._current_tracer() is not None
 
 
 def test_without_opentelemetry_tracing_is_a_no_op():
