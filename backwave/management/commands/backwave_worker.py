@@ -70,6 +70,7 @@ class Command(BaseCommand):
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
+            conf.get_setting("HINT_DATABASES")  # read before anything starts: a bad alias stops it here
             store_factory = store_factory_for(groups)
             databases = list(dict.fromkeys(group.database for group in groups))
             registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
