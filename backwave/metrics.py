@@ -4,9 +4,11 @@ A worker's own ``/metrics`` (``backwave/shell/metrics.py``) counts what that pro
 view reports what the database says about the whole cluster, once, however many workers run:
 jobs by queue and state, the age of each queue's oldest due job, pumps by the status the admin
 shows (their lease judged by the database clock), and leases that lapsed without being released
-yet. Every number comes from a bounded statement (see ``backwave/admin/stats.py``): at most four
-queries per database at any table size, five when a depth passes ``COUNT_CAP`` (the planner's
-statistics then give the estimate reported).
+yet. Every number comes from a bounded statement (``metrics_queues`` in queries.sql: index
+probes and capped index ranges, never a scan of the backlog, run without JIT compilation):
+six statements per database at any table size (BEGIN, JIT off, queues, COMMIT, pumps, lapsed
+leases), seven when a depth passes ``COUNT_CAP`` (the planner's statistics then give the
+estimate reported).
 
 Who may read it: a scraper sending ``Authorization: Bearer <BACKWAVE["METRICS_TOKEN"]>``
 (compared in constant time), or a signed-in, active staff user with ``backwave.view_job`` (the
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hmac
 from collections import Counter
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -30,7 +32,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily
 
 from . import conf
-from .admin.stats import COUNT_CAP, COUNTED_STATES, queue_lines, table_statistics
+from .admin.stats import COUNT_CAP, COUNTED_STATES, table_statistics
 from .models import Pump, ShownPumpStatus
 from .store import operator
 
@@ -42,16 +44,6 @@ def served_databases() -> list[str]:
     from .databases import backwave_backends
 
     return list(dict.fromkeys(backend.database for backend in backwave_backends())) or [DEFAULT_DB_ALIAS]
-
-
-class _NoStatistics:
-    """Stands in for the planner's statistics: read only once a depth reaches the cap."""
-
-    def common_values(self, column):
-        return []
-
-    def estimate(self, **equalities):
-        return None
 
 
 class DatabaseCollector:
@@ -94,24 +86,21 @@ class DatabaseCollector:
 
     @staticmethod
     def _collect_queues(alias, jobs, paused, latency) -> None:
-        lines = queue_lines(_NoStatistics(), using=alias)
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            operator.metrics_without_jit(cursor)
+            rows = operator.metrics_queues(cursor, names=sorted(conf.configured_queue_names()), limit=COUNT_CAP + 1)
         statistics = None
-        if any(count.capped for line in lines for count in line.counts.values()):
-            statistics = table_statistics(alias)
-        with connections[alias].cursor() as cursor:
-            ages = operator.queue_latency(cursor)
-        for line in lines:
-            for state in COUNTED_STATES:
-                count = line.counts[state]
-                if count.capped:
+        if any(number > COUNT_CAP for row in rows for number in row[2:7]):
+            statistics = table_statistics(alias)  # for the estimates of the depths past the cap
+        for name, is_paused, *depths, oldest_age in rows:
+            for state, number in zip(COUNTED_STATES, depths, strict=True):
+                if number > COUNT_CAP:
                     # Past the cap the planner's estimate (never below what was counted) stands in.
-                    estimate = statistics.estimate(state="ready" if state == "scheduled" else state, queue=line.name)
-                    number = max(count.value + 1, estimate or 0)
-                else:
-                    number = count.value
-                jobs.add_metric((alias, line.name, state), number)
-            paused.add_metric((alias, line.name), int(line.paused))
-            latency.add_metric((alias, line.name), ages.get(line.name, 0.0))
+                    estimate = statistics.estimate(state="ready" if state == "scheduled" else state, queue=name)
+                    number = max(number, estimate or 0)
+                jobs.add_metric((alias, name, state), number)
+            paused.add_metric((alias, name), int(is_paused))
+            latency.add_metric((alias, name), oldest_age or 0.0)
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:

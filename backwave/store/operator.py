@@ -105,10 +105,16 @@ def available_connections(cursor) -> int:
     return cursor.fetchone()[0]
 
 
-def queue_latency(cursor) -> dict[str, float]:
-    """Seconds the oldest due ready job of each queue has waited (queues with ready jobs only)."""
-    cursor.execute(QUERIES["metrics_queue_latency"])
-    return dict(cursor.fetchall())
+def metrics_without_jit(cursor) -> None:
+    """No JIT compilation for the rest of the caller's transaction (see queries.sql)."""
+    cursor.execute(QUERIES["metrics_without_jit"])
+
+
+def metrics_queues(cursor, *, names: Sequence[str], limit: int) -> list[tuple]:
+    """(name, paused, due, scheduled, running, failed, quarantined, seconds the oldest due job
+    has waited or None) per known queue and per one of ``names``; depths counted up to ``limit``."""
+    cursor.execute(QUERIES["metrics_queues"], {"names": list(names), "limit": limit})
+    return cursor.fetchall()
 
 
 def lapsed_leases(cursor) -> tuple[int, int]:
