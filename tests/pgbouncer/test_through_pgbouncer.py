@@ -35,6 +35,20 @@ t.flaky.enqueue(succeed_on=2)
 """
 
 
+def finished(metrics_url: str) -> float:
+    """backwave_jobs_finished_total of the noop task, as a worker's /metrics says."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        body = response.read().decode()
+    return sum(
+        sample.value for family in text_string_to_metric_families(body) for sample in family.samples
+        if sample.name == "backwave_jobs_finished_total" and sample.labels["task"] == NOOP and sample.labels["outcome"] == "succeeded"
+    )
+
+
 def manage(bouncer, *args: str, hints_direct: bool = False) -> str:
     """Run ``manage.py`` in a subprocess whose database connections go through PgBouncer."""
     env = {
@@ -98,6 +112,9 @@ def test_wake_up_hints_over_a_direct_connection_while_the_rest_goes_through_pgbo
 
     manage(pgbouncer, "shell", "-c", ENQUEUE % {"noops": 5}, hints_direct=True)
     wait_until(lambda: Job.objects.filter(state="succeeded").count() == 5, what="the jobs run after their hint", workers=[worker])
+    # The worker process's own metrics, read as Prometheus reads them.
+    metrics = url.rstrip("/") + "/metrics"
+    wait_until(lambda: finished(metrics) == 5, what="the worker's metrics counting the five jobs", workers=[worker])
 
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
