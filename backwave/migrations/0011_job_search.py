@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("backwave", "0005_forgiven_attempts_and_suspects"),
+        ("backwave", "0012_trace_context"),
     ]
 
     operations = [

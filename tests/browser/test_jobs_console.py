@@ -8,7 +8,6 @@ import re
 from datetime import datetime, timezone as dt_timezone
 
 import pytest
-from django.contrib.auth.models import User
 
 from backwave.admin import actions as operations
 from backwave.models import Job
