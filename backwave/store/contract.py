@@ -49,6 +49,7 @@ class NewJob:
     backoff_max: float = 3600.0
     backend: str = "default"
     tags: Sequence[str] = field(default_factory=tuple)
+    timeout: float | None = None  # seconds one attempt may run; None: no limit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +64,29 @@ class OutcomeRecord:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0  # seconds the attempt ran, measured on the worker's monotonic clock
+    # The attempt's last context.set_progress() and context.metadata (JSON-able, checked inside
+    # the attempt); None: not set, the row keeps what it holds.
+    progress: Any = None
+    metadata: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressReport:
+    """What a running attempt reported since the last heartbeat (see Store.heartbeat)."""
+
+    job_id: int
+    attempt: int
+    progress: Any = None  # None: not set since the last heartbeat
+    metadata: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """What a heartbeat answered: whether the lease is still held, and the cancels requested of
+    jobs running under it (job id -> who asked)."""
+
+    held: bool
+    cancels: dict[int, str] = field(default_factory=dict)
 
 
 class Applied(set):
@@ -142,6 +166,13 @@ class Store(Protocol):
         """Push the lease's expiry to now + duration. False when the lease is gone (it lapsed and
         was expired by maintenance, or was released) or has already lapsed: a lapsed lease is
         never revived, since the fence has refused its writes from the moment it lapsed."""
+
+    def heartbeat(self, *, lease_id: uuid.UUID, duration: float, progress: Sequence[ProgressReport] = ()) -> Heartbeat:
+        """renew_lease, in the same statement writing each report's progress and metadata to its
+        job (fenced: this live lease, still running, this attempt; None keeps what the row
+        holds), and reading the cancels requested of the lease's running jobs. A report the
+        server refuses for its data (SQLSTATE class 22) never costs the lease: the heartbeat is
+        sent again without the reports, which are dropped."""
 
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Put every job still running under the lease back to ready (refunding the attempt, due
