@@ -283,9 +283,14 @@ class InMemoryStore:
     def heartbeat(self, *, lease_id: uuid.UUID, duration: float, progress: Sequence[ProgressReport] = ()) -> Heartbeat:
         """renew_lease, writing the reports' progress to their jobs and reading the cancels."""
         params = heartbeat_params(lease_id, duration, progress)
-        reports = jsonb_input(params["progress"], "heartbeat")
-        if any(_jsonb_refusal(report) for report in reports):
+        try:
+            reports = jsonb_input(params["progress"], "heartbeat")
+        except StoreError as refused:
+            if not (refused.sqlstate or "").startswith("22"):
+                raise
             reports = []  # PostgresStore sends it again without them
+        if any(_jsonb_refusal(report) for report in reports):
+            reports = []
         with self._operation() as (db, now):
             lease = db.leases.get(lease_id)
             if lease is None or not lease.expires_at > now:
