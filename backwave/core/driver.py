@@ -215,7 +215,8 @@ class NodeDriver:
         self.stats.heartbeats += 1
         if event.held:
             self._trust_lease_from(sent_at)
-            return []
+            # The safety net under the NOTIFY: each cancel as if it had been heard.
+            return [command for job_id, by in event.cancels for command in self._on_cancel_requested(ev.CancelRequested(now=event.now, job_id=job_id, by=by))]
         return self._lose_lease(event.now)
 
     def _on_nothing_to_do(self, event: ev.Event) -> list[cmd.Command]:

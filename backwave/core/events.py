@@ -87,9 +87,11 @@ class OutcomesWritten(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseRenewed(Event):
-    """The heartbeat landed. ``held`` is False when the lease was gone (expired by someone else)."""
+    """The heartbeat landed. ``held`` is False when the lease was gone (expired by someone else).
+    ``cancels``: (job id, who asked) of each cancel requested of a job running under the lease."""
 
     held: bool
+    cancels: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

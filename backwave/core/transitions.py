@@ -37,8 +37,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | buffer; flush when the batch is full or nothing     |
                       |                  | executes: WriteOutcomes + ClaimJobs                 |
     RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-                      |                  | taken until their handlers return), OpenLease       |
+    RUNNING           | LeaseRenewed     | held: its cancels, each as a CancelRequested; lost: | RUNNING/OPENING
+                      |                  | abandon all (their slots stay taken until their     |
+                      |                  | handlers return), OpenLease                         |
     RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
     RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
                       |                  | after a jittered backoff that doubles per fault in  |
@@ -61,7 +62,7 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       | Tick             | ReleaseLease (gives back what did not finish); a    |
                       |                  | Tick ends attempts past their deadline as RUNNING's |
     DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
-    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
+    DRAINING          | LeaseRenewed     | held: its cancels, as in RUNNING; lost: give up     | STOPPED
     DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
     DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
     DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED

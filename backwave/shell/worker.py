@@ -75,6 +75,7 @@ class Worker:
         for pump in self.pumps:
             if pump.options.database in self.hints:
                 self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint)
+                self.hints[pump.options.database].subscribe_cancels(pump.cancel_requested)
         self._signals = 0
         self._all_halted_logged = False
         self._done = threading.Event()

@@ -829,10 +829,10 @@ state = 'cancelled', finished_at = now()
 -- rows in id order, as act_on_jobs does (so it cannot deadlock with the other job actions), and
 -- acts on those in an allowed state: a ready (due or scheduled) job is cancelled at once; a
 -- running one gets a cancel request, and the worker holding it is told with a NOTIFY on the
--- hint channel ('cancel:<id>': queue names cannot hold a ':', so no pump mistakes it for a
--- queue's hint); its heartbeat re-reads the request should the NOTIFY be lost. The first
+-- hint channel ('cancel:<id>:<who>': queue names cannot hold a ':', so no pump mistakes it for
+-- a queue's hint); its heartbeat re-reads the request should the NOTIFY be lost. The first
 -- request's author stays: a second click changes nothing. Parameters: the selection's, who
--- cancels (text), then the allowed states (text[]).
+-- cancels (text), the allowed states (text[]), then who cancels again (for the NOTIFY).
 WITH target AS MATERIALIZED (
     SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
@@ -847,7 +847,7 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id, t.state
 ), notified AS (
-    SELECT count(pg_notify('backwave_hint', 'cancel:' || c.id::text)) AS sent
+    SELECT count(pg_notify('backwave_hint', 'cancel:' || c.id::text || ':' || %s)) AS sent
     FROM changed AS c WHERE c.state = 'running'
 )
 SELECT t.id, t.state, c.id IS NOT NULL

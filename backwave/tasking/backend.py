@@ -127,6 +127,7 @@ class BackWaveBackend(BaseTaskBackend):
             backoff_max=defaults["DEFAULT_BACKOFF_MAX"] if backoff_max is None else backoff_max,
             backend=self.alias,
             tags=tuple(getattr(task, "tags", ())),
+            timeout=getattr(task, "timeout", None),
         )
 
     def build_job(self, task, args, kwargs) -> NewJob:

@@ -46,7 +46,7 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
-from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from backwave.shell.execution import AttemptControls, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from backwave.shell.executor import Executor, lease_ids_from
 from backwave.tasking.registry import TaskRegistry
 
@@ -125,6 +125,7 @@ class DeterministicPump:
         self._counts: dict[str, int] = {}
         self._busy = False
         self._first = self._stop_after = 0
+        self.controls = AttemptControls()  # the running attempt's, as a pump's (see _run_channel)
         # Store errors are not caught (no on_fault): the test sees them.
         self._executor = Executor(
             self.store,
@@ -137,6 +138,8 @@ class DeterministicPump:
             time_zone=timezone.get_default_timezone,
             new_lease_id=lease_ids_from(self._random),
             on_applied=self._applied,
+            progress=self.controls.reports,
+            stop_attempt=lambda command: self.controls.stop(command.job_id, command.attempt, command.reason),
         )
 
     # ---- the public API ---------------------------------------------------------------------
@@ -201,6 +204,14 @@ class DeterministicPump:
 
     def _run_channel(self) -> None:
         while self._channel:
+            now = self.clock.monotonic()
+            wake = self.driver.next_wakeup()
+            if wake is not None and wake <= now:
+                # A handler moved the clock (pump.clock.advance() inside a task: "this took that
+                # long"): what came due meanwhile, a time limit above all, happens before its
+                # report is heard, as a worker's pump thread would have ticked while it ran.
+                self._process(ev.Tick(now=now))
+                continue
             self._process(self._channel.popleft())
             if len(self.attempts) > self._stop_after:
                 raise PumpStuck(
@@ -217,6 +228,8 @@ class DeterministicPump:
             worker_id=self.worker_id,
             max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
             max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
+            controls=self.controls,
+            clock=self.clock.monotonic,
         )
         if is_async(job, self.registry):
             from asgiref.sync import async_to_sync
@@ -227,7 +240,8 @@ class DeterministicPump:
         self.attempts.append(report)
         self._channel.append(
             ev.JobFinished(
-                now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report
+                now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(),
+                delay=report.delay, report=report,
             )
         )
 

@@ -344,6 +344,8 @@ class World(Faults):
         if isinstance(command, cmd.ExecuteJob):
             self._start_job(pump, command.job)
             return
+        if isinstance(command, cmd.StopAttempt):
+            return  # simulated handlers do not look at their context: they run to their end
         batch = pump.executor.take(command, pump.pending)  # a write and the claim after it go as one
         pump.busy = True
         self.at(self.t + self._latency(), self._statement, pump, batch, pump.node.incarnation)
