@@ -34,6 +34,7 @@ class JobActionResult:
     changed: tuple[int, ...] = ()
     refused: Counter = field(default_factory=Counter)  # state when locked -> count
     gone: tuple[int, ...] = ()
+    requested: tuple[int, ...] = ()  # of changed: running jobs asked to stop (a cancel)
 
     @property
     def refused_running(self) -> int:
@@ -61,9 +62,29 @@ def retry_jobs(queryset) -> JobActionResult:
     return _job_action(queryset, "retry", RETRYABLE_STATES)
 
 
-def cancel_jobs(queryset) -> JobActionResult:
-    """Cancel the ready (due or scheduled) jobs of ``queryset``; running ones are left alone."""
-    return _job_action(queryset, "cancel", CANCELLABLE_STATES)
+def _cancel(queryset, *, by: str, running: bool, requested=()) -> JobActionResult:
+    using, selection = _selection(queryset)
+    allowed = CANCELLABLE_STATES + (("running",) if running else ())
+    with connections[using].cursor() as cursor:
+        rows = operator.cancel_jobs(cursor, selection, by=by, allowed=allowed)
+    result = _result(rows, requested)
+    return JobActionResult(
+        changed=result.changed, refused=result.refused, gone=result.gone,
+        requested=tuple(job_id for job_id, state, done in rows if done and state == "running"),
+    )
+
+
+def _result(rows, requested) -> JobActionResult:
+    changed = tuple(job_id for job_id, _state, done in rows if done)
+    refused = Counter(state for _job_id, state, done in rows if not done)
+    gone = tuple(sorted(set(requested) - {job_id for job_id, _state, _done in rows}))
+    return JobActionResult(changed=changed, refused=refused, gone=gone)
+
+
+def cancel_jobs(queryset, *, by: str = "admin", running: bool = False) -> JobActionResult:
+    """Cancel the ready (due or scheduled) jobs of ``queryset`` at once; with ``running``, ask
+    the workers of its running ones to stop them (they end cancelled); ``by`` names who cancels."""
+    return _cancel(queryset, by=by, running=running)
 
 
 def retry_job_ids(ids) -> JobActionResult:
@@ -72,10 +93,11 @@ def retry_job_ids(ids) -> JobActionResult:
     return _job_action(Job.objects.filter(id__in=ids), "retry", RETRYABLE_STATES, requested=ids)
 
 
-def cancel_job_ids(ids) -> JobActionResult:
+def cancel_job_ids(ids, *, by: str = "admin", running: bool = False, using: str | None = None) -> JobActionResult:
     """cancel_jobs() on jobs by id; the result names the ids that no longer exist."""
     ids = list(ids)
-    return _job_action(Job.objects.filter(id__in=ids), "cancel", CANCELLABLE_STATES, requested=ids)
+    jobs = Job.objects.using(using) if using else Job.objects
+    return _cancel(jobs.filter(id__in=ids), by=by, running=running, requested=ids)
 
 
 # --- queues -------------------------------------------------------------------------------------
