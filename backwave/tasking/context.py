@@ -47,6 +47,7 @@ class AttemptControl:
         self.deadline = None if timeout is None else self.started + timeout  # on ``clock``
         self._stop = threading.Event()
         self.stop_reason = ""
+        self.stopped_at: float | None = None  # on ``clock``: when stop() was first called
         self._lock = threading.Lock()
         self._progress: Any = None  # set since the last report
         self._metadata: Any = None
@@ -60,6 +61,7 @@ class AttemptControl:
         with self._lock:
             if not self._stop.is_set():
                 self.stop_reason = reason
+                self.stopped_at = self._clock()
                 self._stop.set()
 
     def take_report(self) -> ProgressReport | None:
