@@ -16,7 +16,7 @@ and the same store calls. What differs is the shell around it:
   rolled back alone, and the test's transaction stays usable.
 * Time is a ``VirtualClock``. Nothing happens between calls: ``drain()`` delivers what is due
   now (and wakes the driver with a Wake-Up Hint, as an enqueue's NOTIFY would); ``advance()``
-  only moves the clock. After a long advance the driver may find its lease presumed lapsed and
+  only moves the clock (inside a task: the handler took that long, so its time limit can pass). After a long advance the driver may find its lease presumed lapsed and
   open a new one, exactly as a pump that slept that long would; nothing is held between calls,
   so nothing is lost by it.
 * Store errors are raised in the test (a worker would retry a transient one on a later tick).
@@ -72,6 +72,8 @@ class DrainResult:
     retried: int = 0  # failed attempts whose job will run again after its backoff
     failed: int = 0  # failed attempts with no attempts left: the job is dead
     quarantined: int = 0  # unroutable: unknown task or a payload that does not decode
+    snoozed: int = 0  # backwave.Snooze: the job runs again after its delay, the attempt not counted
+    cancelled: int = 0  # cancelled while it ran (backwave.cancel, the admin)
     attempts: tuple[AttemptReport, ...] = ()
 
     @property
@@ -85,6 +87,8 @@ _KIND_FIELD = {
     OutcomeKind.RETRY: "retried",
     OutcomeKind.FAILED: "failed",
     OutcomeKind.QUARANTINED: "quarantined",
+    OutcomeKind.SNOOZED: "snoozed",
+    OutcomeKind.CANCELLED: "cancelled",
 }
 
 
@@ -183,7 +187,12 @@ class DeterministicPump:
         self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:
-        """Move the virtual clock forward; ``drain()`` then runs what came due."""
+        """Move the virtual clock forward; ``drain()`` then runs what came due.
+
+        Called from inside a task it says "this handler ran that long": a time limit passed
+        meanwhile ends the attempt (TimeLimitExceeded, retried under the task's rules) before its
+        report is heard, its context's ``should_stop()`` turns true, and a heartbeat due
+        meanwhile is sent (bringing back a cancel requested during the run)."""
         self.clock.advance(seconds)
 
     def close(self) -> None:
