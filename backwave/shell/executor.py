@@ -281,7 +281,10 @@ class Executor:
         replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
         for outcome in outcomes:
             if outcome.job_id in applied:
-                self._on_applied(outcome, replaced.get(outcome.job_id))
+                # An attempt the driver ended (a cancel) was written as the driver's record, not
+                # as its handler's report: task_finished says what was stored.
+                written = replaced.get(outcome.job_id) or (outcome_record(outcome) if outcome.reason else None)
+                self._on_applied(outcome, written)
         if len(applied) < len(outcomes):
             self._log(
                 logging.WARNING,

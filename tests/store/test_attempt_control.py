@@ -107,3 +107,12 @@ def _set(rows, pk, **fields):
     else:
         for name, value in fields.items():
             setattr(job, name, value)
+
+
+def test_a_heartbeat_with_every_running_attempts_progress_is_one_round_trip(store, lease, rows):
+    rows.make_jobs(5)
+    jobs = claim(store, lease)
+    before = store.round_trips
+    store.heartbeat(lease_id=lease.id, duration=60, progress=[ProgressReport(job_id=job.id, attempt=1, progress=job.id) for job in jobs])
+    assert store.round_trips == before + 1
+    assert [rows.job(job.id).progress for job in jobs] == [job.id for job in jobs]

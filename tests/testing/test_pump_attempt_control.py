@@ -79,3 +79,20 @@ def test_the_tasks_backoff_sets_the_delay(pump):
     pump.advance(0.1)
     assert len(pump.drain().attempts) == 1
     assert len(_attempts(result)) == 2
+
+
+def test_task_finished_says_what_was_stored_for_a_cancelled_attempt(pump):
+    from django.tasks.signals import task_finished
+
+    seen = []
+
+    def record(sender, task_result, **kwargs):
+        seen.append((task_result.status, [e.exception_class_path for e in task_result.errors]))
+
+    task_finished.connect(record, weak=False)
+    try:
+        tasks.cancels_itself.enqueue()
+        pump.drain()
+    finally:
+        task_finished.disconnect(record)
+    assert seen == [("FAILED", ["backwave.Cancelled"])]  # its handler returned, but it was cancelled
