@@ -45,7 +45,8 @@ class AttemptControl:
         self._clock = clock
         self.started = clock()
         self.deadline = None if timeout is None else self.started + timeout  # on ``clock``
-        self._stop = threading.Event()
+        # Set once by the pump thread, read by the handler's: a plain attribute (one store, one
+        # load under the GIL) instead of a threading.Event, as one is built per attempt.
         self.stop_reason = ""
         self.stopped_at: float | None = None  # on ``clock``: when stop() was first called
         self._lock = threading.Lock()
@@ -59,10 +60,9 @@ class AttemptControl:
     def stop(self, reason: str) -> None:
         """Make should_stop() true (a timeout or a cancel; the first reason stays)."""
         with self._lock:
-            if not self._stop.is_set():
-                self.stop_reason = reason
+            if not self.stop_reason:
                 self.stopped_at = self._clock()
-                self._stop.set()
+                self.stop_reason = reason or "stopped"
 
     def take_report(self) -> ProgressReport | None:
         """What was set since the last call, or None."""
@@ -77,10 +77,10 @@ class AttemptControl:
 
     @property
     def cancelled(self) -> bool:
-        return self._stop.is_set() and self.stop_reason.startswith("cancelled")
+        return self.stop_reason.startswith("cancelled")
 
     def should_stop(self) -> bool:
-        return self._stop.is_set() or (self.deadline is not None and self._clock() >= self.deadline)
+        return bool(self.stop_reason) or (self.deadline is not None and self._clock() >= self.deadline)
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - self._clock())

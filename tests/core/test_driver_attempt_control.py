@@ -132,3 +132,12 @@ def test_a_drain_does_not_wait_for_an_attempt_past_its_deadline():
     (write,) = of_type(out, cmd.WriteOutcomes)
     assert write.outcomes[0].kind is OutcomeKind.RETRY
     assert t.written(write, now=2.1) == [cmd.ReleaseLease(lease_id=LEASE)]
+
+
+def test_the_heartbeats_cancels_are_noted_as_if_heard():
+    t, (job, other) = Trace.with_jobs(2, pool_size=4)
+    renewals = []
+    while not renewals:
+        renewals = of_type(t.tick_at_wakeup(), cmd.RenewLease)
+    out = t.send(ev.LeaseRenewed(now=t.now, held=True, cancels=((job.id, "api"), (999, "api"))))
+    assert out == [cmd.StopAttempt(job_id=job.id, attempt=1, reason="cancelled by api")]
