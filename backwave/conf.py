@@ -499,6 +499,7 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
                 backoff_max=job.backoff_max,
                 backend=job.backend,
                 tags=tuple(job.tags),
+                timeout=job.timeout,
                 enabled=spec.get("enabled", True),
             )
         )

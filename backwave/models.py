@@ -102,6 +102,7 @@ class Schedule(models.Model):
     backoff_max = models.FloatField(default=3600.0)
     backend = models.CharField(max_length=64, default="default")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).")
     enabled = models.BooleanField(default=True)
     last_slot = models.DateTimeField(null=True, blank=True, help_text="The latest slot minted as a job.")
     next_run = models.DateTimeField(null=True, blank=True, help_text="The next slot due (database clock); NULL until computed.")

@@ -118,6 +118,7 @@ class ScheduleDefinition:
     backoff_max: float = 3600.0
     backend: str = "default"
     tags: Sequence[str] = ()
+    timeout: float | None = None  # the task's time limit, carried by every job minted
     enabled: bool = True
 
 

@@ -168,6 +168,7 @@ class ScheduleRow:
     tags: list[str]
     enabled: bool
     created_at: datetime
+    timeout: float | None = None
     updated_at: datetime
     last_slot: datetime | None = None
     next_run: datetime | None = None
@@ -458,7 +459,7 @@ class InMemoryStore:
                 fields = dict(
                     task_path=d.task_path, cron=d.cron, args=json.loads(json.dumps(list(d.args))), kwargs=json.loads(json.dumps(dict(d.kwargs))),
                     queue=d.queue, priority=d.priority, max_attempts=d.max_attempts, backoff_base=d.backoff_base,
-                    backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled,
+                    backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled, timeout=d.timeout,
                 )
                 row = by_name.get(d.name)
                 if row is None:
@@ -505,7 +506,7 @@ class InMemoryStore:
                     id=db.last_id, task_path=row.task_path, queue=row.queue, priority=row.priority,
                     payload_json=json.dumps({"args": row.args, "kwargs": row.kwargs}), state="ready", backend=row.backend,
                     tags=list(row.tags), run_at=s.slot, enqueued_at=now, max_attempts=row.max_attempts,
-                    backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot,
+                    backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot, timeout=row.timeout,
                 )
                 taken.add((row.id, s.slot))
                 minted.append(db.last_id)
