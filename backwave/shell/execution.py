@@ -79,6 +79,7 @@ class _Attempt:
 
     def __init__(
         self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int, clock=time.monotonic,
+        control: AttemptControl | None = None,
     ):
         self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
         self.result = _running_result(job, task, worker_id)
@@ -86,7 +87,7 @@ class _Attempt:
         self.started = started
         self.max_traceback_chars = max_traceback_chars
         self.max_result_bytes = max_result_bytes
-        self.control = AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout, clock=clock)
+        self.control = control if control is not None else AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout, clock=clock)
         self.context: JobContext | None = None
 
     def announce(self) -> None:
@@ -163,6 +164,7 @@ class _Attempt:
 
 def _begin(
     job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int, backend_class, clock=time.monotonic,
+    control: AttemptControl | None = None,
 ) -> _Attempt | AttemptReport:
     """Route the job: an _Attempt ready to run, or the report of an unroutable (quarantined) one."""
     started = time.monotonic()
@@ -181,7 +183,7 @@ def _begin(
     sender = backend_class or registry.sender(task)
     return _Attempt(
         job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started,
-        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes, clock=clock,
+        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes, clock=clock, control=control,
     )
 
 
@@ -198,6 +200,15 @@ class AttemptControls:
         with self._lock:
             self._running[(control.job_id, control.attempt)] = control
 
+    def register(self, job: ClaimedJob) -> None:
+        """The pump thread, as it hands the job to a thread: from now on a StopAttempt for it
+        finds its control, however soon it comes (its time limit counts from here)."""
+        self.add(AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout))
+
+    def get(self, job: ClaimedJob) -> AttemptControl | None:
+        with self._lock:
+            return self._running.get((job.id, job.attempt))
+
     def discard(self, control: AttemptControl) -> None:
         with self._lock:
             if self._running.get((control.job_id, control.attempt)) is control:
@@ -212,10 +223,9 @@ class AttemptControls:
         control.stop(reason)
         return True
 
-    def runs(self, job_id: int) -> bool:
-        """Whether an attempt of that job runs here."""
+    def forget(self, job: ClaimedJob) -> None:
         with self._lock:
-            return any(key[0] == job_id for key in self._running)
+            self._running.pop((job.id, job.attempt), None)
 
     def stopped_running(self) -> list[AttemptControl]:
         """The attempts told to stop whose handlers still run."""
@@ -252,8 +262,9 @@ def run_attempt(
     included) is the attempt's outcome, not the pump's problem. ``enter`` and ``leave`` wrap the
     handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection."""
     controls = controls if controls is not None else AttemptControls()
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, controls.get(job))
     if isinstance(attempt, AttemptReport):
+        controls.forget(job)  # unroutable: it never ran
         return attempt
     controls.add(attempt.control)
     try:
@@ -286,8 +297,9 @@ async def run_attempt_async(
     """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
     runs through sync_to_async, as Django's ASGI handler does around a request."""
     controls = controls if controls is not None else AttemptControls()
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock, controls.get(job))
     if isinstance(attempt, AttemptReport):
+        controls.forget(job)  # unroutable: it never ran
         return attempt
     controls.add(attempt.control)
     try:

@@ -280,10 +280,11 @@ class Pump:
             self._channel.put(ev.HintReceived(now=self._clock()))
 
     def cancel_requested(self, job_id: int, by: str) -> None:
-        """A cancel of a running job was heard (from the listener thread): tell the driver when
-        an attempt of that job runs here. The heartbeat tells it too, should this be lost."""
-        if self.controls.runs(job_id):
-            self._channel.put(ev.CancelRequested(now=self._clock(), job_id=job_id, by=by))
+        """A cancel of a running job was heard (from the listener thread): tell the driver, which
+        knows whether it runs here. The heartbeat tells it too, should this be lost."""
+        # Posted whether or not it runs here (cancels are rare, and the driver knows best): a
+        # check here could miss a job claimed a moment ago.
+        self._channel.put(ev.CancelRequested(now=self._clock(), job_id=job_id, by=by))
 
     def stop_now(self) -> None:
         """Leave at once: nothing more is written; the lease lapses and others take over."""
@@ -410,6 +411,7 @@ class Pump:
         self._unpublished = 0
 
     def _submit(self, job) -> None:
+        self.controls.register(job)
         if is_async(job, self._registry):
             self._event_loop().submit(self._run_async_job(job))
         else:

@@ -71,3 +71,23 @@ def test_a_bad_snooze_is_refused_where_it_is_raised(seconds):
 
 def test_a_snooze_takes_a_timedelta():
     assert backwave.Snooze(timedelta(minutes=2)).seconds == 120.0
+
+
+def test_a_stop_that_comes_before_the_handler_starts_is_not_lost():
+    """The pump registers an attempt's control as it hands the job over, so a cancel heard
+    between the claim and the handler's first line still reaches the handler."""
+    from backwave.core.jobs import ClaimedJob
+    from backwave.shell.execution import AttemptControls, run_attempt
+    from backwave.tasking.registry import TaskRegistry
+    from tests.shell import worker_tasks
+
+    task = worker_tasks.runs_until_cancelled
+    job = ClaimedJob(id=7, task_path=task.module_path, queue="e2e", priority=0, payload={"args": [], "kwargs": {}}, attempt=1,
+                     max_attempts=1, backoff_base=1.0, backoff_max=1.0)
+    controls = AttemptControls()
+    controls.register(job)
+    assert controls.stop(7, 1, "cancelled by api")
+    report = run_attempt(job, registry=TaskRegistry([task]), worker_id="w", max_traceback_chars=1000, controls=controls,
+                         enter=lambda: None, leave=lambda: None)
+    assert (report.result, report.return_value) == ("cancelled", {"stopped_at": 0, "cancelled": True})
+    assert controls.get(job) is None  # forgotten once the handler returned
