@@ -180,7 +180,10 @@ class Store(Protocol):
         at once, a suspect still suspect) and delete the lease. Returns the released job ids."""
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
-        """Lock up to ``limit`` due ready jobs of ``queues`` (priority, run_at, id order), skipping
+        """Each claimed job carries its time limit and, when a cancel was requested while an
+        earlier attempt ran, who requested it (the driver then cancels it unrun).
+
+        Lock up to ``limit`` due ready jobs of ``queues`` (priority, run_at, id order), skipping
         rows other claimers hold, and put them under the lease. Returns at once, short or empty
         when fewer are ready, and empty when the lease is gone or lapsed (no job is ever put under
         a lease that maintenance could not expire).
@@ -207,7 +210,12 @@ class Store(Protocol):
         to ASCII) below the reason; if that is refused too, the job is FAILED with the reason
         alone. One round-trip when nothing is refused; a refused row costs about 2·log2(batch)
         more. ``Applied.replaced`` names the rows written that way. Any applied outcome clears the
-        job's suspect flag: the attempt ended without taking its worker down."""
+        job's suspect flag: the attempt ended without taking its worker down.
+
+        SNOOZED makes the job ready after retry_delay with a 'snoozed' attempt that is added to
+        forgiven_attempts (it counts neither against max_attempts nor towards the backoff);
+        CANCELLED ends the job 'cancelled' with a 'cancelled' attempt. A record's progress and
+        metadata, when not None, replace the job's."""
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int
