@@ -49,3 +49,39 @@ def test_the_list_shows_a_running_jobs_progress(operator_client):
     make_job(state="running", progress={"page": 3, "of": 10})
     content = operator_client.get("/admin/backwave/job/").content.decode()
     assert "bw-progress" in content and "&quot;page&quot;: 3" in content
+
+
+def test_the_api_cancels_a_ready_job_at_once_and_asks_a_running_ones_worker():
+    import backwave
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    ready, running, done = make_job(), make_job(state="running"), make_job(state="succeeded")
+    assert backwave.cancel(str(ready.pk)) == backwave.Cancellation.CANCELLED
+    assert backwave.cancel(running.pk, by="billing-cleanup") == backwave.Cancellation.REQUESTED
+    assert backwave.cancel(done.pk) == backwave.Cancellation.FINISHED
+    assert Job.objects.get(pk=ready.pk).cancel_requested_by == "api"
+    assert Job.objects.get(pk=running.pk).cancel_requested_by == "billing-cleanup"
+    for missing in ("999999", "abc", "-1"):
+        with pytest.raises(TaskResultDoesNotExist):
+            backwave.cancel(missing)
+
+
+def test_the_command_cancels_by_id_and_says_what_it_did():
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    ready, running = make_job(), make_job(state="running")
+    out = StringIO()
+    call_command("backwave_cancel", str(ready.pk), str(running.pk), "--by", "ops", stdout=out)
+    assert out.getvalue().splitlines() == [
+        f"job {ready.pk}: cancelled",
+        f"job {running.pk}: running; its worker was asked to stop it, and ends it cancelled",
+    ]
+    assert Job.objects.get(pk=running.pk).cancel_requested_by == "ops"
+    other = make_job(state="running")
+    out = StringIO()
+    call_command("backwave_cancel", str(other.pk), "--ready-only", stdout=out)
+    assert out.getvalue().splitlines() == ["1 job(s) left alone: running"]
+    with pytest.raises(CommandError, match="no such job: 424242"):
+        call_command("backwave_cancel", "424242", stdout=StringIO())
