@@ -156,7 +156,7 @@ class _Attempt:
         try:
             delay = backoff(self.job.counted_attempt, error)
             return ("discarded", None) if delay is None else ("failed", seconds_of(delay, what="backoff()'s answer"))
-        except Exception:
+        except BaseException:  # even a SystemExit: the attempt must still be reported
             # The task's own backoff is broken: the default backoff still retries the job.
             logger.exception("backoff() of task %s failed for job %s; the default backoff applies", self.job.task_path, self.job.id)
             return "failed", None

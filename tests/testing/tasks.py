@@ -134,3 +134,12 @@ class Busy(Exception):
 @task(max_attempts=5, discard_on=(Gone,), retry_on=(Busy, Gone), backoff=lambda attempt, exc: 7.0 if attempt < 3 else None)
 def ruled(kind):
     raise {"gone": Gone, "busy": Busy, "other": KeyError}[kind](kind)
+
+
+def _broken_backoff(attempt, exc):
+    raise SystemExit("the backoff itself is broken")
+
+
+@task(max_attempts=2, backoff_base=1.0, backoff_max=1.0, backoff=_broken_backoff)
+def broken_backoff():
+    raise ValueError("fails")

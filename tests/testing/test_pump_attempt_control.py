@@ -96,3 +96,12 @@ def test_task_finished_says_what_was_stored_for_a_cancelled_attempt(pump):
     finally:
         task_finished.disconnect(record)
     assert seen == [("FAILED", ["backwave.Cancelled"])]  # its handler returned, but it was cancelled
+
+
+def test_a_broken_backoff_falls_back_to_the_default_one(pump, caplog):
+    result = tasks.broken_backoff.enqueue()
+    assert pump.drain().retried == 1  # reported and retried, not lost with its thread
+    assert "backoff() of task" in caplog.text
+    pump.advance(1)
+    assert pump.drain().failed == 1
+    assert len(_attempts(result)) == 2
