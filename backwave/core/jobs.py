@@ -34,6 +34,9 @@ class ClaimedJob:
     # Who asked to cancel the job while it ran, when its attempt ended without an outcome (its
     # worker died, or it was given back): the claim cancels it instead of running it again.
     cancel_requested_by: str | None = None
+    # The W3C trace context captured at enqueue (traceparent, tracestate), or None; the shell
+    # makes it the parent of the attempt's span. Opaque here.
+    trace_context: Any = field(default=None, compare=False, repr=False)
 
     @property
     def counted_attempt(self) -> int:

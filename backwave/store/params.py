@@ -102,6 +102,7 @@ def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
             "backend": job.backend,
             "tags": list(job.tags),
             "timeout": None if job.timeout is None else float(job.timeout),
+            "trace_context": dict(job.trace_context) if job.trace_context else None,
         }
         for job in jobs
     ]

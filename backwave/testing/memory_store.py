@@ -90,6 +90,7 @@ class JobRow:
     cancel_requested_by: str = ""
     progress_json: str | None = None
     metadata_json: str | None = None
+    trace_context: dict | None = None
 
     @property
     def pk(self) -> int:
@@ -439,6 +440,7 @@ class InMemoryStore:
                     payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
                     run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
                     backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], timeout=row["timeout"],
+                    trace_context=row["trace_context"],
                 )
                 ids.append(db.last_id)
             return ids
@@ -635,7 +637,7 @@ class InMemoryStore:
                 attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
                 backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
                 started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
-                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, timeout=job.timeout,
+                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, trace_context=job.trace_context, timeout=job.timeout,
                 cancel_requested_by=job.cancel_requested_by if job.cancel_requested_at is not None else None,
             ))
         return claimed
