@@ -13,6 +13,14 @@ def __getattr__(name):
         from backwave.tasking import workflow
 
         return getattr(workflow, name)
+    if name in {"Snooze", "Discard", "Cancelled", "TimeLimitExceeded"}:
+        from backwave.tasking import control
+
+        return getattr(control, name)
+    if name in {"cancel", "Cancellation"}:
+        from backwave.tasking import cancelling
+
+        return getattr(cancelling, name)
     if name == "JobContext":
         from backwave.tasking.context import JobContext
 

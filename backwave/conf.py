@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,19 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
+    # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
+    # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
+    # SafeExceptionReporterFilter does the same to settings. None or "" redacts nothing.
+    "REDACT_KEYS": r"pass(word|wd|phrase)?|secret|token|api[-_]?key|authori[sz]ation|credential|private[-_]?key|signature|cookie|session",
+    # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):
+    # "Authorization: Bearer <token>". None: only signed-in staff with backwave.view_job may read it.
+    "METRICS_TOKEN": None,
+    # The DATABASES alias whose connection a worker's wake-up hint listener (LISTEN) uses, per
+    # served database: {"default": "default_direct"}. For a database reached through a
+    # transaction-pooling PgBouncer, whose pooled sessions cannot hold a LISTEN: name an alias
+    # that reaches the same PostgreSQL database directly. Unlisted databases listen on their own.
+    "HINT_DATABASES": {},
 }
 
 # The defaults are Retention's own (backwave/core/options.py), so they are written down once.
@@ -130,6 +144,46 @@ def _list_of(kind: type, label: str) -> Callable[[Any], str | None]:
         return None
 
     return check
+
+
+def _pattern_or_none(value) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        return "a regular expression (a string), or None to redact nothing"
+    try:
+        re.compile(value)
+    except re.error as error:
+        return Sentence(f"['REDACT_KEYS'] is not a valid regular expression ({error}): {value!r}.")
+    return None
+
+
+MIN_METRICS_TOKEN_LENGTH = 24
+
+
+def _metrics_token(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < MIN_METRICS_TOKEN_LENGTH or value != value.strip() or not value.isprintable() or " " in value:
+        # A Sentence, so the message never repeats the value: it is meant to be a secret.
+        return Sentence(
+            f"['METRICS_TOKEN'] must be None or a secret of at least {MIN_METRICS_TOKEN_LENGTH} printable characters without"
+            f" spaces, such as secrets.token_urlsafe(32) read from the environment; got {type(value).__name__}"
+            + (f" ({len(value)} characters)." if isinstance(value, str) else ".")
+        )
+    return None
+
+
+def _hint_databases(value) -> str | None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return "a dict of DATABASES alias -> DATABASES alias, e.g. {'default': 'default_direct'}"
+    for served, direct in value.items():
+        for alias in (served, direct):
+            if alias not in settings.DATABASES:
+                suggestion = difflib.get_close_matches(alias, list(settings.DATABASES), n=1)
+                hint = f" Did you mean {suggestion[0]!r}?" if suggestion else ""
+                return Sentence(f"['HINT_DATABASES'] names {alias!r}, which is not an alias of DATABASES.{hint}")
+    return None
 
 
 def _alias(value) -> str | None:
@@ -248,6 +302,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "REDACT_KEYS": _pattern_or_none,
+    "METRICS_TOKEN": _metrics_token,
+    "HINT_DATABASES": _hint_databases,
     "DATABASE": _alias,
 }
 
@@ -359,7 +416,7 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
-_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
+_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace"}
 
 # The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
 IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
@@ -499,6 +556,7 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
                 backoff_max=job.backoff_max,
                 backend=job.backend,
                 tags=tuple(job.tags),
+                timeout=job.timeout,
                 enabled=spec.get("enabled", True),
             )
         )

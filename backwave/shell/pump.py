@@ -66,8 +66,9 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import PumpHealth, Store, StoreError, TransientStoreError
 
-from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from .executor import Executor
+from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
 from backwave.tasking.registry import TaskRegistry
 
@@ -209,6 +210,8 @@ class Pump:
         self.driver = NodeDriver(options)  # the pump thread's alone: others read ``snapshot``
         self.snapshot = PumpSnapshot.of(self.driver)
         self._unpublished = 0  # events handled since the snapshot was last published
+        self._tally = PumpTally()  # the pump thread's; the metrics read ``tally_snapshot``
+        self.tally_snapshot = self._tally.publish()
         self._hint_flag = _HintFlag()
         self.health = HEALTHY
         self.health_reason = ""
@@ -227,6 +230,7 @@ class Pump:
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
+        self.controls = AttemptControls()  # the running attempts' stop flags and progress
         self._executor = Executor(
             None,  # the store, once it is open: see _store
             options=options,
@@ -241,6 +245,8 @@ class Pump:
             on_lease_held=self._report_health,  # the health row's heartbeat rides the lease's cadence
             on_fault=self._degrade,
             on_answered=self._recovered,
+            progress=self.controls.reports,  # batched with the heartbeat, never a statement per call
+            stop_attempt=self._stop_attempt,
             logger=logger,
         )
         self._abandoned_before = 0
@@ -275,6 +281,13 @@ class Pump:
         """
         if self.snapshot.free_slots and self._hint_flag.raise_():
             self._channel.put(ev.HintReceived(now=self._clock()))
+
+    def cancel_requested(self, job_id: int, by: str) -> None:
+        """A cancel of a running job was heard (from the listener thread): tell the driver, which
+        knows whether it runs here. The heartbeat tells it too, should this be lost."""
+        # Posted whether or not it runs here (cancels are rare, and the driver knows best): a
+        # check here could miss a job claimed a moment ago.
+        self._channel.put(ev.CancelRequested(now=self._clock(), job_id=job_id, by=by))
 
     def stop_now(self) -> None:
         """Leave at once: nothing more is written; the lease lapses and others take over."""
@@ -386,7 +399,10 @@ class Pump:
         had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
         self._unpublished += 1
         commands = self.driver.handle(event)
+        if isinstance(event, ev.LeasesExpired):
+            self._tally.expired(event.released)
         if had_lease and self.driver.state is State.OPENING:
+            self._tally.lost_lease()
             logger.warning(
                 "Pump %s gave up its lease (%s); %d job(s) it was running will run again elsewhere, and it opens a new lease",
                 self.worker_id,
@@ -398,9 +414,11 @@ class Pump:
 
     def _publish(self) -> None:
         self.snapshot = PumpSnapshot.of(self.driver)
+        self.tally_snapshot = self._tally.publish()
         self._unpublished = 0
 
     def _submit(self, job) -> None:
+        self.controls.register(job)
         if is_async(job, self._registry):
             self._event_loop().submit(self._run_async_job(job))
         else:
@@ -416,8 +434,13 @@ class Pump:
 
     def _attempt_arguments(self) -> dict:
         return dict(
-            registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars, max_result_bytes=self._max_result_bytes
+            registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars, max_result_bytes=self._max_result_bytes,
+            controls=self.controls,
         )
+
+    def _stop_attempt(self, command) -> None:
+        if self.controls.stop(command.job_id, command.attempt, command.reason):
+            logger.warning("Pump %s: job %s attempt %s told to stop (%s)", self.worker_id, command.job_id, command.attempt, command.reason)
 
     def _event_loop(self) -> EventLoopThread:
         # Started on the first async job: a pump that runs only sync tasks never has one. The
@@ -428,12 +451,18 @@ class Pump:
 
     def _finished(self, job, report: AttemptReport) -> None:
         self._channel.put(
-            ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report)
+            ev.JobFinished(
+                now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), delay=report.delay,
+                report=report,
+            )
         )
 
     def _applied(self, outcome, written) -> None:
-        if outcome.report is not None:
-            send_finished(outcome.report, written)
+        report = outcome.report
+        if report is not None:
+            # Counted as stored: an outcome the store could not write is stored as a failure.
+            self._tally.applied(report.queue, report.task_path, outcome.kind if written is None else written.kind, report.duration)
+            send_finished(report, written)
 
     # ---- health -----------------------------------------------------------------------------------
 

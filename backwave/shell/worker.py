@@ -20,7 +20,9 @@ from backwave.store.contract import Store, StoreError
 from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status, process_status
+from .metrics import exposition, worker_registry
 from .pump import HALTED, Pump
+from .supervisor import REPLACE_ME
 from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
@@ -46,8 +48,14 @@ class Worker:
         hints: Mapping[str, HintListener] | None = None,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
+        hard_time_limit: float | None = None,
     ):
+        """``hard_time_limit``: seconds a handler told to stop (past its time limit, or
+        cancelled) may go on before this process drains and ends itself with REPLACE_ME, for its
+        supervisor to replace; None: such a handler keeps its thread until it returns."""
         groups = list(groups)
+        self.hard_time_limit = hard_time_limit
+        self.replacing = False  # a handler ran past its hard limit: this process is ending
         for group in groups:
             if group.database is None:
                 raise WorkerGroupConfigError(f"Worker Group '{group.name}' names no database; place it first (backwave.databases.place_groups).")
@@ -55,7 +63,7 @@ class Worker:
         self.groups = [g for alias in dict.fromkeys(g.database for g in groups) for g in validate_groups(g for g in groups if g.database == alias)]
         self.databases = list(dict.fromkeys(g.database for g in self.groups))
         # The endpoint binds first, so a port in use fails the command before any thread starts.
-        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
+        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port, metrics=self.metrics)
         self.pumps = []
         numbered: dict[str, int] = {}
         for group in self.groups:
@@ -75,11 +83,17 @@ class Worker:
         for pump in self.pumps:
             if pump.options.database in self.hints:
                 self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint)
+                self.hints[pump.options.database].subscribe_cancels(pump.cancel_requested)
         self._signals = 0
         self._all_halted_logged = False
         self._done = threading.Event()
         self._store_factory = store_factory
         self._health_stores: dict[str, Store] = {}
+        self.metrics_registry = worker_registry(self)
+
+    def metrics(self, accept: str | None = None) -> tuple[bytes, str]:
+        """A Prometheus scrape of this worker: (body, content type) for the ``Accept`` header."""
+        return exposition(self.metrics_registry, accept)
 
     def run(self, *, install_signal_handlers: bool = True, until_idle: bool = False) -> int:
         """Start the pumps and block until they stop. Returns the process exit code."""
@@ -134,6 +148,8 @@ class Worker:
                 last_time, last_done = now, done
             if until_idle and self.idle:
                 self.drain()
+            if self.hard_time_limit is not None and not self.replacing:
+                self._enforce_hard_limit()
             if all(p.health == HALTED for p in self.pumps):
                 for pump in self.pumps:
                     pump.join(10)  # each records its halt before its thread ends
@@ -225,6 +241,23 @@ class Worker:
     def stop_now(self) -> None:
         for pump in self.pumps:
             pump.stop_now()
+
+    def _enforce_hard_limit(self) -> None:
+        """A Python thread cannot be killed: when a handler told to stop has not returned within
+        the hard limit, the whole process goes (after a drain: the other jobs finish or are
+        given back), and its supervisor starts a fresh one."""
+        now = time.monotonic()
+        for pump in self.pumps:
+            for control in pump.controls.stopped_running():
+                if control.stopped_at is not None and now - control.stopped_at >= self.hard_time_limit:
+                    logger.critical(
+                        "Job %s attempt %s was told to stop (%s) %.1fs ago and its handler still runs: this process drains and "
+                        "ends itself (exit %d) for its supervisor to replace it",
+                        control.job_id, control.attempt, control.stop_reason, now - control.stopped_at, REPLACE_ME,
+                    )
+                    self.replacing = True
+                    self.drain()
+                    return
 
     def _on_signal(self, signum, frame) -> None:
         self._signals += 1

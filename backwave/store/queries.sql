@@ -50,6 +50,38 @@ WHERE id = %(lease_id)s AND expires_at > now()
 RETURNING id
 
 
+-- name: heartbeat
+-- renew_lease, plus what rides on the heartbeat (never a statement per job): the progress and
+-- metadata the pump's handlers reported since the last one, and the cancels requested of jobs
+-- running under the lease (the safety net under the NOTIFY that cancel_jobs sends).
+-- Locking order as everywhere: the lease row first. "(SELECT count(*) FROM renewed) > 0" is an
+-- InitPlan, so the lease UPDATE finishes before "reported" touches a job row, and a lease that
+-- lapsed writes nothing (its jobs are maintenance's). The job rows are fenced like outcomes
+-- (this lease, still running, this attempt). The cancels are read through the partial index
+-- backwave_job_running_lease: one probe of the lease's running jobs.
+WITH renewed AS MATERIALIZED (
+    UPDATE backwave_lease
+    SET renewed_at = now(), expires_at = now() + make_interval(secs => %(duration)s)
+    WHERE id = %(lease_id)s AND expires_at > now()
+    RETURNING id
+), reported AS (
+    UPDATE backwave_job AS j
+    SET progress = coalesce(p.progress, j.progress),
+        metadata = coalesce(p.metadata, j.metadata)
+    FROM jsonb_to_recordset(%(progress)s::jsonb) AS p(job_id bigint, attempt int, progress jsonb, metadata jsonb)
+    WHERE j.id = p.job_id AND j.attempts = p.attempt
+      AND j.lease_id = %(lease_id)s AND j.state = 'running'
+      AND (SELECT count(*) FROM renewed) > 0
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM renewed) > 0 AS held,
+       (SELECT jsonb_object_agg(j.id::text, j.cancel_requested_by)
+        FROM backwave_job AS j
+        WHERE j.lease_id = %(lease_id)s AND j.state = 'running' AND j.cancel_requested_at IS NOT NULL
+          AND (SELECT count(*) FROM renewed) > 0) AS cancels,
+       (SELECT count(*) FROM reported) AS reported
+
+
 -- name: release_lease
 -- The DELETE runs first and takes the lease row before any job row: the "(SELECT count(*) FROM
 -- gone) >= 0" gate is always true, but as an InitPlan it makes the DELETE finish before the
@@ -163,7 +195,8 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
+              j.cancel_requested_at, j.cancel_requested_by
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -171,7 +204,10 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
+       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
+       -- the driver cancels it instead of running it.
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -263,7 +299,8 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
+              j.cancel_requested_at, j.cancel_requested_by
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -271,7 +308,10 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
+       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
+       -- the driver cancels it instead of running it.
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -290,7 +330,12 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- the lease row gone: nothing applies, and the jobs are expiry's (ready again or failed).
 --
 -- RETRY and FAILED both log a 'failed' attempt; only RETRY makes the job ready again, due
--- retry_delay seconds after now() by the database clock. Any outcome clears suspect: the attempt
+-- retry_delay seconds after now() by the database clock. SNOOZED is ready again the same way
+-- but is no failure: it logs a 'snoozed' attempt and adds it to forgiven_attempts, so it counts
+-- neither against max_attempts nor towards the backoff (attempt numbers still go up: the log
+-- keeps every try). CANCELLED ends the job like FAILED, with a 'cancelled' attempt. Progress and
+-- metadata, when the attempt reported any, replace what the row holds (a value the attempt did
+-- not set, NULL, keeps the last one). Any outcome clears suspect: the attempt
 -- ended without taking its worker down (see expire_leases). Attempt rows are inserted from the
 -- UPDATE's RETURNING, so only applied outcomes are logged; the unique (job_id, number)
 -- constraint would turn a double apply into an error rather than a second row.
@@ -298,7 +343,8 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- Workflows ride the same statement. The attempt's Job Output is merged into the job's (a
 -- name recorded again wins) and its runtime tag deltas applied to its tags, whatever the kind:
 -- a handler that recorded them and then raised keeps them. An outcome that ends its job
--- ("settling": succeeded, failed for good, quarantined) settles the job's dependents
+-- ("settling": succeeded, failed for good or discarded, cancelled, quarantined; not a retry nor
+-- a snooze, which make it ready again) settles the job's dependents
 -- (settle_dependents, included below): a dependent whose last ancestor succeeded here is ready
 -- when this statement commits. lock_outcome_jobs runs just before this statement, in the same
 -- transaction, so that this statement's snapshot sees every dependency committed on these jobs
@@ -313,22 +359,27 @@ WITH RECURSIVE lease AS MATERIALIZED (
     -- comes boxed as {"v": value} so that a task returning None stores JSON null, a value,
     -- while the other kinds (box absent) store SQL NULL.
     SELECT b.job_id, b.attempt, b.kind, b.retry_delay, b.boxed -> 'v' AS return_value,
-           b.error_class, b.traceback, b.duration, b.output, b.tag_add, b.tag_remove
+           b.error_class, b.traceback, b.duration, b.progress, b.metadata, b.output, b.tag_add, b.tag_remove
     FROM jsonb_to_recordset(%(outcomes)s::jsonb)
          AS b(job_id bigint, attempt int, kind text, retry_delay float8, boxed jsonb,
-              error_class text, traceback text, duration float8, output jsonb,
-              tag_add varchar[], tag_remove varchar[])
+              error_class text, traceback text, duration float8, progress jsonb, metadata jsonb,
+              output jsonb, tag_add varchar[], tag_remove varchar[])
 ), applied AS (
     UPDATE backwave_job AS j
     SET state = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
                             WHEN 'retry' THEN 'ready'
+                            WHEN 'snoozed' THEN 'ready'
                             WHEN 'failed' THEN 'failed'
+                            WHEN 'cancelled' THEN 'cancelled'
                             WHEN 'quarantined' THEN 'quarantined' END,
-        run_at = CASE WHEN o.kind = 'retry'
+        run_at = CASE WHEN o.kind IN ('retry', 'snoozed')
                       THEN now() + make_interval(secs => greatest(coalesce(o.retry_delay, 0), 0))
                       ELSE j.run_at END,
-        finished_at = CASE WHEN o.kind = 'retry' THEN NULL ELSE now() END,
+        finished_at = CASE WHEN o.kind IN ('retry', 'snoozed') THEN NULL ELSE now() END,
+        forgiven_attempts = j.forgiven_attempts + CASE WHEN o.kind = 'snoozed' THEN 1 ELSE 0 END,
         return_value = o.return_value,
+        progress = coalesce(o.progress, j.progress),
+        metadata = coalesce(o.metadata, j.metadata),
         lease_id = NULL,
         suspect = false,
         output = CASE WHEN o.output IS NULL THEN j.output ELSE coalesce(j.output, '{}'::jsonb) || o.output END,
@@ -349,9 +400,10 @@ WITH RECURSIVE lease AS MATERIALIZED (
 ), settling AS (
     SELECT a.id, CASE a.kind WHEN 'succeeded' THEN 'succeeded'
                              WHEN 'quarantined' THEN 'quarantined'
+                             WHEN 'cancelled' THEN 'cancelled'
                              ELSE 'failed' END AS state
     FROM applied AS a
-    WHERE a.kind <> 'retry'
+    WHERE a.kind NOT IN ('retry', 'snoozed')
 )
 {{settle_dependents}}
 INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
@@ -359,6 +411,8 @@ INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, fini
 SELECT a.id, a.attempt,
        CASE a.kind WHEN 'succeeded' THEN 'succeeded'
                    WHEN 'quarantined' THEN 'quarantined'
+                   WHEN 'cancelled' THEN 'cancelled'
+                   WHEN 'snoozed' THEN 'snoozed'
                    ELSE 'failed' END,
        a.worker_id,
        a.last_attempted_at,
@@ -534,9 +588,10 @@ WITH RECURSIVE lapsed AS MATERIALIZED (
     DELETE FROM backwave_lease AS l
     USING lapsed
     WHERE l.id = lapsed.id
-    RETURNING l.id, l.worker_id, l.expires_at
+    RETURNING l.id, l.worker_id, l.expires_at, l.renewed_at
 ), stranded AS MATERIALIZED (
-    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at
+    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at,
+           gone.renewed_at AS lease_renewed_at
     FROM backwave_job AS j
     JOIN gone ON j.lease_id = gone.id
     WHERE j.state = 'running'
@@ -555,11 +610,14 @@ WITH RECURSIVE lapsed AS MATERIALIZED (
     FROM stranded AS s
     WHERE j.id = s.id
     RETURNING j.id, j.state, j.attempts, j.max_attempts, j.forgiven_attempts, j.worker_id,
-              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at
+              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at, s.lease_renewed_at
 ), logged AS (
+    -- lease_renewed_at: the last moment the attempt is known to have been running (a job
+    -- claimed after that renewal: its claim), where finished_at is when the lapse was noticed.
     INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
-                                  error_class, traceback)
+                                  lease_renewed_at, error_class, traceback)
     SELECT r.id, r.attempts, 'lapsed', r.worker_id, r.last_attempted_at, now(),
+           greatest(r.lease_renewed_at, r.last_attempted_at),
            'backwave.results.LeaseLapsed',
            'backwave.results.LeaseLapsed: the lease of worker ' || r.lease_worker_id
                || ' expired at ' || r.lease_expired_at::text
@@ -598,14 +656,14 @@ WITH declared AS (
     FROM jsonb_to_recordset(%(schedules)s::jsonb)
          AS d(name text, task_path text, cron text, args jsonb, kwargs jsonb, queue text,
               priority smallint, max_attempts int, backoff_base float8, backoff_max float8,
-              backend text, tags varchar[], enabled boolean)
+              backend text, tags varchar[], enabled boolean, timeout float8)
 ), written AS (
     INSERT INTO backwave_schedule AS s (name, task_path, cron, args, kwargs, queue, priority,
                                         max_attempts, backoff_base, backoff_max, backend, tags,
-                                        enabled, last_slot, next_run, created_at, updated_at)
+                                        enabled, last_slot, next_run, created_at, updated_at, timeout)
     SELECT d.name, d.task_path, d.cron, d.args, d.kwargs, d.queue, d.priority, d.max_attempts,
            d.backoff_base, d.backoff_max, d.backend, coalesce(d.tags, '{}'::varchar[]), d.enabled,
-           NULL, NULL, now(), now()
+           NULL, NULL, now(), now(), d.timeout
     FROM declared AS d
     ON CONFLICT (name) DO UPDATE
     SET task_path = excluded.task_path,
@@ -619,6 +677,7 @@ WITH declared AS (
         backoff_max = excluded.backoff_max,
         backend = excluded.backend,
         tags = excluded.tags,
+        timeout = excluded.timeout,
         enabled = excluded.enabled,
         next_run = CASE WHEN s.cron = excluded.cron AND s.enabled AND excluded.enabled
                         THEN s.next_run END,
@@ -665,7 +724,7 @@ WITH due AS (
          AS d(schedule_id bigint, cron text, slot timestamptz, next_run timestamptz)
 ), locked AS MATERIALIZED (
     SELECT s.id, s.task_path, s.args, s.kwargs, s.queue, s.priority, s.max_attempts,
-           s.backoff_base, s.backoff_max, s.backend, s.tags, s.last_slot, d.slot, d.next_run
+           s.backoff_base, s.backoff_max, s.backend, s.tags, s.timeout, s.last_slot, d.slot, d.next_run
     FROM backwave_schedule AS s
     JOIN due AS d ON d.schedule_id = s.id
     WHERE s.enabled AND s.cron = d.cron
@@ -674,10 +733,10 @@ WITH due AS (
 ), minted AS (
     INSERT INTO backwave_job (task_path, payload, queue, priority, run_at, max_attempts,
                               backoff_base, backoff_max, backend, tags, state, attempts,
-                              enqueued_at, worker_id, schedule_id, schedule_slot)
+                              enqueued_at, worker_id, schedule_id, schedule_slot, timeout)
     SELECT l.task_path, jsonb_build_object('args', l.args, 'kwargs', l.kwargs), l.queue,
            l.priority, l.slot, l.max_attempts, l.backoff_base, l.backoff_max, l.backend, l.tags,
-           'ready', 0, now(), '', l.id, l.slot
+           'ready', 0, now(), '', l.id, l.slot, l.timeout
     FROM locked AS l
     WHERE l.slot IS NOT NULL AND (l.last_slot IS NULL OR l.slot > l.last_slot)
     ON CONFLICT (schedule_id, schedule_slot) WHERE schedule_id IS NOT NULL DO NOTHING
@@ -836,19 +895,20 @@ RETURNING j.id, s.attempts
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, timeout
     )
     SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
            n.backoff_base, n.backoff_max, n.backend,
            coalesce(n.tags, '{}'::varchar[]),
-           'ready', 0, now(), ''
+           'ready', 0, now(), '', n.trace_context, n.timeout
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
-                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[])
+                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
+                 trace_context jsonb, timeout float8)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, position)
+              backend, tags, trace_context, timeout, position)
     ORDER BY n.position
     RETURNING id, queue
 ), hinted AS (
@@ -878,10 +938,10 @@ WITH given AS MATERIALIZED (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
                  max_attempts int, backoff_base float8, backoff_max float8, backend text,
-                 tags varchar[], after jsonb)
+                 tags varchar[], trace_context jsonb, timeout float8, after jsonb)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, after, position)
+              backend, tags, trace_context, timeout, after, position)
 ), wanted AS MATERIALIZED (
     SELECT g.position AS job_position, e.job AS ancestor_id, e.pos AS ancestor_position,
            e.on_failure, e.n AS dependency_position
@@ -911,12 +971,12 @@ WITH given AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id
+        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id, trace_context, timeout
     )
     SELECT g.task_path, g.payload, g.queue, g.priority, coalesce(g.run_at, now()), g.max_attempts,
            g.backoff_base, g.backoff_max, g.backend, coalesce(g.tags, '{}'::varchar[]),
            CASE WHEN coalesce(x.n, 0) > 0 THEN 'waiting' ELSE 'ready' END, coalesce(x.n, 0),
-           0, now(), ''
+           0, now(), '', g.trace_context, g.timeout
     FROM given AS g
     LEFT JOIN waits AS x ON x.job_position = g.position
     WHERE NOT EXISTS (SELECT FROM refused)
@@ -973,8 +1033,9 @@ SELECT EXISTS (
 -- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments,
 -- and "{then}" what the change does to the changed jobs' dependents (retry_job_dependents,
 -- cancel_job_dependents). Parameters: the selection's, then the allowed states (text[]).
+-- The task path comes back for the admin's history (LogEntry's object_repr).
 WITH RECURSIVE target AS MATERIALIZED (
-    SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j
 ), changed AS (
@@ -984,8 +1045,27 @@ WITH RECURSIVE target AS MATERIALIZED (
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id
 ){then}
-SELECT t.id, t.state, c.id IS NOT NULL
+SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
+ORDER BY t.id
+
+
+-- name: purge_selected_jobs
+-- manage.py backwave_jobs purge: deletes the selected jobs that are finished (their attempts go
+-- with them, ON DELETE CASCADE), locking in id order like act_on_jobs; a job that is ready or
+-- running is reported and left alone. Parameters: the selection's, then the finished states.
+WITH target AS MATERIALIZED (
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), deleted AS (
+    DELETE FROM backwave_job AS j
+    USING target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id
+)
+SELECT t.id, t.state, d.id IS NOT NULL, t.task_path
+FROM target AS t LEFT JOIN deleted AS d ON d.id = t.id
 ORDER BY t.id
 
 
@@ -996,7 +1076,8 @@ ORDER BY t.id
 -- counted, so they are left out here as they are everywhere the limit is checked. Attempt
 -- numbers keep counting up, so the attempt log keeps every earlier try.
 state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL, reason = '',
-max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
+max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1),
+cancel_requested_at = NULL, cancel_requested_by = ''
 
 
 -- name: cancel_job_assignments
@@ -1033,6 +1114,44 @@ state = 'cancelled', finished_at = now(), reason = ''
             AND a.state IN ('failed', 'cancelled', 'quarantined')
             AND a.id NOT IN (SELECT id FROM changed))
 )
+
+
+-- name: cancel_jobs
+-- "Cancel", from the admin, backwave.cancel() and manage.py backwave_cancel. Locks the selected
+-- rows in id order, as act_on_jobs does (so it cannot deadlock with the other job actions), and
+-- acts on those in an allowed state: a ready (due or scheduled) job is cancelled at once; a
+-- running one gets a cancel request, and the worker holding it is told with a NOTIFY on the
+-- hint channel ('cancel:<id>:<who>': queue names cannot hold a ':', so no pump mistakes it for
+-- a queue's hint); its heartbeat re-reads the request should the NOTIFY be lost. The first
+-- request's author stays: a second click changes nothing. Parameters: the selection's, who
+-- cancels (text), the allowed states (text[]), then who cancels again (for the NOTIFY).
+-- A job cancelled at once (ready, or a workflow's waiting or held job) settles its dependents
+-- as a cancelled ancestor does (settle_dependents); a running one settles them when its
+-- worker writes the cancelled outcome.
+WITH RECURSIVE target AS MATERIALIZED (
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), changed AS (
+    UPDATE backwave_job AS j
+    SET state = CASE WHEN t.state <> 'running' THEN 'cancelled' ELSE j.state END,
+        finished_at = CASE WHEN t.state <> 'running' THEN now() ELSE j.finished_at END,
+        reason = CASE WHEN t.state <> 'running' THEN '' ELSE j.reason END,
+        cancel_requested_by = CASE WHEN j.cancel_requested_at IS NULL THEN %s ELSE j.cancel_requested_by END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    FROM target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id, t.state
+), notified AS (
+    SELECT count(pg_notify('backwave_hint', 'cancel:' || c.id::text || ':' || %s)) AS sent
+    FROM changed AS c WHERE c.state = 'running'
+), settling AS (
+    SELECT c.id, 'cancelled'::text AS state FROM changed AS c WHERE c.state <> 'running'
+)
+{{settle_dependents}}
+SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
+FROM target AS t LEFT JOIN changed AS c ON c.id = t.id CROSS JOIN notified
+ORDER BY t.id
 
 
 -- name: set_schedules_enabled
@@ -1073,14 +1192,18 @@ SET concurrency_limit = CASE WHEN %(set_limit)s THEN EXCLUDED.concurrency_limit 
 -- The planner's statistics of backwave_job (its row estimate, and the null fraction, distinct
 -- count and most common values of the columns the admin filters on), with the Queue rows'
 -- names: one read, never a scan of the job table.
+-- For tags, an array column, the planner keeps its most common elements instead (the tag
+-- filter's choices); they come back as the row's values and frequencies too.
 SELECT c.reltuples::float8,
-       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
+       s.attname, s.null_frac, s.n_distinct,
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elems ELSE s.most_common_vals END::text::text[],
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elem_freqs ELSE s.most_common_freqs END,
        ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_stats AS s
        ON s.schemaname = n.nspname AND s.tablename = c.relname
-      AND s.attname IN ('state', 'queue', 'task_path')
+      AND s.attname IN ('state', 'queue', 'task_path', 'tags')
 WHERE c.oid = 'backwave_job'::regclass
 
 
@@ -1202,6 +1325,116 @@ UNION ALL
  LIMIT %(limit)s)
 
 
+-- name: admin_jobs_page_details
+-- What the Jobs list shows beside each row of its page, for the page's ids only: the latest
+-- attempt's error (the tail of its traceback, where the exception's message is) and duration
+-- (through the unique (job_id, number) index: one probe per job), how long a running job has
+-- run so far by the database clock, and whether the job's pump still has a row to link to.
+SELECT j.id, a.error_class, right(a.traceback, %(tail)s::int), extract(epoch FROM a.finished_at - a.started_at),
+       CASE WHEN j.state = 'running' THEN extract(epoch FROM statement_timestamp() - j.last_attempted_at) END,
+       EXISTS (SELECT FROM backwave_pump AS p WHERE p.worker_id = j.worker_id)
+FROM backwave_job AS j
+LEFT JOIN LATERAL (
+    SELECT a.error_class, a.traceback, a.started_at, a.finished_at FROM backwave_attempt AS a
+    WHERE a.job_id = j.id ORDER BY a.number DESC LIMIT 1
+) AS a ON true
+WHERE j.id = ANY(%(ids)s::bigint[])
+
+
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+
+
+-- name: metrics_without_jit
+-- Sent first, in the same transaction, by the metrics view: the planner prices metrics_queues by
+-- the capped counts it might read (LIMIT 10,001 per queue and priority), which on a large backlog
+-- passes jit_above_cost, and compiling it then took 1.4 s (with a million jobs) of a statement
+-- that runs in 40 ms. SET LOCAL: it ends with the transaction.
+SELECT set_config('jit', 'off', true)
+
+
+-- name: metrics_queues
+-- Per queue, for the metrics view: paused or not, its depths by state (each counted up to
+-- "limit" rows) and the age in seconds of its oldest due ready job (0 when none is due). One
+-- statement whose cost grows with queues x priorities in use, never with the backlog.
+--
+-- The claim index orders a queue by priority before run_at, so neither "the oldest due job" nor
+-- "the ready jobs due later" is a range of it. A loose index scan (levels) walks the distinct
+-- (queue, priority) pairs of ready rows, one probe each (at most 201 priorities per queue); under
+-- each pair run_at is in order, so the oldest row is its first entry and the due and the
+-- scheduled rows are two index ranges, counted through a LATERAL whose outer LIMIT stops the
+-- nested loop once "limit" rows are found. (A count over "queue = x AND run_at > now()" on the
+-- whole index walks every ready row of the queue; one over "run_at <= now()" can even turn into
+-- a sequential scan of the table, which the planner prefers when most rows are ready.) Running,
+-- failed and quarantined rows are counted through their partial indexes, as the admin does. The
+-- names are those queues, the failing ones (a loose scan of backwave_job_failed_queue), the
+-- running ones, the Queue rows and the configured ones passed in.
+WITH RECURSIVE levels(queue, priority) AS (
+    (SELECT j.queue, j.priority FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue, j.priority DESC LIMIT 1)
+    UNION ALL
+    SELECT following.queue, following.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority < l.priority
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue > l.queue
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        LIMIT 1
+    ) AS following
+), failed_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('failed', 'quarantined') ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
+            ORDER BY j.queue LIMIT 1)
+    FROM failed_queues AS f WHERE f.name IS NOT NULL
+), names(name) AS (
+    SELECT queue FROM levels
+    UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
+    UNION SELECT q.name FROM backwave_queue AS q
+    UNION SELECT unnest(%(names)s::text[])
+)
+SELECT n.name, coalesce(q.paused, false),
+       (SELECT count(*) FROM (
+            SELECT FROM levels AS l
+            CROSS JOIN LATERAL (SELECT FROM backwave_job AS j
+                                WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND j.run_at <= statement_timestamp()
+                                LIMIT %(limit)s) AS d
+            WHERE l.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (
+            SELECT FROM levels AS l
+            CROSS JOIN LATERAL (SELECT FROM backwave_job AS j
+                                WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND j.run_at > statement_timestamp()
+                                LIMIT %(limit)s) AS d
+            WHERE l.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'running' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT extract(epoch FROM greatest(statement_timestamp() - min(oldest.run_at), interval '0'))::float8
+        FROM levels AS l
+        CROSS JOIN LATERAL (SELECT j.run_at FROM backwave_job AS j
+                            WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                            ORDER BY j.queue, j.priority DESC, j.run_at LIMIT 1) AS oldest
+        WHERE l.queue = n.name)
+FROM names AS n
+LEFT JOIN backwave_queue AS q ON q.name = n.name
+ORDER BY n.name
+
+
+-- name: metrics_lapsed_leases
+-- Leases past their expiry that maintenance has not released yet (their pumps died, hung or
+-- lost the database), and how many jobs still run under them: a probe of the expiry index.
+SELECT count(*), coalesce(sum((SELECT count(*) FROM backwave_job AS j WHERE j.state = 'running' AND j.lease_id = l.id)), 0)::bigint
+FROM backwave_lease AS l
+WHERE l.expires_at <= statement_timestamp()

@@ -41,6 +41,7 @@ from .. import conf
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
 from ..store.contract import After, DependencyRefused, NewJob
 from ..store.enqueue import insert_jobs
+from ..tracing import enqueue_trace_context
 from .payload import encode_payload
 from .task import MAX_JOB_ID, BackWaveTask, TaskCall, coerce_calls, validate_backwave_options, validate_django_options
 
@@ -111,7 +112,7 @@ class BackWaveBackend(BaseTaskBackend):
 
     # --- enqueue ------------------------------------------------------------------------------
 
-    def _new_job(self, task, args, kwargs, defaults: dict) -> NewJob:
+    def _new_job(self, task, args, kwargs, defaults: dict, trace_context=None) -> NewJob:
         payload = encode_payload(task, args, kwargs, max_bytes=defaults["MAX_PAYLOAD_BYTES"])
         max_attempts = getattr(task, "max_attempts", None)
         backoff_base = getattr(task, "backoff_base", None)
@@ -127,6 +128,8 @@ class BackWaveBackend(BaseTaskBackend):
             backoff_max=defaults["DEFAULT_BACKOFF_MAX"] if backoff_max is None else backoff_max,
             backend=self.alias,
             tags=tuple(getattr(task, "tags", ())),
+            timeout=getattr(task, "timeout", None),
+            trace_context=trace_context,
         )
 
     def build_job(self, task, args, kwargs) -> NewJob:
@@ -139,6 +142,7 @@ class BackWaveBackend(BaseTaskBackend):
         """Validate every call, then insert them all with one statement and announce them.
         ``afters``: each call's ancestors (a workflow), checked by that same statement."""
         defaults = self._defaults()
+        trace_context = enqueue_trace_context()  # one for the batch: the same caller, the same span
         validated = set()
         jobs = []
         for position, call in enumerate(calls):
@@ -147,7 +151,7 @@ class BackWaveBackend(BaseTaskBackend):
             if id(call.task) not in validated:
                 self.validate_task(call.task)
                 validated.add(id(call.task))
-            job = self._new_job(call.task, call.args, call.kwargs, defaults)
+            job = self._new_job(call.task, call.args, call.kwargs, defaults, trace_context)
             if afters is not None and afters[position]:
                 job = replace(job, after=tuple(afters[position]))
             jobs.append(job)

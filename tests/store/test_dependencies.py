@@ -57,14 +57,16 @@ def test_the_last_ancestors_success_releases_the_dependent_in_the_same_statement
     assert (applied.released, [job.id for job in claimed]) == (1, [fan_in])  # claimed in that round-trip
 
 
-def test_a_retry_settles_nothing(store, lease, rows):
+@pytest.mark.parametrize("kind", [OutcomeKind.RETRY, OutcomeKind.SNOOZED])
+def test_a_retry_or_a_snooze_settles_nothing(store, lease, rows, kind):
     a, b = store.enqueue_many([new(), new(after=[After(position=0)])])
     (job,) = claim(store, lease)
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.RETRY, retry_delay=0)])
-    assert (rows.job(b).state, rows.job(b).waiting_on) == ("waiting", 1)
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, kind, retry_delay=0)])
+    assert applied == {job.id} and applied.released == 0
+    assert (rows.job(a).state, rows.job(b).state, rows.job(b).waiting_on) == ("ready", "waiting", 1)
 
 
-@pytest.mark.parametrize("kind", [OutcomeKind.FAILED, OutcomeKind.QUARANTINED])
+@pytest.mark.parametrize("kind", [OutcomeKind.FAILED, OutcomeKind.QUARANTINED, OutcomeKind.CANCELLED])
 def test_a_failed_ancestor_cancels_runs_or_holds_each_dependent_by_policy(store, lease, rows, kind):
     ids = store.enqueue_many([
         new(),  # 0: the ancestor that fails
@@ -79,9 +81,8 @@ def test_a_failed_ancestor_cancels_runs_or_holds_each_dependent_by_policy(store,
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor, kind, error_class="x.E")])
     assert applied.released == 2  # 3 and 4
     states = rows.states(ids)
-    assert [states[i] for i in ids] == ["failed" if kind is OutcomeKind.FAILED else "quarantined",
-                                        "cancelled", "cancelled", "ready", "ready", "held", "waiting"]
-    ended = "failed" if kind is OutcomeKind.FAILED else "was quarantined"
+    assert [states[i] for i in ids] == [kind.value, "cancelled", "cancelled", "ready", "ready", "held", "waiting"]
+    ended = "failed" if kind is OutcomeKind.FAILED else f"was {kind.value}"
     assert rows.job(ids[1]).reason == f"Cancelled: ancestor #{ids[0]} {ended}."
     assert rows.job(ids[2]).reason == f"Cancelled: ancestor #{ids[1]} was cancelled."
     assert rows.job(ids[5]).reason.startswith(f"Held: ancestor #{ids[0]} {ended}. Retry it to re-arm")

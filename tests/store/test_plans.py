@@ -131,7 +131,7 @@ def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
         running = cursor.fetchall()
     outcomes = json.dumps([
         {"job_id": job_id, "attempt": 1, "kind": "succeeded", "retry_delay": 0, "boxed": {"v": None}, "error_class": "",
-         "traceback": "", "duration": 0, "output": None, "tag_add": None, "tag_remove": None}
+         "traceback": "", "duration": 0, "progress": None, "metadata": None, "output": None, "tag_add": None, "tag_remove": None}
         for job_id, _ in running
     ])
     nodes = explain("write_outcomes_many", {"lease_id": running[0][1], "outcomes": outcomes})
@@ -144,3 +144,20 @@ def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
     used = {n.get("Index Name") for read in dependency_reads for n in plan_nodes(read) if n.get("Index Name")}
     assert "backwave_dependency_ancestor" in used and used <= {"backwave_dependency_ancestor", "backwave_job_pkey"}, used
     assert all(not (n.get("Relation Name") == "backwave_job" and n["Node Type"] == "Seq Scan") for n in nodes)
+
+
+def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
+    """The heartbeat runs on every pump every few seconds with 25,000 rows about: its cancels and
+    its progress writes reach the lease's jobs through backwave_job_running_lease (or by primary
+    key), never a scan of the table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_id FROM backwave_job WHERE state = 'running' LIMIT 1")
+        (lease_id,) = cursor.fetchone()
+    progress = json.dumps([{"job_id": 1, "attempt": 1, "progress": 5, "metadata": None}])
+    nodes = explain("heartbeat", {"lease_id": lease_id, "duration": 60.0, "progress": progress})
+    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert job_scans, nodes
+    assert all(n.get("Index Name") in ("backwave_job_running_lease", "backwave_job_pkey") for n in job_scans), [
+        (n["Node Type"], n.get("Index Name")) for n in job_scans
+    ]
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes if n.get("Relation Name") == "backwave_job")

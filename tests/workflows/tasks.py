@@ -56,3 +56,22 @@ async def async_reader(context):
     ancestors = await context.aancestors()
     context.output("seen", [a.output.get("name") for a in ancestors])
     return len(ancestors)
+
+
+@task(takes_context=True, max_attempts=1)
+def snoozes_then_records(context):
+    """Attempt 1 records an output and snoozes (no failure); attempt 2 records and returns."""
+    import backwave
+
+    context.output("value", context.attempt)
+    context.output("name", "snoozer")
+    if context.attempt == 1:
+        raise backwave.Snooze(0)
+    return context.attempt
+
+
+@task(max_attempts=5)
+def discards():
+    import backwave
+
+    raise backwave.Discard("nothing left to do")

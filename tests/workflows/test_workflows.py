@@ -4,8 +4,11 @@ policies, the admin's cancel and retry, and what a raising handler keeps."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from backwave.admin import actions
 from backwave.models import Dependency, Job
@@ -146,6 +149,52 @@ def test_cancelling_an_ancestor_from_the_admin_cancels_its_dependents(pump):
     assert (job(dependent).state, job(dependent).reason) == ("cancelled", f"Cancelled: ancestor #{root.id} was cancelled.")
     assert job(runs_anyway).state == "ready"
     assert pump.drain().succeeded == 1
+
+
+def test_cancelling_a_waiting_or_held_job_cancels_its_own_dependents(pump):
+    bad = tasks.fails.enqueue()
+    held = tasks.noop.enqueue(1, after=[After(bad, on_failure="hold")])
+    behind_held = tasks.noop.enqueue(2, after=[held])
+    runs_anyway = tasks.noop.enqueue(3, after=[After(held, on_failure="run")])
+    later = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(4)
+    waiting = tasks.noop.enqueue(5, after=[later])
+    behind_waiting = tasks.noop.enqueue(6, after=[waiting])
+    pump.drain()
+    assert (job(held).state, job(waiting).state) == ("held", "waiting")
+
+    done = actions.cancel_job_ids([int(held.id), int(waiting.id)])
+
+    assert done.changed == (int(held.id), int(waiting.id))
+    assert (job(held).state, job(held).reason, job(waiting).state) == ("cancelled", "", "cancelled")
+    assert (job(behind_held).state, job(behind_held).reason) == ("cancelled", f"Cancelled: ancestor #{held.id} was cancelled.")
+    assert (job(behind_waiting).state, job(later).state) == ("cancelled", "ready")
+    assert pump.drain().succeeded == 1  # runs_anyway
+    assert job(runs_anyway).state == "succeeded"
+
+
+def test_a_snoozed_ancestor_keeps_its_dependents_waiting_until_it_succeeds(pump):
+    ancestor = tasks.snoozes_then_records.enqueue()
+    dependent = tasks.combine.enqueue("d", after=[ancestor])
+
+    drained = pump.drain()
+
+    assert (drained.snoozed, drained.succeeded) == (1, 2)
+    assert [a.state for a in job(ancestor).attempt_log.order_by("number")] == ["snoozed", "succeeded"]
+    assert job(ancestor).output == {"value": 2, "name": "snoozer"}
+    assert (job(dependent).state, job(dependent).output["value"]) == ("succeeded", 2)
+
+
+def test_a_discarded_ancestor_settles_its_dependents_as_a_failure(pump):
+    ancestor = tasks.discards.enqueue()
+    cancelled = tasks.noop.enqueue(1, after=[ancestor])
+    runs_anyway = tasks.noop.enqueue(2, after=[After(ancestor, on_failure="run")])
+    held = tasks.noop.enqueue(3, after=[After(ancestor, on_failure="hold")])
+
+    pump.drain()
+
+    assert (job(ancestor).state, job(ancestor).attempts) == ("failed", 1)  # no retry: discarded
+    assert (job(cancelled).state, job(cancelled).reason) == ("cancelled", f"Cancelled: ancestor #{ancestor.id} failed.")
+    assert (job(runs_anyway).state, job(held).state) == ("succeeded", "held")
 
 
 def test_output_and_tags_survive_a_raising_handler(pump):
