@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from django.db import connections, router
 
 from ..models import Job, Queue
+from ..observers import discovered as discovered_observers
 from ..queue_rules import validate_concurrency_limit
 from ..store import operator
 
@@ -49,7 +50,7 @@ def _selection(queryset) -> tuple[str, tuple[str, tuple]]:
 def _job_action(queryset, action: str, allowed: tuple[str, ...], requested=()) -> JobActionResult:
     using, selection = _selection(queryset)
     with connections[using].cursor() as cursor:
-        rows = operator.act_on_jobs(cursor, action, selection, allowed)
+        rows = operator.act_on_jobs(cursor, action, selection, allowed, observed=discovered_observers().observed)
     changed = tuple(job_id for job_id, _state, done in rows if done)
     refused = Counter(state for _job_id, state, done in rows if not done)
     gone = tuple(sorted(set(requested) - {job_id for job_id, _state, _done in rows}))

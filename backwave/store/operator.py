@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..queue_rules import validate_concurrency_limit, validate_queue_name
+from .contract import NOTHING_OBSERVED
 from .queries import QUERIES
 
 # A column the caller leaves out of upsert_queues keeps what its row holds.
@@ -22,14 +23,22 @@ UNSET: Any = object()
 JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignments"}
 
 
-def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
+# The transition a job action notes for observers (backwave/observers.py); a retry notes none.
+JOB_ACTION_TRANSITIONS = {"cancel": "cancelled"}
+
+
+def act_on_jobs(
+    cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str], *, observed: str = NOTHING_OBSERVED
+) -> list[tuple[int, str, bool]]:
     """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
-    (id, state when locked, changed) per selected job that still exists, by id."""
+    (id, state when locked, changed) per selected job that still exists, by id. A cancel notes
+    a 'cancelled' transition for each job it changed that ``observed`` watches, in the same
+    statement."""
     if action not in JOB_ACTIONS:
         raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
     sql, params = selection
     statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
-    cursor.execute(statement, [*params, list(allowed)])
+    cursor.execute(statement, [*params, list(allowed), JOB_ACTION_TRANSITIONS.get(action), observed])
     return cursor.fetchall()
 
 
