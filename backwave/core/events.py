@@ -44,7 +44,9 @@ class ClaimReturned(Event):
     jobs: tuple[ClaimedJob, ...]
 
 
-JobResult = Literal["succeeded", "failed", "unroutable"]
+# "committed": an atomic task's success, written by the attempt itself in the transaction of its
+# effects, fenced like a batch write (backwave/shell/execution.py): the driver writes nothing.
+JobResult = Literal["succeeded", "failed", "unroutable", "committed"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

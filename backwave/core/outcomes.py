@@ -35,7 +35,7 @@ from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .ledger import Ledger
 from .options import WorkerGroupOptions
 
-RESULTS = ("succeeded", "failed", "unroutable")
+RESULTS = ("succeeded", "failed", "unroutable", "committed")
 
 
 def decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
@@ -44,7 +44,7 @@ def decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
     if event.result not in RESULTS:
         raise ValueError(f"unknown result {event.result!r}")
     decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
-    if event.result == "succeeded":
+    if event.result in ("succeeded", "committed"):
         return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
     if event.result == "unroutable":
         return Outcome(**decided, kind=OutcomeKind.QUARANTINED)

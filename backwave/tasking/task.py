@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from inspect import iscoroutinefunction
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -37,6 +38,10 @@ class BackWaveTask(Task):
     backoff_base: float | None = None  # None: DEFAULT_BACKOFF_BASE
     backoff_max: float | None = None  # None: DEFAULT_BACKOFF_MAX
     tags: tuple[str, ...] = ()
+    # Effect-once for database work: the handler runs inside a transaction on the job's database,
+    # and its success is written, fenced by the lease, in that same transaction (README, "Atomic
+    # tasks"). Sync tasks only.
+    atomic: bool = False
 
     def __post_init__(self):
         if isinstance(self.tags, list):
@@ -55,6 +60,7 @@ class BackWaveTask(Task):
         backoff_base=None,
         backoff_max=None,
         tags=None,
+        atomic=None,
     ):
         """A copy of the task with other defaults: Django's options plus BackWave's."""
         options = {
@@ -66,6 +72,7 @@ class BackWaveTask(Task):
             "backoff_base": backoff_base,
             "backoff_max": backoff_max,
             "tags": tags,
+            "atomic": atomic,
         }
         return replace(self, **{name: value for name, value in options.items() if value is not None})
 
@@ -128,6 +135,14 @@ def validate_backwave_options(task) -> None:
         value = getattr(task, name, None)
         if value is not None and not _is_seconds(value):
             raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 (or None for the default), got {value!r}.")
+    atomic = getattr(task, "atomic", False)
+    if not isinstance(atomic, bool):
+        raise InvalidTask(f"atomic of task {path!r} must be True or False, got {atomic!r}.")
+    if atomic and iscoroutinefunction(task.func):
+        raise InvalidTask(
+            f"task {path!r} is an async def and cannot be atomic: its transaction would have to span awaits on one "
+            "connection, which Django's atomic() does not do; make it a plain def, or leave atomic off."
+        )
     tags = getattr(task, "tags", ())
     if isinstance(tags, str) or not isinstance(tags, tuple):
         raise InvalidTask(f"tags of task {path!r} must be a list or tuple of strings, got {tags!r}" + (f"; did you mean ({tags!r},)?" if isinstance(tags, str) else "."))
