@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from backwave.core.jobs import ClaimedJob
@@ -201,14 +202,16 @@ class TransitionRow:
     last_error: str = ""
 
 
+@lru_cache(maxsize=64)
+def _watch_rules(observed: str) -> tuple[tuple[str, str | None, str | None], ...]:
+    return tuple((w["kind"], w["task_path"], w["queue"]) for w in json.loads(observed))
+
+
 def _watched(observed: str, kind: str, job: JobRow) -> bool:
     """The "observed" EXISTS of the statements that note transitions."""
     if observed == NOTHING_OBSERVED:
         return False
-    return any(
-        w["kind"] == kind and w["task_path"] in (None, job.task_path) and w["queue"] in (None, job.queue)
-        for w in json.loads(observed)
-    )
+    return any(k == kind and t in (None, job.task_path) and q in (None, job.queue) for k, t, q in _watch_rules(observed))
 
 
 def _note(db: MemoryDatabase, now: datetime, observed: str, job: JobRow, attempt: int, kind: str) -> None:
