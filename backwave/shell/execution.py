@@ -181,7 +181,8 @@ def run_attempt(
 
 class Commit(NamedTuple):
     """Where an atomic task's transaction runs (a Django database alias) and how its outcome is
-    written on that connection: ``write(cursor, record) -> Applied``, fenced by the lease."""
+    written on that connection: ``write(psycopg connection, record) -> Applied``, fenced by the
+    lease, inside the transaction Django's ``atomic()`` opened on it."""
 
     alias: str
     write: Callable[[Any, OutcomeRecord], Applied]
@@ -207,8 +208,9 @@ def _run_atomic(attempt: _Attempt, args, kwargs, commit: Commit) -> AttemptRepor
             encoded = attempt.storable(attempt.task.call(*args, **kwargs))
             report = attempt.succeeded(encoded)
             record = OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=encoded, duration=report.duration)
-            with connections[commit.alias].cursor() as cursor:
-                applied = commit.write(cursor, record)
+            django_connection = connections[commit.alias]
+            django_connection.ensure_connection()
+            applied = commit.write(django_connection.connection, record)
             if job.id not in applied or applied.replaced:
                 raise _NotCommitted
     except _NotCommitted:

@@ -417,7 +417,7 @@ class Pump:
         lease_id, observed = self.driver.lease_id, getattr(self._store, "observed", NOTHING_OBSERVED)
         return Commit(
             alias=self.options.database or DEFAULT_DB_ALIAS,
-            write=lambda cursor, record: write_outcome(cursor, lease_id=lease_id, record=record, observed=observed),
+            write=lambda connection, record: write_outcome(connection, lease_id=lease_id, record=record, observed=observed),
         )
 
     # ---- jobs -------------------------------------------------------------------------------------

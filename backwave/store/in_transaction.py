@@ -1,4 +1,4 @@
-"""An atomic task's outcome, written on the caller's cursor inside the handler's transaction.
+"""An atomic task's outcome, written on the handler's connection inside its transaction.
 
 The statement is ``write_outcomes_many`` itself, fence and all (this lease, live, the job still
 running at this attempt), with every ``now()`` read as ``statement_timestamp()``: inside the
@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import uuid
 
+import psycopg
+
 from .contract import Applied, OutcomeRecord
 from .params import applied_from_rows, outcome_batch
 from .queries import QUERIES
@@ -20,10 +22,17 @@ from .queries import QUERIES
 _STATEMENT = re.sub(r"\bnow\(\)", "statement_timestamp()", QUERIES["write_outcomes_many"], flags=re.IGNORECASE)
 
 
-def write_outcome(cursor, *, lease_id: uuid.UUID, record: OutcomeRecord, observed: str) -> Applied:
-    """Write one fenced outcome with one statement on ``cursor``; the ids applied (none when the
-    fence refused it). A record that cannot be encoded comes back in ``Applied.replaced``."""
+def write_outcome(connection, *, lease_id: uuid.UUID, record: OutcomeRecord, observed: str) -> Applied:
+    """Write one fenced outcome with one statement on ``connection`` (the psycopg connection
+    under Django's, inside its transaction); the ids applied (none when the fence refused it). A
+    record that cannot be encoded comes back in ``Applied.replaced``.
+
+    Prepared (``prepare=True``), with server-side binding: a handler thread sends this statement
+    once per atomic job, and planning its CTEs every time would cost more than running them."""
     params, replaced = outcome_batch(lease_id, [record])
     params["observed"] = observed
-    cursor.execute(_STATEMENT, params)
-    return applied_from_rows(cursor.fetchall(), replaced)
+    # A plain (server-side binding) cursor: Django makes its own cursors client-side binding,
+    # which cannot prepare.
+    with psycopg.Cursor(connection) as cursor:
+        rows = cursor.execute(_STATEMENT, params, prepare=True).fetchall()
+    return applied_from_rows(rows, replaced)

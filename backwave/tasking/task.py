@@ -63,6 +63,11 @@ class BackWaveTask(Task):
         atomic=None,
     ):
         """A copy of the task with other defaults: Django's options plus BackWave's."""
+        if atomic is not None:
+            raise InvalidTask(
+                f"atomic of task {self.module_path!r} cannot be set with .using(): the worker runs the task registered under "
+                "that name, so declare it where the task is defined, @task(atomic=True)."
+            )
         options = {
             "priority": priority,
             "queue_name": queue_name,
@@ -72,7 +77,6 @@ class BackWaveTask(Task):
             "backoff_base": backoff_base,
             "backoff_max": backoff_max,
             "tags": tags,
-            "atomic": atomic,
         }
         return replace(self, **{name: value for name, value in options.items() if value is not None})
 

@@ -251,7 +251,7 @@ class DeterministicPump:
         if not is_atomic(job, self.registry):
             return None
         lease_id = self.driver.lease_id
-        return Commit(alias=self._database, write=lambda _cursor, record: self.store.write_outcomes_many(lease_id=lease_id, outcomes=[record]))
+        return Commit(alias=self._database, write=lambda _connection, record: self.store.write_outcomes_many(lease_id=lease_id, outcomes=[record]))
 
     def _deliver(self) -> int:
         """One delivery pass of the due transitions to the observers, inline, each call in the

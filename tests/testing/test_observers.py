@@ -103,15 +103,18 @@ def test_an_atomic_task_whose_fence_refuses_rolls_its_writes_back(pump, monkeypa
     which is how the rollback shows.)"""
     stranger = uuid.uuid4()
     monkeypatch.setattr(pump, "_commit", lambda job: Commit(
-        alias="default", write=lambda _cursor, record: pump.store.write_outcomes_many(lease_id=stranger, outcomes=[record])))
+        alias="default", write=lambda _connection, record: pump.store.write_outcomes_many(lease_id=stranger, outcomes=[record])))
     observing.make_user_atomically.enqueue("eve")
     drained = pump.drain()
     assert drained.attempts[0].result == "succeeded"  # not "committed": the attempt wrote nothing
     assert not User.objects.filter(username="eve").exists()
 
 
-def test_atomic_is_refused_for_async_tasks_and_non_booleans():
+def test_atomic_is_refused_for_async_tasks_non_booleans_and_using():
     with pytest.raises(InvalidTask, match="async def and cannot be atomic"):
         type(observing.quiet)(func=observing.async_handler, atomic=True, queue_name="e2e", backend="default")
     with pytest.raises(InvalidTask, match="atomic of task .* must be True or False"):
-        observing.quiet.using(atomic="yes")
+        type(observing.quiet)(func=observing.quiet.func, atomic="yes", queue_name="e2e", backend="default")
+    # The worker runs the task registered under the job's name: atomic is the definition's.
+    with pytest.raises(InvalidTask, match=r"cannot be set with \.using\(\).*@task\(atomic=True\)"):
+        observing.quiet.using(atomic=True)
