@@ -51,3 +51,19 @@ def test_the_store_is_asked_to_note_exactly_the_watched_transitions():
         {"kind": "lapsed", "task_path": None, "queue": "emails"},
     ], key=str)
     assert ObserverRegistry().observed == "[]"
+
+
+def test_the_delivery_settings_are_checked_naming_the_setting(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from backwave import conf
+
+    assert conf.delivery_options().max_deliveries == 8
+    settings.BACKWAVE = {"OBSERVER_BACKOFF_BASE": 10.0, "OBSERVER_BACKOFF_MAX": 1.0}
+    with pytest.raises(ImproperlyConfigured, match=r"OBSERVER_BACKOFF_MAX \(1.0\) must be at least OBSERVER_BACKOFF_BASE"):
+        conf.delivery_options()
+    settings.BACKWAVE = {"OBSERVER_LEASE": 0}
+    with pytest.raises(ImproperlyConfigured, match="OBSERVER_LEASE"):
+        conf.delivery_options()
+    settings.BACKWAVE = {"OBSERVER_MAX_DELIVERIES": 0}
+    assert any("OBSERVER_MAX_DELIVERIES" in problem for problem in conf.settings_problems())
