@@ -149,10 +149,11 @@ class WorkerPool:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, job, commit=None) -> None:
+    def submit(self, job, *arguments) -> None:
+        """Run ``run(job, *arguments)`` on a free thread (the pump passes an atomic job's Commit)."""
         if not self._free.acquire(blocking=False):
             raise PoolExhausted(f"job {job.id} was handed to a pool whose {self._size} thread(s) are all running handlers")
-        self._queue.put((job, commit))
+        self._queue.put((job, arguments))
 
     def shutdown(self) -> None:
         """Let idle threads exit; a thread still running a handler exits when it returns."""
@@ -163,10 +164,10 @@ class WorkerPool:
         while (item := self._queue.get()) is not self._STOP:
             self._run_one(*item)
 
-    def _run_one(self, job, commit) -> None:
+    def _run_one(self, job, arguments) -> None:
         # A frame of its own: the report is not kept alive by an idle thread waiting for its next job.
         try:
-            report = self._run(job, commit)
+            report = self._run(job, *arguments)
         except BaseException:  # run_attempt never raises; this is the last line of defence
             logger.exception("A worker thread failed outside its job")
             self._free.release()
@@ -406,7 +407,11 @@ class Pump:
         if is_async(job, self._registry):
             self._event_loop().submit(self._run_async_job(job))
         else:
-            self._pool.submit(job, self._commit(job))
+            commit = self._commit(job)
+            if commit is None:
+                self._pool.submit(job)
+            else:
+                self._pool.submit(job, commit)
 
     def _commit(self, job) -> Commit | None:
         """How an atomic task's attempt writes its success: on the handler thread's Django
