@@ -23,7 +23,10 @@ from .conftest import FAST, faults_env, sql, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-OBSERVE_FAST = faults_env(backwave={"OBSERVER_POLL_INTERVAL": 0.05, "OBSERVER_BACKOFF_BASE": 0.05, "OBSERVER_BACKOFF_MAX": 0.05})
+# A dead deliverer's claims lapse after OBSERVER_LEASE: 2 s here, not the default minute.
+OBSERVE_FAST = faults_env(backwave={
+    "OBSERVER_POLL_INTERVAL": 0.05, "OBSERVER_BACKOFF_BASE": 0.05, "OBSERVER_BACKOFF_MAX": 0.05, "OBSERVER_LEASE": 2.0,
+})
 
 
 @pytest.fixture
@@ -86,13 +89,13 @@ def test_an_observer_that_crashes_mid_delivery_is_delivered_again(start_worker, 
     the pass was settled; the next worker delivers everything, that one again."""
     jobs = [int(tasks.observed_work.enqueue(fail_first=(n == 0)).id) for n in range(3)]
     marker = tmp_path / "crashed"
-    crashing = start_worker("--queues", "faults", "--pool-size", "3", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
+    crashing = start_worker("--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
     wait_until(lambda: crashing.process.poll() is not None, what="the observer killing its worker", workers=[crashing])
     assert crashing.process.returncode == 9, crashing.output
     assert len(seen()) == 1  # it recorded one delivery, then died before settling it
 
     # Every job finishes; the next worker's loop delivers what the dead one left.
-    survivor = start_worker("--queues", "faults", "--pool-size", "3", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
+    survivor = start_worker("--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
     applied = lambda: sorted(  # noqa: E731
         (a.job_id, a.number, {"succeeded": "succeeded", "failed": "retried"}[a.state])
         for a in Attempt.objects.filter(job_id__in=jobs)
