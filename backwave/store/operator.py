@@ -29,17 +29,27 @@ JOB_ACTION_TRANSITIONS = {"cancel": "cancelled"}
 
 def act_on_jobs(
     cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str], *, observed: str = NOTHING_OBSERVED
-) -> list[tuple[int, str, bool]]:
-    """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
-    (id, state when locked, changed) per selected job that still exists, by id. A cancel notes
-    a 'cancelled' transition for each job it changed that ``observed`` watches, in the same
-    statement."""
-    if action not in JOB_ACTIONS:
-        raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
+) -> list[tuple[int, str, bool, str]]:
+    """Run ``action`` (retry, cancel or purge) on the selected jobs that are in an ``allowed``
+    state: (id, state when locked, changed, task path) per selected job that still exists, by id.
+    A cancel notes a 'cancelled' transition for each job it changed that ``observed`` watches,
+    in the same statement."""
+    if action not in JOB_ACTIONS and action != "purge":
+        raise ValueError(f"unknown job action {action!r}; use one of {', '.join([*JOB_ACTIONS, 'purge'])}")
     sql, params = selection
-    statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
-    cursor.execute(statement, [*params, list(allowed), JOB_ACTION_TRANSITIONS.get(action), observed])
+    if action == "purge":
+        cursor.execute(QUERIES["purge_selected_jobs"].format(selection=sql), [*params, list(allowed)])
+    else:
+        statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
+        cursor.execute(statement, [*params, list(allowed), JOB_ACTION_TRANSITIONS.get(action), observed])
     return cursor.fetchall()
+
+
+def jobs_page_details(cursor, job_ids: Sequence[int], *, tail: int) -> dict[int, tuple]:
+    """job id -> (latest attempt's error class, last ``tail`` characters of its traceback, its
+    duration in seconds, seconds running so far when running, whether its pump has a row)."""
+    cursor.execute(QUERIES["admin_jobs_page_details"], {"ids": list(job_ids), "tail": tail})
+    return {row[0]: row[1:] for row in cursor.fetchall()}
 
 
 def set_schedules_enabled(cursor, selection: tuple[str, Sequence], enabled: bool) -> int:
