@@ -83,6 +83,16 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # Transition observers (backwave/observers.py): tries per transition before it is left dead
+    # (the admin retries it), the backoff between tries (doubling from the base, half-jittered),
+    # how long one claimed pass may take before another worker may claim its transitions again,
+    # transitions per pass, and the wait between passes while none are due.
+    "OBSERVER_MAX_DELIVERIES": 8,
+    "OBSERVER_BACKOFF_BASE": 1.0,
+    "OBSERVER_BACKOFF_MAX": 600.0,
+    "OBSERVER_LEASE": 60.0,
+    "OBSERVER_BATCH": 32,
+    "OBSERVER_POLL_INTERVAL": 1.0,
     # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
     # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
     # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
@@ -302,6 +312,12 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "OBSERVER_MAX_DELIVERIES": _int_at_least(1),
+    "OBSERVER_BACKOFF_BASE": _seconds,
+    "OBSERVER_BACKOFF_MAX": _seconds,
+    "OBSERVER_LEASE": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
+    "OBSERVER_BATCH": _int_at_least(1),
+    "OBSERVER_POLL_INTERVAL": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
     "REDACT_KEYS": _pattern_or_none,
     "METRICS_TOKEN": _metrics_token,
     "HINT_DATABASES": _hint_databases,
@@ -561,3 +577,18 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
             )
         )
     return definitions
+
+
+def delivery_options():
+    """BACKWAVE["OBSERVER_*"] as the observer loop takes them (ImproperlyConfigured, naming the
+    setting, for a value it cannot use)."""
+    from .core.deliveries import DeliveryOptions
+
+    base, cap = get_setting("OBSERVER_BACKOFF_BASE"), get_setting("OBSERVER_BACKOFF_MAX")
+    if problem := backoff_problem(base, cap, base_label=f"OBSERVER_BACKOFF_BASE ({base})", cap_label=f"OBSERVER_BACKOFF_MAX ({cap})"):
+        raise ImproperlyConfigured(problem)
+    return DeliveryOptions(
+        max_deliveries=get_setting("OBSERVER_MAX_DELIVERIES"), backoff_base=float(base), backoff_max=float(cap),
+        lease=float(get_setting("OBSERVER_LEASE")), batch=get_setting("OBSERVER_BATCH"),
+        poll_interval=float(get_setting("OBSERVER_POLL_INTERVAL")),
+    )

@@ -454,3 +454,62 @@ class Pump(models.Model):
 
     def __str__(self):
         return f"{self.worker_id} ({self.status})"
+
+
+class TransitionKind(models.TextChoices):
+    """What happened to a job, as observers see it (``backwave.observers``)."""
+
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed for good"
+    RETRIED = "retried", "Failed, will retry"
+    CANCELLED = "cancelled", "Cancelled"
+    QUARANTINED = "quarantined", "Quarantined"
+    LAPSED = "lapsed", "Lease lapsed"
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    DEAD = "dead", "Dead (observer kept failing)"
+
+
+class Transition(models.Model):
+    """One applied transition of a job that some observer watches, until every observer of it
+    has run: the durable feed of ``backwave.observers``.
+
+    Written by the statement that applies the transition (the fenced outcome write, lease expiry,
+    the admin's cancel), so a refused outcome never gets a row and a crash never loses one. The
+    observer loop claims due rows with SKIP LOCKED, pushing ``next_attempt_at`` a lease ahead
+    (a crashed deliverer's rows come due again then), and deletes a row once every observer of
+    it ran; a row whose observer kept failing is left ``dead`` for an operator to retry. No
+    foreign key to the job: a transition outlives the retention purge of its job.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.BigIntegerField()
+    attempt = models.IntegerField(help_text="The attempt whose end this is (for a cancel, the job's attempts so far).")
+    kind = models.CharField(max_length=16, choices=TransitionKind.choices)
+    task_path = models.CharField(max_length=255)
+    queue = models.CharField(max_length=64)
+    occurred_at = models.DateTimeField(db_default=Now())
+    state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING, db_default=DeliveryState.PENDING)
+    deliveries = models.IntegerField(default=0, db_default=0, help_text="Delivery attempts so far.")
+    next_attempt_at = models.DateTimeField(
+        db_default=Now(), help_text="When it is due for delivery; while a deliverer holds it, when that claim lapses."
+    )
+    claim_token = models.UUIDField(null=True, blank=True)
+    delivered_to = ArrayField(
+        models.CharField(max_length=255), default=list, blank=True, help_text="Observers that already ran for it (not run again on a retry)."
+    )
+    failed_observer = models.CharField(max_length=255, blank=True, default="", db_default="")
+    last_error = models.TextField(blank=True, default="", db_default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["next_attempt_at", "id"], condition=models.Q(state="pending"), name="backwave_transition_due"),
+            models.Index(fields=["job_id"], name="backwave_transition_job"),
+        ]
+        permissions = [("redeliver_transition", "Can retry the delivery of a transition to its observers")]
+
+    def __str__(self):
+        return f"job {self.job_id} attempt {self.attempt}: {self.kind}"

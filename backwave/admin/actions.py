@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from django.db import connections, router, transaction
 
 from ..models import FINISHED_STATES, Job, Queue
+from ..observers import discovered as discovered_observers
 from ..queue_rules import validate_concurrency_limit
 from ..store import operator
 
@@ -85,10 +86,11 @@ def _run(
     allowed = _allowed(action, running)
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
+            observed = discovered_observers().observed
             if action == "cancel":
-                rows = operator.cancel_jobs(cursor, selection, by=by, allowed=allowed)
+                rows = operator.cancel_jobs(cursor, selection, by=by, allowed=allowed, observed=observed)
             else:
-                rows = operator.act_on_jobs(cursor, action, selection, allowed)
+                rows = operator.act_on_jobs(cursor, action, selection, allowed, observed=observed)
         result = JobActionResult(
             changed=tuple(job_id for job_id, _state, done, _path in rows if done),
             refused=Counter(state for _job_id, state, done, _path in rows if not done),

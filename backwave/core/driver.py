@@ -184,11 +184,29 @@ class NodeDriver:
             outcome = decide(job, event, cancelled_by=self._slots.cancels.get(job.id))
         except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
+        if event.result == "committed":
+            return self._committed(job, event.now)
         self._slots.report(outcome)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self._outcomes.full or not self._slots.executing:
             return self._flush(event.now, then_claim=True)
+        return []
+
+    def _committed(self, job: ClaimedJob, now: float) -> list[cmd.Command]:
+        """An atomic task's attempt committed its outcome with its effects: the store applied it
+        (fenced), so nothing is buffered and the slot reopens. The claim for the slots it frees
+        is batched as a buffered outcome's would be: with the write that flushes the buffer once
+        nothing executes, or on its own when nothing is buffered and nothing executes, or when
+        the free slots fill an outcome batch."""
+        self._slots.committed(job.id)
+        self.stats.applied += 1
+        if self.state is State.DRAINING:
+            return self._drain_step(now)
+        if not self._slots.executing and self._outcomes.waiting:
+            return self._flush(now, then_claim=True)
+        if not self._slots.executing or self.free_slots >= self.options.outcome_batch:
+            return self._claim(now)
         return []
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:

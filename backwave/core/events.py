@@ -47,7 +47,9 @@ class ClaimReturned(Event):
 # "discarded": failed, and no retry whatever attempts are left (backwave.Discard, discard_on, a
 # backoff that said no more). "snoozed": the handler asked to run again after ``delay`` seconds.
 # "cancelled": it stopped because its context said it was cancelled.
-JobResult = Literal["succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled"]
+# "committed": an atomic task's success, written by the attempt itself in the transaction of its
+# effects, fenced like a batch write (backwave/shell/execution.py): the driver writes nothing.
+JobResult = Literal["succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled", "committed"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

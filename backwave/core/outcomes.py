@@ -36,7 +36,7 @@ from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .ledger import Ledger
 from .options import WorkerGroupOptions
 
-RESULTS = ("succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled")
+RESULTS = ("succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled", "committed")
 
 # Handed to the backoff of an attempt the driver ends itself (a timeout): no event brings a
 # draw, and the middle of the range is the nominal delay.
@@ -56,6 +56,10 @@ def decide(job: ClaimedJob, event: ev.JobFinished, *, cancelled_by: str | None =
     if event.result == "snoozed" and delay is None:
         raise ValueError("a snoozed attempt needs a delay")
     decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
+    if event.result == "committed":
+        # Already written by the attempt, in the transaction of its effects: a cancel that came
+        # meanwhile is too late to change it.
+        return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
     if cancelled_by is not None or event.result == "cancelled":
         return Outcome(**decided, kind=OutcomeKind.CANCELLED, reason=cancel_reason(cancelled_by))
     if event.result == "succeeded":

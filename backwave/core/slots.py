@@ -121,6 +121,10 @@ class Slots:
             raise ValueError(f"job {job_id} is not executing on this pump")
         raise ValueError(f"job {job_id} runs attempt {job.attempt}, not {attempt}")
 
+    def committed(self, job_id: int) -> None:
+        """The attempt wrote its own outcome (an atomic task): its slot reopens at once."""
+        del self.executing[job_id]
+
     def report(self, outcome: Outcome) -> None:
         """The attempt's outcome, buffered, holds its job's slot from now on."""
         del self.executing[outcome.job_id]

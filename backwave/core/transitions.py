@@ -35,7 +35,11 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
     RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
                       |                  | buffer; flush when the batch is full or nothing     |
-                      |                  | executes: WriteOutcomes + ClaimJobs                 |
+                      |                  | executes: WriteOutcomes + ClaimJobs. Committed (an  |
+                      |                  | atomic task wrote its own fenced outcome): applied, |
+                      |                  | the slot reopens, nothing buffered; nothing else    |
+                      |                  | executes: flush + claim, or ClaimJobs alone; else   |
+                      |                  | ClaimJobs once the free slots fill an outcome batch |
     RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write:   | RUNNING
                       |                  | the dependents it released (their last ancestor     |
                       |                  | succeeded in it) are claimable at once, and a claim |

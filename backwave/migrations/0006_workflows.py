@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('backwave', '0009_attempt_control'),
+        ('backwave', '0007_observers'),
     ]
 
     operations = [

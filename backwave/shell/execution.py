@@ -20,11 +20,12 @@ import threading
 import time
 import traceback as traceback_module
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
+from django.db import connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
@@ -32,9 +33,9 @@ from django.tasks.signals import task_finished, task_started
 from backwave.conf import DEFAULTS
 from backwave.redaction import redacted_text
 from backwave.core.events import JobResult
-from backwave.core.jobs import ClaimedJob
+from backwave.core.jobs import ClaimedJob, OutcomeKind
 from backwave.tasking.results import task_result_for_attempt
-from backwave.store.contract import OutcomeRecord, ProgressReport
+from backwave.store.contract import Applied, OutcomeRecord, ProgressReport
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
 
 from backwave.tasking.context import AttemptControl, JobContext, database_resolver
@@ -276,6 +277,12 @@ class AttemptControls:
         return [report for control in controls if (report := control.take_report()) is not None]
 
 
+def is_atomic(job: ClaimedJob, registry: TaskRegistry) -> bool:
+    """Whether the job's task runs in a transaction with its own outcome (``atomic=True``)."""
+    task = registry.get(job.task_path)
+    return task is not None and getattr(task, "atomic", False)
+
+
 def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
     """Whether the job's task is an ``async def`` (it then runs on the pump's event loop)."""
     task = registry.get(job.task_path)
@@ -306,10 +313,12 @@ def _run_attempt(
     leave: Callable[[], None] = leave_attempt,
     controls: AttemptControls | None = None,
     clock: Callable[[], float] = time.monotonic,
+    commit: Commit | None = None,
 ) -> AttemptReport:
     """Run ``job`` once and describe the outcome. Never raises: a handler's exception (SystemExit
     included) is the attempt's outcome, not the pump's problem. ``enter`` and ``leave`` wrap the
-    handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection."""
+    handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection.
+    ``commit`` is how an atomic task's success is written in its transaction (see run_atomic)."""
     controls = controls if controls is not None else AttemptControls()
     attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, controls.get(job))
     if isinstance(attempt, AttemptReport):
@@ -321,6 +330,8 @@ def _run_attempt(
         try:
             attempt.announce()
             args, kwargs = attempt.arguments()
+            if getattr(attempt.task, "atomic", False) and commit is not None:
+                return _run_atomic(attempt, args, kwargs, commit)
             encoded = attempt.storable(attempt.task.call(*args, **kwargs))
         finally:
             leave()
@@ -329,6 +340,48 @@ def _run_attempt(
     finally:
         controls.discard(attempt.control)
     return attempt.succeeded(encoded)
+
+
+class Commit(NamedTuple):
+    """Where an atomic task's transaction runs (a Django database alias) and how its outcome is
+    written on that connection: ``write(psycopg connection, record) -> Applied``, fenced by the
+    lease, inside the transaction Django's ``atomic()`` opened on it."""
+
+    alias: str
+    write: Callable[[Any, OutcomeRecord], Applied]
+
+
+class _NotCommitted(Exception):
+    """Raised inside an atomic task's transaction to roll it back: the fence refused the outcome
+    (the lease was lost) or the store could not take it as given."""
+
+
+def _run_atomic(attempt: _Attempt, args, kwargs, commit: Commit) -> AttemptReport:
+    """Run an atomic task inside ``transaction.atomic`` on ``commit.alias`` and write its
+    success there, so its writes and its outcome commit together or not at all.
+
+    A handler that raises rolls its writes back and is an ordinary failed attempt (retried by the
+    batch path). A success the fence refuses rolls the handler's writes back too, and is reported
+    as a plain success, which the batch write then finds refused as well: a zombie's effects
+    never land. Only a committed success reports "committed" (the driver writes nothing more),
+    and task_finished is sent for it here, after the commit."""
+    job = attempt.job
+    try:
+        with transaction.atomic(using=commit.alias):
+            encoded = attempt.storable(attempt.task.call(*args, **kwargs))
+            report = attempt.succeeded(encoded)
+            record = OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=encoded, duration=report.duration)
+            django_connection = connections[commit.alias]
+            django_connection.ensure_connection()
+            applied = commit.write(django_connection.connection, record)
+            if job.id not in applied or applied.replaced:
+                raise _NotCommitted
+    except _NotCommitted:
+        logger.warning("Atomic job %s attempt %s: the lease fence refused its outcome; its writes were rolled back", job.id, job.attempt)
+        return report
+    committed = replace(report, result="committed")
+    send_finished(committed)
+    return committed
 
 
 async def _run_attempt_async(

@@ -57,6 +57,7 @@ import uuid
 from collections.abc import Callable
 from typing import NamedTuple
 
+from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 
 from backwave.core import commands as cmd
@@ -64,9 +65,10 @@ from backwave.core import events as ev
 from backwave.core.backoff import fault_delay
 from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
-from backwave.store.contract import PumpHealth, Store, StoreError, TransientStoreError
+from backwave.store.contract import NOTHING_OBSERVED, PumpHealth, Store, StoreError, TransientStoreError
+from backwave.store.in_transaction import write_outcome
 
-from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished
 from .executor import Executor
 from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
@@ -148,10 +150,11 @@ class WorkerPool:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, job) -> None:
+    def submit(self, job, *arguments) -> None:
+        """Run ``run(job, *arguments)`` on a free thread (the pump passes an atomic job's Commit)."""
         if not self._free.acquire(blocking=False):
             raise PoolExhausted(f"job {job.id} was handed to a pool whose {self._size} thread(s) are all running handlers")
-        self._queue.put(job)
+        self._queue.put((job, arguments))
 
     def shutdown(self) -> None:
         """Let idle threads exit; a thread still running a handler exits when it returns."""
@@ -159,13 +162,13 @@ class WorkerPool:
             self._queue.put(self._STOP)
 
     def _work(self) -> None:
-        while (job := self._queue.get()) is not self._STOP:
-            self._run_one(job)
+        while (item := self._queue.get()) is not self._STOP:
+            self._run_one(*item)
 
-    def _run_one(self, job) -> None:
+    def _run_one(self, job, arguments) -> None:
         # A frame of its own: the report is not kept alive by an idle thread waiting for its next job.
         try:
-            report = self._run(job)
+            report = self._run(job, *arguments)
         except BaseException:  # run_attempt never raises; this is the last line of defence
             logger.exception("A worker thread failed outside its job")
             self._free.release()
@@ -422,12 +425,28 @@ class Pump:
         if is_async(job, self._registry):
             self._event_loop().submit(self._run_async_job(job))
         else:
-            self._pool.submit(job)
+            commit = self._commit(job)
+            if commit is None:
+                self._pool.submit(job)
+            else:
+                self._pool.submit(job, commit)
+
+    def _commit(self, job) -> Commit | None:
+        """How an atomic task's attempt writes its success: on the handler thread's Django
+        connection to this pump's database, fenced by the lease the job was claimed under (read
+        here, on the pump's thread, which owns the driver)."""
+        if not is_atomic(job, self._registry):
+            return None
+        lease_id, observed = self.driver.lease_id, getattr(self._store, "observed", NOTHING_OBSERVED)
+        return Commit(
+            alias=self.options.database or DEFAULT_DB_ALIAS,
+            write=lambda connection, record: write_outcome(connection, lease_id=lease_id, record=record, observed=observed),
+        )
 
     # ---- jobs -------------------------------------------------------------------------------------
 
-    def _run_job(self, job) -> AttemptReport:
-        return run_attempt(job, **self._attempt_arguments())
+    def _run_job(self, job, commit=None) -> AttemptReport:
+        return run_attempt(job, commit=commit, **self._attempt_arguments())
 
     async def _run_async_job(self, job) -> None:
         self._finished(job, await run_attempt_async(job, **self._attempt_arguments()))

@@ -17,7 +17,11 @@ from django.db import DEFAULT_DB_ALIAS
 from backwave.core.options import WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from backwave.store.contract import Store, StoreError
 
+from backwave.core.deliveries import DeliveryOptions
+from backwave.observers import NO_OBSERVERS, ObserverRegistry
+
 from .execution import DEFAULT_MAX_RESULT_BYTES
+from .observers import ObserverLoop
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status, process_status
 from .metrics import exposition, worker_registry
@@ -26,6 +30,19 @@ from .supervisor import REPLACE_ME
 from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
+
+def _observing(store_factory: Callable[[str], Store], observers: ObserverRegistry) -> Callable[[str], Store]:
+    """``store_factory`` whose stores note the transitions ``observers`` watch."""
+    if not len(observers):
+        return store_factory
+
+    def factory(alias: str) -> Store:
+        store = store_factory(alias)
+        store.observed = observers.observed
+        return store
+
+    return factory
+
 
 class Worker:
     """Runs every pump of the given groups until drained or stopped.
@@ -49,6 +66,8 @@ class Worker:
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         hard_time_limit: float | None = None,
+        observers: ObserverRegistry = NO_OBSERVERS,
+        delivery_options: DeliveryOptions | None = None,
     ):
         """``hard_time_limit``: seconds a handler told to stop (past its time limit, or
         cancelled) may go on before this process drains and ends itself with REPLACE_ME, for its
@@ -56,6 +75,7 @@ class Worker:
         groups = list(groups)
         self.hard_time_limit = hard_time_limit
         self.replacing = False  # a handler ran past its hard limit: this process is ending
+        store_factory = _observing(store_factory, observers)
         for group in groups:
             if group.database is None:
                 raise WorkerGroupConfigError(f"Worker Group '{group.name}' names no database; place it first (backwave.databases.place_groups).")
@@ -89,6 +109,11 @@ class Worker:
         self._done = threading.Event()
         self._store_factory = store_factory
         self._health_stores: dict[str, Store] = {}
+        # One observer loop per database served, when there is anything to observe.
+        self.observer_loops = [
+            ObserverLoop(store_factory=partial(store_factory, alias), registry=observers, options=delivery_options or DeliveryOptions(), name=alias)
+            for alias in (self.databases if len(observers) else ())
+        ]
         self.metrics_registry = worker_registry(self)
 
     def metrics(self, accept: str | None = None) -> tuple[bytes, str]:
@@ -106,6 +131,8 @@ class Worker:
             pump.start()
         for listener in self.hints.values():
             listener.start()
+        for loop in self.observer_loops:
+            loop.start()
         names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}]{self._on(g.database)} pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
         logger.info("BackWave worker started: %s", names)
         try:
@@ -166,6 +193,11 @@ class Worker:
                 self._refresh_halted()
         for listener in self.hints.values():
             listener.stop()
+        # After the pumps: the transitions of their last outcomes are there to deliver by now.
+        for loop in self.observer_loops:
+            loop.stop()
+        for loop in self.observer_loops:
+            loop.join()
         logger.info(
             "BackWave worker stopped after %d job(s) and %d store round-trips%s",
             self.jobs_done,
@@ -232,7 +264,8 @@ class Worker:
 
     @property
     def idle(self) -> bool:
-        return all(p.snapshot.idle for p in self.pumps)
+        """No pump has work, and no observer loop found a transition due in its last pass."""
+        return all(p.snapshot.idle for p in self.pumps) and all(loop.idle for loop in self.observer_loops)
 
     def drain(self, timeout: float | None = None) -> None:
         for pump in self.pumps:

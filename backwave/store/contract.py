@@ -136,6 +136,37 @@ class Applied(set):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TransitionRecord:
+    """A transition row as claim_transitions returns it, claimed for one delivery pass."""
+
+    id: int
+    job_id: int
+    attempt: int
+    kind: str  # succeeded, failed, retried, cancelled, quarantined, lapsed
+    task_path: str
+    queue: str
+    occurred_at: datetime
+    deliveries: int  # tries so far, this one included
+    delivered_to: tuple[str, ...] = ()  # observers that already ran for it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryResult:
+    """What one delivery pass did for one claimed transition (settle_transitions)."""
+
+    id: int
+    delivered: tuple[str, ...] = ()  # observers that ran without raising in this pass
+    failed_observer: str | None = None  # None: every observer of it has now run
+    error: str = ""
+    retry_delay: float = 0.0
+    dead: bool = False
+
+
+# No observer watches anything: the outcome statements note no transition.
+NOTHING_OBSERVED = "[]"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleDefinition:
     """A schedule as declared in settings, its job fields resolved from the task (sync_schedules)."""
 
@@ -288,6 +319,22 @@ class Store(Protocol):
         are inserted waiting (or ready when every ancestor has already succeeded) with their
         dependency rows, in the same statement; DependencyRefused, with nothing written, when an
         ancestor does not exist or already ended badly under a policy other than run."""
+
+    # -- transition observers (backwave/observers.py) ----------------------------------------------
+    # ``observed`` (a store attribute, NOTHING_OBSERVED unless set: the JSON list of {kind,
+    # task_path, queue} of ObserverRegistry.observed) says which transitions write_outcomes_many,
+    # write_outcomes_then_claim and expire_leases note in backwave_transition, in the statement
+    # that applies them.
+
+    def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
+        """Claim up to ``limit`` due pending transitions (oldest due first), skipping rows other
+        claimers hold: each is stamped with ``token`` and due again ``lease`` seconds from now,
+        so a claimer that dies leaves it to the next."""
+
+    def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:
+        """Record a delivery pass, fenced by its claim's ``token``: delete each transition every
+        observer of which has run; keep a failed one (its observers that ran are remembered), due
+        after ``retry_delay`` or dead. Returns the ids settled (a claim that lapsed settles none)."""
 
     # -- maintenance: schedules, retention, pump health --------------------------------------------
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..queue_rules import validate_concurrency_limit, validate_queue_name
+from .contract import NOTHING_OBSERVED
 from .queries import QUERIES
 
 # A column the caller leaves out of upsert_queues keeps what its row holds.
@@ -24,34 +25,44 @@ JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignmen
 JOB_ACTION_DEPENDENTS = {"retry": "retry_job_dependents", "cancel": "cancel_job_dependents"}
 
 
-def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool, str]]:
+# The transition a job action notes for observers (backwave/observers.py); a retry notes none.
+JOB_ACTION_TRANSITIONS = {"cancel": "cancelled"}
+
+
+def act_on_jobs(
+    cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str], *, observed: str = NOTHING_OBSERVED
+) -> list[tuple[int, str, bool, str]]:
     """Run ``action`` (retry, cancel or purge) on the selected jobs that are in an ``allowed``
     state: (id, state when locked, changed, task path) per selected job that still exists, by id.
-    A cancel settles the changed jobs' dependents as a failed ancestor would; a retry re-arms
-    those held for them."""
+    A cancel settles the changed jobs' dependents as a failed ancestor would, and notes a
+    'cancelled' transition for each job it changed that ``observed`` watches, in the same
+    statement; a retry re-arms the dependents held for them."""
     if action not in JOB_ACTIONS and action != "purge":
         raise ValueError(f"unknown job action {action!r}; use one of {', '.join([*JOB_ACTIONS, 'purge'])}")
     sql, params = selection
     if action == "purge":
-        statement = QUERIES["purge_selected_jobs"].format(selection=sql)
+        cursor.execute(QUERIES["purge_selected_jobs"].format(selection=sql), [*params, list(allowed)])
     else:
         statement = QUERIES["act_on_jobs"].format(
             selection=sql, assignments=QUERIES[JOB_ACTIONS[action]], then=QUERIES[JOB_ACTION_DEPENDENTS[action]]
         )
-    cursor.execute(statement, [*params, list(allowed)])
+        cursor.execute(statement, [*params, list(allowed), JOB_ACTION_TRANSITIONS.get(action), observed])
     return cursor.fetchall()
 
 
 MAX_CANCELLED_BY = 255  # Job.cancel_requested_by
 
 
-def cancel_jobs(cursor, selection: tuple[str, Sequence], *, by: str, allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
+def cancel_jobs(
+    cursor, selection: tuple[str, Sequence], *, by: str, allowed: Sequence[str], observed: str = NOTHING_OBSERVED
+) -> list[tuple[int, str, bool]]:
     """Cancel the selected jobs in an ``allowed`` state: a ready one at once, a running one by a
     request its worker is told of (see cancel_jobs in queries.sql). ``by`` names who cancels
-    (cut to what the column holds). Rows as act_on_jobs returns them: (id, state when locked, changed)."""
+    (cut to what the column holds); a job cancelled at once gets the transition ``observed`` watches.
+    Rows as act_on_jobs returns them: (id, state when locked, changed)."""
     by = str(by)[:MAX_CANCELLED_BY]
     sql, params = selection
-    cursor.execute(QUERIES["cancel_jobs"].format(selection=sql), [*params, by, list(allowed), by])
+    cursor.execute(QUERIES["cancel_jobs"].format(selection=sql), [*params, by, list(allowed), observed, by])
     return cursor.fetchall()
 
 

@@ -22,7 +22,10 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import Applied, DependencyRefused, Heartbeat, NewJob, OutcomeRecord, ProgressReport, Store, StoreError
+from .contract import (
+    NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, Heartbeat, NewJob, OutcomeRecord, ProgressReport, Store, StoreError,
+    TransitionRecord,
+)
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 # -- leases and claims ---------------------------------------------------------------------------
@@ -154,6 +157,31 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
     ]
 
 
+# -- transition observers -------------------------------------------------------------------------
+
+
+def transition_record(row: tuple) -> TransitionRecord:
+    """A row of claim_transitions."""
+    transition_id, job_id, attempt, kind, task_path, queue, occurred_at, deliveries, delivered_to = row
+    return TransitionRecord(
+        id=transition_id, job_id=job_id, attempt=attempt, kind=kind, task_path=task_path, queue=queue,
+        occurred_at=occurred_at, deliveries=deliveries, delivered_to=tuple(delivered_to or ()),
+    )
+
+
+def delivery_params(token: uuid.UUID, results: Sequence[DeliveryResult]) -> dict[str, Any]:
+    """settle_transitions' parameters: the pass's results as one JSON array, texts cleaned."""
+    rows = [
+        {
+            "id": r.id, "delivered": list(r.delivered),
+            "failed_observer": None if r.failed_observer is None else clean_text(r.failed_observer)[:255],
+            "error": clean_text(r.error), "retry_delay": float(r.retry_delay), "dead": bool(r.dead),
+        }
+        for r in results
+    ]
+    return {"token": token, "results": json.dumps(rows)}
+
+
 # -- outcomes: the batch, and what cannot be encoded -------------------------------------------
 
 
@@ -193,7 +221,7 @@ def outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tup
                 outcome = replaced[outcome.job_id] = _encodable(unstorable_replacement(outcome, problem))
             rows.append(_outcome_row(outcome))
         encoded = json.dumps(rows, allow_nan=False)
-    return {"lease_id": lease_id, "outcomes": encoded}, replaced
+    return {"lease_id": lease_id, "outcomes": encoded, "observed": NOTHING_OBSERVED}, replaced
 
 
 def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:

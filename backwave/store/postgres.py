@@ -49,12 +49,12 @@ from backwave.core.jobs import ClaimedJob
 from backwave.core.options import store_timeouts
 
 from .contract import (
-    Applied, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError,
-    TransientStoreError,
+    NOTHING_OBSERVED, Applied, DeliveryResult, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth, ScheduleDefinition,
+    ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
 )
 from .params import (
-    applied_from_rows, claim_statement, heartbeat_from_row, heartbeat_params, insert_statement, inserted_ids, is_refused_heartbeat,
-    known_params, lease_seconds, lock_params, outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, insert_statement, inserted_ids,
+    is_refused_heartbeat, known_params, lease_seconds, lock_params, outcome_batch, transition_record, write_isolating, write_then_claim,
 )
 from .queries import QUERIES
 from .storable import clean_text
@@ -206,6 +206,8 @@ class PostgresStore:
         self._connect_params = params
         self._conn: psycopg.Connection | None = None
         self._closed = False
+        # Which transitions the outcome statements note for observers (see the Storage Contract).
+        self.observed = NOTHING_OBSERVED
         # Network round-trips of store operations, one per call that reaches the server. Not
         # counted: connecting, and the one extra exchange psycopg spends preparing each
         # statement the first time it is prepared on a connection.
@@ -261,7 +263,7 @@ class PostgresStore:
         """Delete up to ``limit`` lapsed leases and release their jobs; returns how many jobs."""
         if limit <= 0:
             return 0
-        return self._execute("expire_leases", {"limit": limit})[0][0]
+        return self._execute("expire_leases", {"limit": limit, "observed": self.observed})[0][0]
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -291,6 +293,7 @@ class PostgresStore:
 
         def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
             params, replaced = outcome_batch(lease_id, outcomes)
+            params["observed"] = self.observed
             *_, written, _, claimed = self._pipeline(
                 "write_outcomes_then_claim", [*_write_statements(lease_id, outcomes, params), _lock_statement(claim), claim]
             )
@@ -304,6 +307,7 @@ class PostgresStore:
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """One write_outcomes_many statement, behind lock_outcome_jobs (one round-trip)."""
         params, replaced = outcome_batch(lease_id, outcomes)
+        params["observed"] = self.observed
         statements = _write_statements(lease_id, outcomes, params)
         if len(statements) == 1:
             return applied_from_rows(self._execute("write_outcomes_many", params), replaced)
@@ -379,6 +383,21 @@ class PostgresStore:
             return []
         name, params = insert_statement(jobs, hint=True)
         return inserted_ids(name, self._execute(name, params))
+
+    # -- transition observers -------------------------------------------------------------------
+
+    def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
+        """Claim up to ``limit`` due transitions under ``token`` for ``lease`` seconds."""
+        if limit <= 0:
+            return []
+        rows = self._execute("claim_transitions", {"token": token, "limit": limit, "lease": lease_seconds(lease)})
+        return sorted((transition_record(row) for row in rows), key=lambda t: t.id)
+
+    def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:
+        """Delete what was delivered, keep what failed (due later, or dead); fenced by ``token``."""
+        if not results:
+            return set()
+        return {row[0] for row in self._execute("settle_transitions", delivery_params(token, results))}
 
     # -- maintenance: schedules, retention, pump health -----------------------------------------
 

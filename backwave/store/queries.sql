@@ -404,6 +404,22 @@ WITH RECURSIVE lease AS MATERIALIZED (
                              ELSE 'failed' END AS state
     FROM applied AS a
     WHERE a.kind NOT IN ('retry', 'snoozed')
+), noted AS (
+    -- The durable record of applied transitions that observers are fed from (see
+    -- noted_transitions below expire_leases): written from "applied", so an outcome the fence
+    -- refused never gets one, and in this statement, so a crash never loses one. Only the
+    -- transitions some observer watches ("observed": [{kind, task_path, queue}], NULL matching
+    -- any); with none watched the gate is one constant test and the job table is not read.
+    INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
+    SELECT a.id, a.attempt, t.kind, j.task_path, j.queue, now(), 'pending', 0, now(), '{}', '', ''
+    FROM applied AS a
+    CROSS JOIN LATERAL (SELECT CASE a.kind WHEN 'retry' THEN 'retried' ELSE a.kind END AS kind) AS t
+    JOIN backwave_job AS j ON j.id = a.id
+    WHERE %(observed)s::jsonb <> '[]'::jsonb
+      AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
+                  WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
+                    AND (w.queue IS NULL OR w.queue = j.queue))
 )
 {{settle_dependents}}
 INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
@@ -637,9 +653,75 @@ WITH RECURSIVE lapsed AS MATERIALIZED (
     FROM released AS r
 ), settling AS (
     SELECT r.id, r.state FROM released AS r WHERE r.state = 'failed'
+), noted AS (
+    -- A 'lapsed' transition per released job that an observer watches, as write_outcomes_many
+    -- notes its outcomes. (The job row read here is the version before "released": task_path
+    -- and queue never change.)
+    INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
+    SELECT r.id, r.attempts, 'lapsed', j.task_path, j.queue, now(), 'pending', 0, now(), '{}', '', ''
+    FROM released AS r
+    JOIN backwave_job AS j ON j.id = r.id
+    WHERE %(observed)s::jsonb <> '[]'::jsonb
+      AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
+                  WHERE w.kind = 'lapsed' AND (w.task_path IS NULL OR w.task_path = j.task_path)
+                    AND (w.queue IS NULL OR w.queue = j.queue))
 )
 {{settle_dependents}}
 SELECT count(*) FROM released
+
+
+-- ---- transition observers ----------------------------------------------------------------------
+
+-- name: claim_transitions
+-- The observer loop's claim (backwave/shell/observers.py), any number of workers at once: SKIP
+-- LOCKED gives each a disjoint set of due rows, ordered by the partial index
+-- backwave_transition_due (next_attempt_at, id) WHERE state = 'pending'. Claiming pushes
+-- next_attempt_at a lease ahead and stamps the claimer's token: a deliverer that dies or hangs
+-- past that moment has its rows claimed again by another (at-least-once), and the token fences
+-- its late settle_transitions out.
+WITH due AS MATERIALIZED (
+    SELECT t.id FROM backwave_transition AS t
+    WHERE t.state = 'pending' AND t.next_attempt_at <= now()
+    ORDER BY t.next_attempt_at, t.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE backwave_transition AS t
+SET claim_token = %(token)s,
+    deliveries = t.deliveries + 1,
+    next_attempt_at = now() + make_interval(secs => %(lease)s)
+FROM due
+WHERE t.id = due.id
+RETURNING t.id, t.job_id, t.attempt, t.kind, t.task_path, t.queue, t.occurred_at, t.deliveries, t.delivered_to
+
+
+-- name: settle_transitions
+-- What one delivery pass did, fenced by the claim's token (a claim that lapsed and was taken
+-- again is the new claimer's to settle): a row every observer of which ran is deleted; a row
+-- with a failed observer keeps the observers that did run (they are not run again), and is due
+-- again after its backoff, or left 'dead' for an operator. Returns the ids settled.
+WITH result AS (
+    SELECT r.* FROM jsonb_to_recordset(%(results)s::jsonb)
+         AS r(id bigint, delivered text[], failed_observer text, error text, retry_delay float8, dead boolean)
+), done AS (
+    DELETE FROM backwave_transition AS t
+    USING result AS r
+    WHERE t.id = r.id AND t.claim_token = %(token)s AND t.state = 'pending' AND r.failed_observer IS NULL
+    RETURNING t.id
+), failed AS (
+    UPDATE backwave_transition AS t
+    SET delivered_to = t.delivered_to || coalesce(r.delivered, '{}'),
+        failed_observer = r.failed_observer,
+        last_error = r.error,
+        state = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
+        next_attempt_at = now() + make_interval(secs => greatest(coalesce(r.retry_delay, 0), 0)),
+        claim_token = NULL
+    FROM result AS r
+    WHERE t.id = r.id AND t.claim_token = %(token)s AND t.state = 'pending' AND r.failed_observer IS NOT NULL
+    RETURNING t.id
+)
+SELECT id FROM done UNION ALL SELECT id FROM failed
 
 
 -- ---- schedules ---------------------------------------------------------------------------------
@@ -1043,7 +1125,20 @@ WITH RECURSIVE target AS MATERIALIZED (
     SET {assignments}
     FROM target AS t
     WHERE j.id = t.id AND j.state = ANY(%s)
-    RETURNING j.id
+    RETURNING j.id, j.attempts, j.task_path, j.queue
+), noted AS (
+    -- The action's transition (a cancel's; NULL for a retry, which observers do not watch) for
+    -- each changed job some observer watches, as write_outcomes_many notes outcomes.
+    -- Parameters: the kind (text or NULL), then the observed transitions (jsonb).
+    INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
+    SELECT c.id, c.attempts, k.kind, c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', ''
+    FROM changed AS c
+    CROSS JOIN (SELECT %s::text AS kind, %s::jsonb AS observed) AS k
+    WHERE k.kind IS NOT NULL
+      AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
+                  WHERE w.kind = k.kind AND (w.task_path IS NULL OR w.task_path = c.task_path)
+                    AND (w.queue IS NULL OR w.queue = c.queue))
 ){then}
 SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
@@ -1124,7 +1219,8 @@ state = 'cancelled', finished_at = now(), reason = ''
 -- hint channel ('cancel:<id>:<who>': queue names cannot hold a ':', so no pump mistakes it for
 -- a queue's hint); its heartbeat re-reads the request should the NOTIFY be lost. The first
 -- request's author stays: a second click changes nothing. Parameters: the selection's, who
--- cancels (text), the allowed states (text[]), then who cancels again (for the NOTIFY).
+-- cancels (text), the allowed states (text[]), the observed transitions (jsonb), then who
+-- cancels again (for the NOTIFY).
 -- A job cancelled at once (ready, or a workflow's waiting or held job) settles its dependents
 -- as a cancelled ancestor does (settle_dependents); a running one settles them when its
 -- worker writes the cancelled outcome.
@@ -1141,7 +1237,20 @@ WITH RECURSIVE target AS MATERIALIZED (
         cancel_requested_at = coalesce(j.cancel_requested_at, now())
     FROM target AS t
     WHERE j.id = t.id AND j.state = ANY(%s)
-    RETURNING j.id, t.state
+    RETURNING j.id, t.state, j.attempts, j.task_path, j.queue
+), noted AS (
+    -- A job cancelled at once gets its 'cancelled' transition here, for the observers that watch
+    -- it, as act_on_jobs notes its cancels (a running job's comes with its cancelled outcome,
+    -- from write_outcomes_many). Parameter: the observed transitions (jsonb).
+    INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
+    SELECT c.id, c.attempts, 'cancelled', c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', ''
+    FROM changed AS c
+    CROSS JOIN (SELECT %s::jsonb AS observed) AS k
+    WHERE c.state <> 'running'
+      AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
+                  WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = c.task_path)
+                    AND (w.queue IS NULL OR w.queue = c.queue))
 ), notified AS (
     SELECT count(pg_notify('backwave_hint', 'cancel:' || c.id::text || ':' || %s)) AS sent
     FROM changed AS c WHERE c.state = 'running'

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from inspect import iscoroutinefunction
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -47,6 +48,10 @@ class BackWaveTask(Task):
     retry_on: tuple[type[BaseException], ...] = ()
     discard_on: tuple[type[BaseException], ...] = ()
     backoff: Callable[[int, BaseException], float | timedelta | None] | None = None
+    # Effect-once for database work: the handler runs inside a transaction on the job's database,
+    # and its success is written, fenced by the lease, in that same transaction (README, "Atomic
+    # tasks"). Sync tasks only.
+    atomic: bool = False
 
     def __post_init__(self):
         for name in ("tags", "retry_on", "discard_on"):
@@ -69,8 +74,14 @@ class BackWaveTask(Task):
         backoff_max=None,
         tags=None,
         timeout=None,
+        atomic=None,
     ):
         """A copy of the task with other defaults: Django's options plus BackWave's."""
+        if atomic is not None:
+            raise InvalidTask(
+                f"atomic of task {self.module_path!r} cannot be set with .using(): the worker runs the task registered under "
+                "that name, so declare it where the task is defined, @task(atomic=True)."
+            )
         options = {
             "priority": priority,
             "queue_name": queue_name,
@@ -162,6 +173,14 @@ def validate_backwave_options(task) -> None:
         if value is not None and not _is_seconds(value):
             raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 (or None for the default), got {value!r}.")
     validate_control_options(task)
+    atomic = getattr(task, "atomic", False)
+    if not isinstance(atomic, bool):
+        raise InvalidTask(f"atomic of task {path!r} must be True or False, got {atomic!r}.")
+    if atomic and iscoroutinefunction(task.func):
+        raise InvalidTask(
+            f"task {path!r} is an async def and cannot be atomic: its transaction would have to span awaits on one "
+            "connection, which Django's atomic() does not do; make it a plain def, or leave atomic off."
+        )
     tags = getattr(task, "tags", ())
     if isinstance(tags, str) or not isinstance(tags, tuple):
         raise InvalidTask(f"tags of task {path!r} must be a list or tuple of strings, got {tags!r}" + (f"; did you mean ({tags!r},)?" if isinstance(tags, str) else "."))

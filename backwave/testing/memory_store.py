@@ -28,17 +28,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from backwave.core.jobs import ClaimedJob
 
 from backwave.store.contract import (
-    Applied, DependencyRefused, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth, ScheduleDefinition,
-    ScheduleSlot, StoreError,
+    NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth,
+    ScheduleDefinition, ScheduleSlot, StoreError, TransitionRecord,
 )
 from backwave.store.params import (
-    applied_from_rows, claim_statement, dependency_refusal, heartbeat_params, insert_statement, known_params, lease_seconds,
-    outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, delivery_params, dependency_refusal, heartbeat_params, insert_statement, known_params,
+    lease_seconds, outcome_batch, write_isolating, write_then_claim,
 )
 from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 
@@ -210,6 +211,47 @@ class PumpRow:
         return self.worker_id
 
 
+@dataclass(slots=True, kw_only=True)
+class TransitionRow:
+    """A row of backwave_transition."""
+
+    id: int
+    job_id: int
+    attempt: int
+    kind: str
+    task_path: str
+    queue: str
+    occurred_at: datetime
+    state: str = "pending"
+    deliveries: int = 0
+    next_attempt_at: datetime
+    claim_token: uuid.UUID | None = None
+    delivered_to: list[str] = field(default_factory=list)
+    failed_observer: str = ""
+    last_error: str = ""
+
+
+@lru_cache(maxsize=64)
+def _watch_rules(observed: str) -> tuple[tuple[str, str | None, str | None], ...]:
+    return tuple((w["kind"], w["task_path"], w["queue"]) for w in json.loads(observed))
+
+
+def _watched(observed: str, kind: str, job: JobRow) -> bool:
+    """The "observed" EXISTS of the statements that note transitions."""
+    if observed == NOTHING_OBSERVED:
+        return False
+    return any(k == kind and t in (None, job.task_path) and q in (None, job.queue) for k, t, q in _watch_rules(observed))
+
+
+def _note(db: MemoryDatabase, now: datetime, observed: str, job: JobRow, attempt: int, kind: str) -> None:
+    if _watched(observed, kind, job):
+        db.last_transition_id += 1
+        db.transitions[db.last_transition_id] = TransitionRow(
+            id=db.last_transition_id, job_id=job.id, attempt=attempt, kind=kind, task_path=job.task_path, queue=job.queue,
+            occurred_at=now, next_attempt_at=now,
+        )
+
+
 def _room(db, queue: str, limit: int) -> int:
     """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it."""
     concurrency_limit, paused = db.queues.get(queue, (None, False))
@@ -235,8 +277,10 @@ class MemoryDatabase:
     queues: dict[str, tuple[int | None, bool]] = field(default_factory=dict)
     # backwave_dependency: (job_id, ancestor_id) -> (on_failure, position).
     dependencies: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
+    transitions: dict[int, TransitionRow] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_id: int = 0
+    last_transition_id: int = 0
     last_schedule_id: int = 0
 
     def attempt_log(self) -> list[AttemptRow]:
@@ -270,6 +314,7 @@ class InMemoryStore:
         self.database = database
         self.round_trips = 0  # operations that would have reached the server, as PostgresStore counts them
         self._closed = False
+        self.observed = NOTHING_OBSERVED  # which transitions the outcome operations note
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -366,6 +411,7 @@ class InMemoryStore:
                     lease_renewed_at=max(lease.renewed_at, job.last_attempted_at) if job.last_attempted_at else lease.renewed_at,
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
+                _note(db, now, self.observed, job, job.attempts, "lapsed")  # the "noted" CTE
             settle_dependents(db, now, failed_for_good)
             return len(released)
 
@@ -395,6 +441,7 @@ class InMemoryStore:
             rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
                 applied, released = self._write(db, now, lease_id, rows)
+                self._note_outcomes(db, now, rows, applied)
                 return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim[1])
 
         return write_then_claim(
@@ -406,7 +453,61 @@ class InMemoryStore:
         rows, replaced = _outcome_rows(lease_id, outcomes)
         with self._operation() as (db, now):
             applied, released = self._write(db, now, lease_id, rows)
+            self._note_outcomes(db, now, rows, applied)
         return applied_from_rows([(job_id, released) for job_id in applied], replaced)
+
+    def _note_outcomes(self, db: MemoryDatabase, now: datetime, rows: list[dict[str, Any]], applied: set[int]) -> None:
+        """write_outcomes_many's "noted" CTE: a transition per applied outcome observers watch."""
+        for row in rows:
+            if row["job_id"] in applied:
+                kind = "retried" if row["kind"] == "retry" else row["kind"]
+                _note(db, now, self.observed, db.jobs[row["job_id"]], row["attempt"], kind)
+
+    # -- transition observers -------------------------------------------------------------------
+
+    def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
+        """Claim up to ``limit`` due transitions under ``token`` for ``lease`` seconds."""
+        if limit <= 0:
+            return []
+        lease = lease_seconds(lease)
+        with self._operation() as (db, now):
+            due = sorted(
+                (t for t in db.transitions.values() if t.state == "pending" and t.next_attempt_at <= now),
+                key=lambda t: (t.next_attempt_at, t.id),
+            )[:limit]
+            claimed = []
+            for row in due:
+                row.claim_token = token
+                row.deliveries += 1
+                row.next_attempt_at = now + timedelta(seconds=lease)
+                claimed.append(TransitionRecord(
+                    id=row.id, job_id=row.job_id, attempt=row.attempt, kind=row.kind, task_path=row.task_path, queue=row.queue,
+                    occurred_at=row.occurred_at, deliveries=row.deliveries, delivered_to=tuple(row.delivered_to),
+                ))
+            return sorted(claimed, key=lambda t: t.id)
+
+    def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:
+        """Delete what was delivered, keep what failed (due later, or dead); fenced by ``token``."""
+        if not results:
+            return set()
+        rows = json.loads(delivery_params(token, results)["results"])
+        with self._operation() as (db, now):
+            settled = set()
+            for result in rows:
+                row = db.transitions.get(result["id"])
+                if row is None or row.claim_token != token or row.state != "pending":
+                    continue
+                settled.add(row.id)
+                if result["failed_observer"] is None:
+                    del db.transitions[row.id]
+                    continue
+                row.delivered_to = [*row.delivered_to, *result["delivered"]]
+                row.failed_observer = result["failed_observer"]
+                row.last_error = result["error"]
+                row.state = "dead" if result["dead"] else "pending"
+                row.next_attempt_at = _later(now, max(result["retry_delay"], 0.0))
+                row.claim_token = None
+            return settled
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -46,8 +47,10 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
-from backwave.shell.execution import AttemptControls, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from backwave.observers import Observer, ObserverRegistry
+from backwave.shell.execution import AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished
 from backwave.shell.executor import Executor, lease_ids_from
+from backwave.shell.observers import deliver
 from backwave.tasking.registry import TaskRegistry
 
 from .clock import VirtualClock
@@ -75,6 +78,8 @@ class DrainResult:
     snoozed: int = 0  # backwave.Snooze: the job runs again after its delay, the attempt not counted
     cancelled: int = 0  # cancelled while it ran (backwave.cancel, the admin)
     attempts: tuple[AttemptReport, ...] = ()
+    delivered: int = 0  # transitions whose observers all ran (see backwave.observers)
+    undelivered: int = 0  # delivery tries that failed (an observer raised): retried after their backoff
 
     @property
     def errors(self) -> list[tuple[int, str, str]]:
@@ -113,12 +118,16 @@ class DeterministicPump:
         database: str = "default",
         worker_id: str = "backwave-test:0",
         seed: int = 0,
+        observers: Iterable[Observer | ModuleType | str] | None = None,
         **overrides,
     ):
         self.registry = _registry(tasks)
+        self.observers = _observers(observers)
         self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database)
         self.clock = VirtualClock()
         self.store = DjangoConnectionStore(database, clock=self.clock)
+        self.store.observed = self.observers.observed
+        self.delivery_options = conf.delivery_options()
         self.driver = NodeDriver(self.options)
         self.worker_id = worker_id
         self.attempts: list[AttemptReport] = []  # every attempt this pump ran, in order
@@ -151,7 +160,7 @@ class DeterministicPump:
     def drain(self, *, limit: int = DEFAULT_LIMIT) -> DrainResult:
         """Run every job that is due now, and the jobs those enqueue, until none is left."""
         with self._turn():
-            first, self._counts = len(self.attempts), dict.fromkeys(_KIND_FIELD.values(), 0)
+            first, self._counts = len(self.attempts), dict.fromkeys((*_KIND_FIELD.values(), "delivered", "undelivered"), 0)
             self._first, self._stop_after = first, first + limit
             if self.driver.state is State.NEW:
                 self._start()
@@ -168,6 +177,9 @@ class DeterministicPump:
                 if self.driver.state is not State.RUNNING:
                     raise PumpStuck(f"the pump is {self.driver.state.value} and cannot run jobs until time passes; call advance()")
                 if self.driver.idle and (quiet_hints >= 2 or not self.store.has_due_jobs(self.options.policy.queues)):
+                    if self._deliver():
+                        quiet_hints = 0  # observers ran, and may have enqueued jobs
+                        continue
                     break
                 ran = len(self.attempts)
                 self._process(ev.HintReceived(now=now))
@@ -245,7 +257,9 @@ class DeterministicPump:
 
             report = async_to_sync(run_attempt_async)(job, **arguments, enter=self._scope.enter, leave=self._scope.leave)
         else:
-            report = run_attempt(job, **arguments, enter=self._scope.enter, leave=self._scope.leave)
+            report = run_attempt(job, **arguments, enter=self._scope.enter, leave=self._scope.leave, commit=self._commit(job))
+        if report.result == "committed":
+            self._counts["succeeded"] = self._counts.get("succeeded", 0) + 1  # written by the attempt itself
         self.attempts.append(report)
         self._channel.append(
             ev.JobFinished(
@@ -253,6 +267,30 @@ class DeterministicPump:
                 delay=report.delay, report=report,
             )
         )
+
+    def _commit(self, job) -> Commit | None:
+        """An atomic task's outcome is written by this pump's store (the test's connection, the
+        virtual clock), inside the attempt's transaction, under the driver's lease."""
+        if not is_atomic(job, self.registry):
+            return None
+        lease_id = self.driver.lease_id
+        return Commit(alias=self._database, write=lambda _connection, record: self.store.write_outcomes_many(lease_id=lease_id, outcomes=[record]))
+
+    def _deliver(self) -> int:
+        """One delivery pass of the due transitions to the observers, inline, each call in the
+        attempt scope; how many it claimed."""
+        if not len(self.observers):
+            return 0
+        token = uuid.UUID(int=self._random.getrandbits(128), version=4)
+        records = self.store.claim_transitions(token=token, limit=self.delivery_options.batch, lease=self.delivery_options.lease)
+        if not records:
+            return 0
+        results = deliver(records, self.observers, options=self.delivery_options, jitter=self._random.random, enter=self._scope.enter, leave=self._scope.leave)
+        self.store.settle_transitions(token=token, results=results)
+        for result in results:
+            key = "delivered" if result.failed_observer is None else "undelivered"
+            self._counts[key] = self._counts.get(key, 0) + 1
+        return len(records)
 
     def _applied(self, outcome, written) -> None:
         """Count what the store applied (as it was written) and send task_finished for it."""
@@ -325,6 +363,21 @@ def _aborted(connection) -> bool:
 
     raw = connection.connection
     return connection.needs_rollback or (raw is not None and raw.info.transaction_status == TransactionStatus.INERROR)
+
+
+def _observers(observers) -> ObserverRegistry:
+    if observers is None:
+        return ObserverRegistry.discover(conf.get_setting("TASK_MODULES"))
+    found: list[Observer] = []
+    for item in observers:
+        if isinstance(item, Observer):
+            found.append(item)
+            continue
+        module = importlib.import_module(item) if isinstance(item, str) else item
+        if not isinstance(module, ModuleType):
+            raise TypeError(f"observers= takes functions decorated with @observe, modules or module paths, got {item!r}")
+        found.extend(value for value in vars(module).values() if isinstance(value, Observer))
+    return ObserverRegistry(found)
 
 
 def _registry(tasks) -> TaskRegistry:

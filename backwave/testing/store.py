@@ -32,7 +32,7 @@ import psycopg
 from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import JsonbLoader
 
-from backwave.store.contract import NewJob, StoreError, TransientStoreError
+from backwave.store.contract import NOTHING_OBSERVED, NewJob, StoreError, TransientStoreError
 from backwave.store.params import insert_statement, inserted_ids
 from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
@@ -66,6 +66,7 @@ class DjangoConnectionStore(PostgresStore):
         # reaches the server; write_outcomes_then_claim is one although Django cannot pipeline it).
         self.round_trips = 0
         self._closed = False
+        self.observed = NOTHING_OBSERVED
 
     @property
     def backend_pid(self) -> int:

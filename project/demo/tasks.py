@@ -43,3 +43,34 @@ def email_job():
 def noop(n):
     """Does nothing: what bench/throughput.py drains to measure the engine itself."""
     return n
+
+
+# bench/atomic.py: the same database work, plain and effect-once. The table is the benchmark's
+# own (it creates it), one row per job.
+BENCH_EFFECTS = "bench_effect"
+
+
+def _write_effect(n):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {BENCH_EFFECTS} (n) VALUES (%s)", [n])
+    return n
+
+
+@task(queue_name="bench")
+def write_effect(n):
+    """One INSERT that commits on its own (autocommit), its outcome written later in a batch."""
+    return _write_effect(n)
+
+
+@task(queue_name="bench", atomic=True)
+def write_effect_atomically(n):
+    """The same INSERT, committed with its fenced outcome in one transaction (effect-once)."""
+    return _write_effect(n)
+
+
+@task(queue_name="bench", atomic=True)
+def noop_atomically(n):
+    """noop as an atomic task: what the transaction and the per-job outcome statement cost alone."""
+    return n

@@ -13,8 +13,8 @@ from django.db.models.functions import Now
 from backwave.models import Attempt, Job, Pump, Schedule
 from tests.factories import JobFactory, make_lease
 
-VIEW_PERMISSIONS = ["view_job", "view_queue", "view_pump", "view_schedule"]
-ACTION_PERMISSIONS = ["retry_job", "cancel_job", "pause_queue", "limit_queue", "toggle_schedule"]
+VIEW_PERMISSIONS = ["view_job", "view_queue", "view_pump", "view_schedule", "view_transition"]
+ACTION_PERMISSIONS = ["retry_job", "cancel_job", "pause_queue", "limit_queue", "toggle_schedule", "redeliver_transition"]
 
 
 def staff_user(username: str, codenames: list[str]) -> User:

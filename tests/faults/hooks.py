@@ -12,6 +12,9 @@ the patches once the app registry is ready. Keys:
 * ``halt_on_task``: a pump that claims a first attempt of this task feeds its driver an event
   the driver must refuse (an outcome write that was never sent): an invariant violation.
 * ``worker_groups`` / ``schedules`` / ``queues``: BACKWAVE['WORKER_GROUPS'] / ['SCHEDULES'] / ['QUEUES'].
+* ``backwave``: any other BACKWAVE settings (e.g. ``{"OBSERVER_POLL_INTERVAL": 0.05}``).
+
+The app also brings ``tests/faults/observers.py``, the observers of the observer tests.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def settings_for(backwave: dict) -> dict:
         backwave["SCHEDULES"] = spec["schedules"]
     if "queues" in spec:
         backwave["QUEUES"] = spec["queues"]
+    backwave.update(spec.get("backwave", {}))
     return backwave
 
 

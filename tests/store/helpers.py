@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule
+from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule, Transition
 from backwave.testing.memory_store import AttemptRow, MemoryDatabase
 from backwave.store.queries import QUERIES
 from tests.factories import JobFactory
@@ -108,6 +108,14 @@ class PostgresRows:
 
     def attempts(self) -> list[Attempt]:
         return list(Attempt.objects.all())
+
+    def transitions(self) -> list[Transition]:
+        return list(Transition.objects.order_by("id"))
+
+    def lapse_transition_claims(self) -> None:
+        """Every claimed transition's claim lapsed a second ago (its claimer died)."""
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE backwave_transition SET next_attempt_at = statement_timestamp() - interval '1 second'")
 
     def add_attempt(self, *, job_id: int, number: int, state: str, worker_id: str) -> None:
         Attempt.objects.create(job_id=job_id, number=number, state=state, worker_id=worker_id)
@@ -230,6 +238,13 @@ class MemoryRows:
 
     def attempts(self) -> list:
         return self.database.attempt_log()
+
+    def transitions(self) -> list:
+        return [self.database.transitions[key] for key in sorted(self.database.transitions)]
+
+    def lapse_transition_claims(self) -> None:
+        for row in self.database.transitions.values():
+            row.next_attempt_at = self.now() - timedelta(seconds=1)
 
     def add_attempt(self, *, job_id: int, number: int, state: str, worker_id: str) -> None:
         self.database.attempts[(job_id, number)] = AttemptRow(

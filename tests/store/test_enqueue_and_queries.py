@@ -55,6 +55,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",
         # workflows: the dependent enqueue, the outcome write's lock, the shared settling CTEs
         "enqueue_with_dependencies", "lock_outcome_jobs", "settle_dependents",
+        "claim_transitions", "settle_transitions",  # the observer loop's
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "cancel_jobs", "set_schedules_enabled", "upsert_queues",
         "retry_job_dependents", "cancel_job_dependents", "ancestor_outputs", "admin_job_links",

@@ -134,7 +134,7 @@ def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
          "traceback": "", "duration": 0, "progress": None, "metadata": None, "output": None, "tag_add": None, "tag_remove": None}
         for job_id, _ in running
     ])
-    nodes = explain("write_outcomes_many", {"lease_id": running[0][1], "outcomes": outcomes})
+    nodes = explain("write_outcomes_many", {"lease_id": running[0][1], "outcomes": outcomes, "observed": "[]"})
     dependency_reads = [n for n in nodes if n.get("Relation Name") == "backwave_dependency"]
     assert dependency_reads and all(n["Node Type"] != "Seq Scan" for n in dependency_reads), [
         (n["Node Type"], n.get("Index Name")) for n in dependency_reads
@@ -161,3 +161,59 @@ def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
         (n["Node Type"], n.get("Index Name")) for n in job_scans
     ]
     assert all(n["Node Type"] != "Seq Scan" for n in nodes if n.get("Relation Name") == "backwave_job")
+
+
+@pytest.fixture
+def transitions_backlog(transactional_db):
+    """50,000 transitions, 49,000 of them dead or due later (a backlog the loop must not scan)."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state, deliveries,
+                                             next_attempt_at, delivered_to, failed_observer, last_error)
+            SELECT g, 1, 'succeeded', 't.t', 'default', now(), CASE WHEN g % 2 = 0 THEN 'dead' ELSE 'pending' END, 1,
+                   CASE WHEN g <= 1000 THEN now() - interval '1 second' ELSE now() + interval '1 hour' END, '{}', '', ''
+            FROM generate_series(1, 50000) AS g
+        """)
+        cursor.execute("ANALYZE backwave_transition")
+
+
+def test_the_observer_loops_claim_reads_the_due_index_in_order(transitions_backlog):
+    nodes = explain("claim_transitions", {"token": uuid.uuid4(), "limit": 32, "lease": 60.0})
+    scans = [n for n in nodes if n.get("Relation Name") == "backwave_transition" and "Scan" in n["Node Type"]]
+    assert [n["Node Type"] for n in scans] == ["Index Scan", "Index Scan"], scans  # the pick, then the UPDATE by id
+    assert [n["Index Name"] for n in scans] == ["backwave_transition_due", "backwave_transition_pkey"]
+    assert not [n for n in nodes if n["Node Type"] == "Sort"]
+
+
+def _job_reads_of_a_write(observed: str) -> int:
+    """Run write_outcomes_many under EXPLAIN ANALYZE for the 20 jobs of one of the backlog's
+    leases: how many plan nodes read backwave_job at least once."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' AND lease_id = "
+            "(SELECT lease_id FROM backwave_job WHERE state = 'running' LIMIT 1)"
+        )
+        running = cursor.fetchall()
+        outcomes = json.dumps([
+            {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0, "boxed": {"v": None},
+             "error_class": "", "traceback": "", "duration": 0.001}
+            for _, job_id, attempt in running
+        ])
+        cursor.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {QUERIES['write_outcomes_many']}",
+            {"lease_id": running[0][0], "outcomes": outcomes, "observed": observed},
+        )
+        (document,) = cursor.fetchone()
+    plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+    return sum(1 for n in plan_nodes(plan) if n.get("Relation Name") == "backwave_job" and n.get("Actual Loops", 0) > 0)
+
+
+def test_an_outcome_write_with_nothing_observed_never_reads_for_transitions(backlog):
+    """The "noted" CTE's gate is a one-time filter: with no observer its probe of the job table
+    never runs; with one it is one more (primary-key) read for the batch."""
+    quiet = _job_reads_of_a_write("[]")
+    watched = _job_reads_of_a_write(json.dumps([{"kind": "succeeded", "task_path": None, "queue": None}]))
+    assert watched == quiet + 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM backwave_transition")
+        assert cursor.fetchone() == (20,)  # the second write's 20 outcomes, noted

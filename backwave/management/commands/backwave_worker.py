@@ -16,11 +16,13 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf
 from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
 from backwave.databases import database_problem, place_groups, write_queue_settings
+from backwave.observers import ObserverRegistry
 from backwave.tasking.registry import TaskRegistry
 from backwave.shell.supervisor import REPLACE_ME, SUPERVISED_ENV, Supervisor
 from backwave.shell.worker import Worker
@@ -98,8 +100,10 @@ class Command(BaseCommand):
                 health_port=options["health_port"],
                 health_host=options["health_host"],
                 hard_time_limit=options["hard_time_limits"],
+                observers=ObserverRegistry.discover(conf.get_setting("TASK_MODULES")),
+                delivery_options=conf.delivery_options(),
             )
-        except (WorkerGroupConfigError, ValueError) as error:
+        except (WorkerGroupConfigError, ValueError, ImproperlyConfigured) as error:
             raise CommandError(str(error)) from error
         except OSError as error:  # the health port is taken or the address is not ours
             raise CommandError(f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}") from error

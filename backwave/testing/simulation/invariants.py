@@ -7,7 +7,8 @@ concurrency limits, one live lease per running attempt), the checks the widening
   their process (``process_killed_by``), but for the cases README's "What a crash costs" names:
   a crash costs the job that crashed, not its batch-mates;
 - a task_finished receiver sees only outcomes that were applied, each once (``notified``,
-  ``written``, ``over``);
+  ``written``, ``over``); a transition observer sees each applied outcome and lapse once, by
+  its attempt row, and nothing the fence refused (``transition_delivered``, ``over``);
 - once every job has finished and every pump is at rest, no pump keeps anything of an attempt
   it will never hear of again (``at_rest``);
 - and in world.py: a claimed job finds a free worker thread at once, only the pump's own thread
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from .world import Node, SimPump, World
 
 FINAL = frozenset({"succeeded", "failed", "cancelled", "quarantined"})
+# The attempt row a transition of each kind goes with (both are written by one statement).
+_ATTEMPT_OF_TRANSITION = {
+    "succeeded": "succeeded", "failed": "failed", "retried": "failed", "quarantined": "quarantined", "lapsed": "lapsed",
+    "cancelled": "cancelled",
+}
+# Attempt rows no observer can watch: a snooze is not a transition (the job only waits again).
+_UNOBSERVABLE_ATTEMPTS = frozenset({"snoozed"})
 
 
 class SimulationBug(AssertionError):
@@ -47,6 +55,7 @@ class Invariants:
         # by (job, attempt, the lease the attempt ran under).
         self.notifications: Counter[tuple[int, int, uuid.UUID]] = Counter()
         self.applied: set[tuple[int, int, uuid.UUID]] = set()
+        self.delivered: dict[tuple[int, int], str] = {}  # (job, attempt) -> the transition observers saw
         self.lease_owner: dict[uuid.UUID, SimPump] = {}
         self.claimed_under: dict[tuple[int, int], uuid.UUID] = {}  # (job, attempt) -> lease
         self.executing: dict[int, list[tuple[SimPump, uuid.UUID, int]]] = {}  # job -> (pump, lease, attempt) per live worker
@@ -205,6 +214,7 @@ class Invariants:
         """The run is over: every outcome that will ever be applied has been."""
         if not self.world.config.observers:
             return
+        self._check_every_transition_delivered()
         unapplied = sorted((job_id, attempt) for (job_id, attempt, lease), count in self.notifications.items() if count and (job_id, attempt, lease) not in self.applied)
         if unapplied:
             shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in unapplied[:8])
@@ -212,6 +222,33 @@ class Invariants:
                 f"task_finished receivers saw {len(unapplied)} attempt(s) end whose outcome was never applied ({shown}): "
                 "given up with a lost lease, dropped, or refused"
             )
+
+    # ---- transition observers ---------------------------------------------------------------
+
+    def transition_delivered(self, db: MemoryDatabase, record) -> None:
+        """An observer received ``record``: it must be an outcome (or a lapse) the store applied,
+        recorded by its attempt row, and the only transition of that attempt."""
+        key = (record.job_id, record.attempt)
+        if key in self.delivered:
+            raise SimulationBug(f"observers saw attempt {record.attempt} of job {record.job_id} end twice ({self.delivered[key]}, then {record.kind})")
+        row = db.attempts.get(key)
+        expected = _ATTEMPT_OF_TRANSITION[record.kind]
+        if row is None or row.state != expected:
+            shown = "no attempt row" if row is None else f"its attempt row says {row.state}"
+            raise SimulationBug(
+                f"an observer saw attempt {record.attempt} of job {record.job_id} end {record.kind}, and {shown}: "
+                "observers saw an outcome that was never applied (a refused one?)"
+            )
+        self.delivered[key] = record.kind
+
+    def _check_every_transition_delivered(self) -> None:
+        missed = sorted(
+            key for db in self.world.databases for key, row in db.attempts.items()
+            if key not in self.delivered and row.state not in _UNOBSERVABLE_ATTEMPTS
+        )
+        if missed:
+            shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in missed[:8])
+            raise SimulationBug(f"{len(missed)} applied attempt(s) reached no observer ({shown}): a transition was never noted, or lost")
 
     # ---- the pumps at rest --------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ class Config:
     lease_losses: bool = True  # one pump cut off from its database, handlers that hang
     pool_threads: bool = True  # pool_size handler threads per pump; an abandoned handler keeps its thread
     thread_checks: bool = True  # only the pump's own thread touches its driver
-    observers: bool = True  # task_finished receivers see each applied outcome once, and nothing else
+    observers: bool = True  # task_finished receivers and transition observers see each applied outcome once, and nothing else
     report_checks: bool = True  # once at rest, no pump keeps anything of an attempt it will never hear of again
     max_databases: int = 2  # databases a seed may draw; every node runs its pumps on each one
     dependencies: bool = True  # some jobs wait for earlier ones (after=, cancel or run on failure)

@@ -34,13 +34,15 @@ The shell's side channel. Besides the driver, the simulated pump mirrors what th
 pump does around it, where the shell-level defects live: each attempt's report rides on its
 JobFinished and Outcome into the write (``_job_done``); Django's task_finished is sent once the
 write's answer has arrived, for each outcome the executor says the store applied (``_answer``,
-``_send_task_finished``); and the hint listener's pre-check (``_hint``). These mirror
+``_send_task_finished``); the hint listener's pre-check (``_hint``); and the observer loop,
+which delivers the transitions a statement noted right after it ran (``_deliver_transitions``). These mirror
 backwave/shell/pump.py and execution.py; when those change, change them here the same way.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import random
 import uuid
 from collections import deque
@@ -54,7 +56,7 @@ from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.shell.executor import Executor, lease_ids_from
-from backwave.store.contract import After, DependencyRefused, NewJob, StoreError
+from backwave.store.contract import After, DeliveryResult, DependencyRefused, NewJob, StoreError
 from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
 
 from .faults import Faults
@@ -64,6 +66,9 @@ from .logbook import Logbook, fmt_command, fmt_event
 from .scenario import CRASH_TASK, TASK, Config, Scenario
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
+
+# What the simulated observer watches: every transition a worker applies.
+OBSERVE_EVERYTHING = json.dumps([{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")])
 
 # Job ids of database k start past k * JOB_ID_STRIDE, so that an id names one job in the whole run.
 JOB_ID_STRIDE = 1_000_000
@@ -169,6 +174,8 @@ class World(Faults):
         self.steps = 0
         self._heap: list = []
         self._seq = 0
+        self._observer_stores: dict[int, InMemoryStore] = {}
+        self._deliveries = 0
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -272,6 +279,8 @@ class World(Faults):
             new_lease_id=lease_ids_from(self.rng),
             on_applied=lambda outcome, written: pump.landed.append(outcome) if outcome.report is not None else None,
         )
+        if self.config.observers:
+            pump.store.observed = OBSERVE_EVERYTHING  # every outcome and lapse is noted for observers
         node.pumps[(database, index)] = pump
         self.pumps.append(pump)
         self.log.line(self.t, name, "start")
@@ -375,6 +384,8 @@ class World(Faults):
             self._observe(pump, batch, results)
             if _changed(results):
                 self.invariants.check_store()
+                if self.config.observers:
+                    self._deliver_transitions(pump.database)
             if fault == "after":  # committed, but the answer is lost: the pump hears of no write
                 pump.landed.clear()
                 results = pump.executor.failed(batch, pump.pending)
@@ -412,6 +423,23 @@ class World(Faults):
                     self.invariants.lease_owner[event.lease_id] = pump
                 case ev.SchedulesMinted() if event.minted:
                     raise SimulationBug("the simulation defines no schedules, yet one was minted")
+
+    def _deliver_transitions(self, database: int) -> None:
+        """The observer loop, run the moment a statement noted transitions: claim what is due on
+        that database and hand each to the observer the invariants keep. Inline, with no draw of
+        the random source and nothing scheduled, so enabling it changes no interleaving."""
+        if not self.databases[database].transitions:
+            return
+        store = self._observer_stores.get(database) or self._observer_stores.setdefault(database, InMemoryStore(self.databases[database]))
+        while True:
+            self._deliveries += 1
+            token = uuid.UUID(int=self._deliveries)
+            records = store.claim_transitions(token=token, limit=1000, lease=self.options.lease_duration)
+            if not records:
+                return
+            for record in records:
+                self.invariants.transition_delivered(self.databases[database], record)
+            store.settle_transitions(token=token, results=[DeliveryResult(id=record.id) for record in records])
 
     # ---- handlers -----------------------------------------------------------------------------
 

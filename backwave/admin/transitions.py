@@ -1,0 +1,74 @@
+"""The Transitions page: what the observer loop has still to deliver, and what it gave up on.
+
+A row is a transition some observer watches (backwave/observers.py), kept until every observer of
+it ran: pending ones wait for their next try (or a deliverer holds them), dead ones ran out of
+tries and wait for an operator. *Retry delivery* makes the chosen rows due at once with a full
+set of tries (the observers that already ran for a row are not run again); *Discard* deletes dead
+rows. Both need the ``redeliver_transition`` permission, and each is one statement.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models.functions import Now
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from ..models import DeliveryState, Transition
+from .common import BigintIds, EngineRows, RefuseUnpermittedActions, timestamp
+
+
+@admin.register(Transition)
+class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
+    changelist_title = "Transitions waiting for their observers (dead ones first)"
+    list_display = ("id", "state_shown", "kind", "job_link", "attempt", "task_path", "queue", "deliveries", "failed_observer", "error_shown", "due", "occurred")
+    list_display_links = ("id",)
+    list_filter = ("state", "kind", "queue")
+    search_fields = ("task_path", "failed_observer")
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = ["redeliver", "discard"]
+    fields = (
+        "id", "state", "kind", "job_link", "attempt", "task_path", "queue", "occurred_at", "deliveries", "next_attempt_at",
+        "delivered_to", "failed_observer", "last_error",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).order_by("state", "-id")  # 'dead' sorts before 'pending'
+
+    def has_redeliver_permission(self, request, obj=None):
+        return request.user.has_perm("backwave.redeliver_transition")
+
+    @admin.display(description="state", ordering="state")
+    def state_shown(self, obj):
+        if obj.state == DeliveryState.DEAD:
+            return format_html('<strong style="color:#ba2121">{}</strong>', "dead")
+        return obj.state
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, obj):
+        return format_html('<a href="{}">{}</a>', reverse("admin:backwave_job_change", args=[obj.job_id]), obj.job_id)
+
+    @admin.display(description="last error")
+    def error_shown(self, obj):
+        return Truncator(obj.last_error.strip().splitlines()[-1] if obj.last_error.strip() else "").chars(80)
+
+    @admin.display(description="next try", ordering="next_attempt_at")
+    def due(self, obj):
+        return "-" if obj.state == DeliveryState.DEAD else timestamp(obj.next_attempt_at)
+
+    @admin.display(description="occurred", ordering="occurred_at")
+    def occurred(self, obj):
+        return timestamp(obj.occurred_at)
+
+    @admin.action(description="Retry delivery now", permissions=["redeliver"])
+    def redeliver(self, request, queryset):
+        n = queryset.update(state=DeliveryState.PENDING, next_attempt_at=Now(), deliveries=0, claim_token=None)
+        messages.success(request, f"{n} transition{'' if n == 1 else 's'} due for delivery now.")
+
+    @admin.action(description="Discard (dead ones only)", permissions=["redeliver"])
+    def discard(self, request, queryset):
+        n, _ = queryset.filter(state=DeliveryState.DEAD).delete()
+        messages.success(request, f"Discarded {n} dead transition{'' if n == 1 else 's'}.")

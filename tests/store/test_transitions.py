@@ -1,0 +1,178 @@
+"""The durable record of applied transitions (backwave_transition), on every store kind: noted
+by the statement that applies the outcome for watched transitions only, never for one the fence
+refused; claimed with a token and a lease; settled (deleted, retried, dead), fenced by the token."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from backwave.core.jobs import OutcomeKind
+from backwave.store.contract import DeliveryResult, OutcomeRecord
+
+WATCH_ALL = json.dumps([{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")])
+
+
+def claim(store, lease, limit=10):
+    return store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=limit)
+
+
+def outcome(job, kind=OutcomeKind.SUCCEEDED, **fields):
+    return OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=kind, **fields)
+
+
+def noted(rows):
+    return sorted((t.job_id, t.attempt, t.kind) for t in rows.transitions())
+
+
+def test_nothing_is_noted_while_nothing_is_observed(store, lease, rows):
+    rows.make_jobs(2)
+    ok, failed = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ok), outcome(failed, OutcomeKind.FAILED)])
+    assert rows.transitions() == []
+
+
+def test_each_applied_outcome_is_noted_with_its_kind(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(4)
+    ok, retry, dead, unroutable = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(ok, return_value=1), outcome(retry, OutcomeKind.RETRY, retry_delay=5), outcome(dead, OutcomeKind.FAILED),
+        outcome(unroutable, OutcomeKind.QUARANTINED),
+    ])
+    assert noted(rows) == sorted([(ok.id, 1, "succeeded"), (retry.id, 1, "retried"), (dead.id, 1, "failed"), (unroutable.id, 1, "quarantined")])
+    assert {(t.state, t.deliveries, tuple(t.delivered_to), t.task_path, t.queue) for t in rows.transitions()} == {
+        ("pending", 0, (), ok.task_path, "default")}
+
+
+def test_an_outcome_the_fence_refuses_is_never_noted(store, lease, open_lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(2)
+    kept, lost = claim(store, lease)
+    rows.lapse(lease.id)
+    assert store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(kept), outcome(lost)]) == set()
+    assert rows.transitions() == []
+    # ... and a write by a lease that never held the job neither.
+    other = open_lease("host:2:default:0")
+    assert store.write_outcomes_then_claim(
+        lease_id=other.id, worker_id=other.worker_id, outcomes=[outcome(kept)], queues=["default"], limit=0
+    )[0] == set()
+    assert rows.transitions() == []
+
+
+def test_the_write_that_rides_a_claim_notes_its_outcomes_too(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(2)
+    (first,) = claim(store, lease, limit=1)
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(first)], queues=["default"], limit=1
+    )
+    assert applied == {first.id} and len(claimed) == 1
+    assert noted(rows) == [(first.id, 1, "succeeded")]
+
+
+def test_only_the_watched_kinds_tasks_and_queues_are_noted(store, lease, rows):
+    watched_task = "tests.store.watched"
+    store.observed = json.dumps([
+        {"kind": "failed", "task_path": None, "queue": None},
+        {"kind": "succeeded", "task_path": watched_task, "queue": None},
+        {"kind": "retried", "task_path": None, "queue": "emails"},
+    ])
+    rows.make_jobs(1, task_path=watched_task)
+    rows.make_jobs(3)
+    jobs = claim(store, lease)
+    watched = next(job for job in jobs if job.task_path == watched_task)
+    others = [job for job in jobs if job is not watched]
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[
+        outcome(watched), outcome(others[0]), outcome(others[1], OutcomeKind.FAILED), outcome(others[2], OutcomeKind.RETRY, retry_delay=1),
+    ])
+    assert noted(rows) == sorted([(watched.id, 1, "succeeded"), (others[1].id, 1, "failed")])
+
+
+def test_an_unstorable_success_is_noted_as_the_failure_that_was_written(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(1)
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, return_value=float("nan"))])
+    assert noted(rows) == [(job.id, 1, "failed")]
+
+
+def test_expiry_notes_a_lapsed_transition_per_released_job(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(2)
+    jobs = claim(store, lease)
+    rows.lapse(lease.id)
+    assert store.expire_leases(limit=10) == 2
+    assert noted(rows) == sorted((job.id, 1, "lapsed") for job in jobs)
+
+
+def test_a_claim_stamps_its_token_and_hides_the_rows_from_other_claimers(store, make_store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(3)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in claim(store, lease)])
+    other = make_store()
+    mine = store.claim_transitions(token=uuid.uuid4(), limit=2, lease=60)
+    theirs = other.claim_transitions(token=uuid.uuid4(), limit=10, lease=60)
+    assert len(mine) == 2 and len(theirs) == 1
+    assert {t.id for t in mine}.isdisjoint(t.id for t in theirs)
+    assert all(t.deliveries == 1 and t.kind == "succeeded" for t in (*mine, *theirs))
+    assert other.claim_transitions(token=uuid.uuid4(), limit=10, lease=60) == []
+
+
+def test_settling_deletes_the_delivered_and_keeps_the_failed(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(3)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in claim(store, lease)])
+    token = uuid.uuid4()
+    done, retried, dead = store.claim_transitions(token=token, limit=10, lease=60)
+    settled = store.settle_transitions(token=token, results=[
+        DeliveryResult(id=done.id, delivered=("a.b",)),
+        DeliveryResult(id=retried.id, delivered=("a.a",), failed_observer="a.b", error="Traceback: boom\x00", retry_delay=0),
+        DeliveryResult(id=dead.id, failed_observer="a.a", error="boom", dead=True),
+    ])
+    assert settled == {done.id, retried.id, dead.id}
+    left = {t.id: t for t in rows.transitions()}
+    assert set(left) == {retried.id, dead.id}
+    assert (left[retried.id].state, list(left[retried.id].delivered_to), left[retried.id].failed_observer) == ("pending", ["a.a"], "a.b")
+    assert left[retried.id].last_error == "Traceback: boom\\x00"  # a NUL shown escaped, as text can hold it
+    assert left[dead.id].state == "dead"
+    # The retry is due again at once (no delay); the dead one never is.
+    (again,) = store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60)
+    assert (again.id, again.deliveries, again.delivered_to) == (retried.id, 2, ("a.a",))
+
+
+def test_a_lapsed_claim_is_claimed_again_and_its_late_settle_changes_nothing(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(1)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in claim(store, lease)])
+    first = uuid.uuid4()
+    (claimed,) = store.claim_transitions(token=first, limit=10, lease=60)
+    assert store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60) == []  # held for its lease
+    rows.lapse_transition_claims()  # the first claimer died
+    second = uuid.uuid4()
+    (again,) = store.claim_transitions(token=second, limit=10, lease=60)
+    assert (again.id, again.deliveries) == (claimed.id, 2)
+    assert store.settle_transitions(token=first, results=[DeliveryResult(id=claimed.id)]) == set()
+    assert [t.id for t in rows.transitions()] == [claimed.id]
+    assert store.settle_transitions(token=second, results=[DeliveryResult(id=claimed.id)]) == {claimed.id}
+    assert rows.transitions() == []
+
+
+def test_claiming_or_settling_nothing_costs_no_round_trip(store):
+    before = store.round_trips
+    assert store.claim_transitions(token=uuid.uuid4(), limit=0, lease=60) == []
+    assert store.settle_transitions(token=uuid.uuid4(), results=[]) == set()
+    assert store.round_trips == before
+
+
+@pytest.mark.stores("postgres")
+def test_a_batch_with_observers_is_still_one_round_trip(store, lease, rows):
+    store.observed = WATCH_ALL
+    rows.make_jobs(5)
+    jobs = claim(store, lease)
+    before = store.round_trips
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in jobs])
+    assert store.round_trips == before + 1
+    assert len(rows.transitions()) == 5
