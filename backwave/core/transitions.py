@@ -19,8 +19,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | below)                                              |
     RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
                       |                  | heartbeat due: RenewLease; maintenance due:         |
-                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
-                      |                  | a full purge page: the next PurgeJobs;              |
+                      |                  | ExpireLeases, MintSchedules, RollUpStats,           |
+                      |                  | PurgeJobs, PurgePumps; a full rollup page: the next |
+                      |                  | RollUpStats; a full purge page: the next PurgeJobs; |
                       |                  | lease presumed lapsed: self-fence                   | OPENING
     RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
                       |                  | permitting (one pending-poll slot: a burst costs    |
@@ -46,9 +47,10 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | outside RUNNING and DRAINING nothing else executes  |
     any*              | HintReceived     | outside RUNNING: nothing                            | same
     any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
-                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
-                      | PumpsPurged,     |                                                     |
-                      | JobsPurged       |                                                     |
+                      | SchedulesMinted, | or rollup page goes on on the next tick in RUNNING  |
+                      | PumpsPurged,     | only                                                |
+                      | JobsPurged,      |                                                     |
+                      | StatsRolledUp    |                                                     |
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
                       | Tick             | ReleaseLease (gives back what did not finish)       |
@@ -115,7 +117,7 @@ class InvalidEvent(Exception):
 
 
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
-_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged})
+_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp})
 # What every state but NEW takes: timers, hints, handlers returning, faults, maintenance, a drain.
 _LIVE = frozenset({ev.Tick, ev.HintReceived, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
 # Answers to commands sent under a held lease.
@@ -138,6 +140,7 @@ ANSWERS: dict[type[ev.Event], type[cmd.Command]] = {
     ev.LeasesExpired: cmd.ExpireLeases,
     ev.SchedulesMinted: cmd.MintSchedules,
     ev.JobsPurged: cmd.PurgeJobs,
+    ev.StatsRolledUp: cmd.RollUpStats,
     ev.PumpsPurged: cmd.PurgePumps,
     ev.JobsReleased: cmd.ReleaseJobs,
     ev.LeaseReconciled: cmd.ReconcileLease,
