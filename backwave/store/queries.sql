@@ -573,6 +573,14 @@ WITH doomed AS MATERIALIZED (
         WHERE j.state = r.state
           AND j.state IN ('succeeded', 'failed', 'cancelled', 'quarantined')
           AND j.finished_at < now() - make_interval(secs => r.seconds)
+          -- Not before its attempts are in the task statistics (roll_up_task_stats, which
+          -- maintenance runs first): one probe of the (job_id, number) index per job. Without
+          -- the rollup's row (never in a migrated database) nothing is held back.
+          AND NOT EXISTS (
+              SELECT FROM backwave_attempt AS a
+              WHERE a.job_id = j.id
+                AND a.id > (SELECT w.watermark FROM backwave_stats_rollup AS w WHERE w.id = 1)
+          )
         ORDER BY j.finished_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -585,6 +593,138 @@ WITH doomed AS MATERIALIZED (
     RETURNING j.id
 )
 SELECT count(*) FROM deleted
+
+
+-- ---- per-task statistics -------------------------------------------------------------------------
+
+-- name: roll_up_task_stats
+-- Maintenance: fold up to %(limit)s finished attempts past the watermark into backwave_task_stat,
+-- one bucket per task, resolution (a minute, an hour) and time. Any number of nodes may run it at
+-- once: the rollup's one row is taken FOR UPDATE SKIP LOCKED, so one node rolls up and the others
+-- do nothing this time. A row missing (a flushed database) is written again, and rolls up nothing
+-- in that run.
+--
+-- How far is safe. Attempt ids come from a sequence, and a transaction may commit id 10 after
+-- id 11 is visible; a watermark moved past 11 would never see 10. So each run that has caught up
+-- takes a horizon (the sequence's last value) and notes pg_current_snapshot()'s xmax; a later run
+-- rolls up to that horizon only once no transaction older than that xmax is still running (the
+-- snapshot's in-progress list: our own transaction is never in it), or once the horizon is older
+-- than %(settle)s seconds, so a transaction left open elsewhere in the cluster delays the
+-- statistics by that much at most. An outcome write still open that long (one statement) would be
+-- left out of the statistics, and of nothing else.
+--
+-- Outcomes: a 'failed' attempt is "failed" when it was its job's last (the job is failed at that
+-- attempt now), else "retried". Durations are finished_at - started_at, which the outcome write
+-- records from the worker's own clock; a lapsed attempt has none (its end is when the lapse was
+-- noticed). The histogram bins are backwave/taskstats.py's bin_of(), computed here alike.
+WITH ensured AS (
+    INSERT INTO backwave_stats_rollup (id, watermark, horizon, horizon_xmax, rolled_up)
+    VALUES (1, 0, 0, 0, 0)
+    ON CONFLICT DO NOTHING
+), state AS MATERIALIZED (
+    SELECT r.watermark, r.horizon,
+           (NOT EXISTS (SELECT FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
+                        WHERE x.xid::text::bigint < r.horizon_xmax)
+            OR r.horizon_at IS NULL
+            OR r.horizon_at <= now() - make_interval(secs => %(settle)s)) AS settled
+    FROM backwave_stats_rollup AS r
+    WHERE r.id = 1
+    FOR UPDATE SKIP LOCKED
+), page AS MATERIALIZED (
+    SELECT a.id, a.job_id, a.number, a.state, a.started_at, a.finished_at
+    FROM state AS s
+    CROSS JOIN LATERAL (
+        SELECT a.*
+        FROM backwave_attempt AS a
+        WHERE s.settled AND a.id > s.watermark AND a.id <= s.horizon
+        ORDER BY a.id
+        LIMIT %(limit)s
+    ) AS a
+), fact AS (
+    SELECT j.task_path, p.finished_at, p.number > 1 AS rerun,
+           CASE WHEN p.state = 'failed' AND j.state = 'failed' AND j.attempts = p.number THEN 'failed'
+                WHEN p.state = 'failed' THEN 'retried'
+                ELSE p.state END AS outcome,
+           CASE WHEN p.state <> 'lapsed' AND p.started_at IS NOT NULL
+                THEN greatest(extract(epoch FROM p.finished_at - p.started_at)::float8, 0) END AS duration
+    FROM page AS p
+    JOIN backwave_job AS j ON j.id = p.job_id
+), binned AS (
+    SELECT f.task_path, f.outcome, f.rerun, f.duration, r.resolution,
+           to_timestamp(floor(extract(epoch FROM f.finished_at) / r.resolution) * r.resolution) AS bucket,
+           CASE WHEN f.duration IS NULL THEN NULL
+                WHEN f.duration < %(bin_base)s THEN 0
+                ELSE least(%(max_bin)s, floor(%(bins_per_octave)s * ln(f.duration / %(bin_base)s) / ln(2))::int + 1)
+           END AS bin
+    FROM fact AS f
+    CROSS JOIN (VALUES (60), (3600)) AS r(resolution)
+), histogram AS (
+    SELECT c.task_path, c.resolution, c.bucket, jsonb_object_agg(c.bin::text, c.n) AS bins
+    FROM (SELECT task_path, resolution, bucket, bin, count(*) AS n
+          FROM binned WHERE bin IS NOT NULL
+          GROUP BY task_path, resolution, bucket, bin) AS c
+    GROUP BY c.task_path, c.resolution, c.bucket
+), totals AS (
+    SELECT b.task_path, b.resolution, b.bucket,
+           count(*) FILTER (WHERE b.outcome = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE b.outcome = 'retried') AS retried,
+           count(*) FILTER (WHERE b.outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE b.outcome = 'quarantined') AS quarantined,
+           count(*) FILTER (WHERE b.outcome = 'lapsed') AS lapsed,
+           count(*) FILTER (WHERE b.rerun) AS reruns,
+           count(b.duration) AS timed,
+           coalesce(sum(b.duration), 0) AS duration_sum,
+           coalesce(max(b.duration), 0) AS duration_max
+    FROM binned AS b
+    GROUP BY b.task_path, b.resolution, b.bucket
+), upserted AS (
+    INSERT INTO backwave_task_stat AS t (task_path, resolution, bucket, succeeded, retried, failed,
+                                         quarantined, lapsed, reruns, timed, duration_sum,
+                                         duration_max, duration_histogram)
+    SELECT o.task_path, o.resolution, o.bucket, o.succeeded, o.retried, o.failed, o.quarantined,
+           o.lapsed, o.reruns, o.timed, o.duration_sum, o.duration_max, coalesce(h.bins, '{}'::jsonb)
+    FROM totals AS o
+    LEFT JOIN histogram AS h USING (task_path, resolution, bucket)
+    ON CONFLICT (resolution, bucket, task_path) DO UPDATE
+    SET succeeded = t.succeeded + excluded.succeeded,
+        retried = t.retried + excluded.retried,
+        failed = t.failed + excluded.failed,
+        quarantined = t.quarantined + excluded.quarantined,
+        lapsed = t.lapsed + excluded.lapsed,
+        reruns = t.reruns + excluded.reruns,
+        timed = t.timed + excluded.timed,
+        duration_sum = t.duration_sum + excluded.duration_sum,
+        duration_max = greatest(t.duration_max, excluded.duration_max),
+        duration_histogram = (
+            SELECT coalesce(jsonb_object_agg(e.bin, e.n), '{}'::jsonb)
+            FROM (SELECT m.key AS bin, sum(m.value::bigint) AS n
+                  FROM (SELECT * FROM jsonb_each_text(t.duration_histogram)
+                        UNION ALL
+                        SELECT * FROM jsonb_each_text(excluded.duration_histogram)) AS m
+                  GROUP BY m.key) AS e
+        )
+    RETURNING 1
+), paged AS (
+    SELECT count(*) AS n, max(id) AS last_id FROM page
+), moved AS (
+    UPDATE backwave_stats_rollup AS r
+    SET watermark = CASE WHEN p.n = %(limit)s THEN p.last_id
+                         WHEN s.settled THEN s.horizon
+                         ELSE r.watermark END,
+        horizon = CASE WHEN s.settled AND p.n < %(limit)s
+                       THEN coalesce(pg_sequence_last_value(pg_get_serial_sequence('backwave_attempt', 'id')::regclass), 0)
+                       ELSE r.horizon END,
+        horizon_xmax = CASE WHEN s.settled AND p.n < %(limit)s
+                            THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+                            ELSE r.horizon_xmax END,
+        horizon_at = CASE WHEN s.settled AND p.n < %(limit)s THEN now() ELSE r.horizon_at END,
+        rolled_up = r.rolled_up + p.n,
+        rolled_at = now()
+    FROM state AS s, paged AS p
+    WHERE r.id = 1
+    RETURNING p.n
+)
+SELECT coalesce((SELECT n FROM moved), 0), (SELECT count(*) FROM upserted)
 
 
 -- ---- pump health -------------------------------------------------------------------------------

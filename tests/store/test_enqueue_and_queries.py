@@ -50,7 +50,7 @@ def test_every_statement_the_store_uses_is_loaded():
     assert set(QUERIES) == {
         "open_lease", "renew_lease", "release_lease", "claim_jobs_one_queue", "claim_jobs_many_queues",
         "write_outcomes_many", "release_jobs_many", "expire_leases",
-        "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
+        "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs", "roll_up_task_stats",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs",
         # the operator's statements (backwave/store/operator.py), on Django's connection
