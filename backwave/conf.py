@@ -82,6 +82,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # Seconds between the refreshes of the admin's live pages (dashboard, queues, pumps, jobs);
+    # 0 turns them off. A page never refreshes while rows are selected or a field has focus.
+    "ADMIN_REFRESH_SECONDS": 5,
 }
 
 # The defaults are Retention's own (backwave/core/options.py), so they are written down once.
@@ -248,6 +251,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "ADMIN_REFRESH_SECONDS": _int_at_least(0),
     "DATABASE": _alias,
 }
 

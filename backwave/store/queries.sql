@@ -1052,3 +1052,134 @@ GROUP BY l.worker_id
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+
+
+-- ---- the dashboard and the task statistics page -------------------------------------------------
+
+-- name: admin_rollup_status
+-- Where the statistics stand: the rollup's watermark and last run (any node's: the dashboard's
+-- "last maintenance"), and how many attempts are not rolled up yet, counted up to "limit" along
+-- the attempt table's primary key.
+SELECT w.watermark, w.rolled_at, statement_timestamp() - w.rolled_at,
+       (SELECT count(*) FROM (SELECT FROM backwave_attempt AS a WHERE a.id > w.watermark LIMIT %(limit)s) AS c),
+       statement_timestamp()
+FROM (SELECT coalesce(max(r.watermark), 0) AS watermark, max(r.rolled_at) AS rolled_at
+      FROM backwave_stats_rollup AS r WHERE r.id = 1) AS w
+
+
+-- name: admin_stats_series
+-- Attempts per bucket over the last "seconds": succeeded and not (retried, failed, quarantined,
+-- lapsed), all tasks together. The rolled-up buckets are read through the unique (resolution,
+-- bucket, task_path) index; the attempts past the watermark (two maintenance runs at most, when
+-- maintenance keeps up) are read live along the primary key, at most "tail" of them, so the last
+-- minutes are drawn before the rollup has them. Buckets start at whole multiples of the
+-- resolution (UTC), as the rollup's do.
+WITH w AS (
+    SELECT coalesce((SELECT r.watermark FROM backwave_stats_rollup AS r WHERE r.id = 1), 0) AS watermark,
+           to_timestamp(floor(extract(epoch FROM statement_timestamp() - make_interval(secs => %(seconds)s))
+                              / %(resolution)s) * %(resolution)s) AS since
+), rolled AS (
+    SELECT s.bucket, sum(s.succeeded) AS succeeded, sum(s.retried + s.failed + s.quarantined + s.lapsed) AS failing
+    FROM backwave_task_stat AS s, w
+    WHERE s.resolution = %(resolution)s AND s.bucket >= w.since
+    GROUP BY s.bucket
+), tail AS MATERIALIZED (
+    SELECT a.state, a.finished_at
+    FROM backwave_attempt AS a, w
+    WHERE a.id > w.watermark
+    ORDER BY a.id
+    LIMIT %(tail)s
+), live AS (
+    SELECT to_timestamp(floor(extract(epoch FROM t.finished_at) / %(resolution)s) * %(resolution)s) AS bucket,
+           count(*) FILTER (WHERE t.state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE t.state <> 'succeeded') AS failing
+    FROM tail AS t
+    GROUP BY 1
+)
+SELECT b.bucket, sum(b.succeeded)::bigint, sum(b.failing)::bigint
+FROM (SELECT * FROM rolled UNION ALL SELECT * FROM live) AS b, w
+WHERE b.bucket >= w.since
+GROUP BY b.bucket
+ORDER BY b.bucket
+
+
+-- name: admin_task_stats
+-- Each task's rolled-up buckets over the last "seconds", summed; the histograms come as an array
+-- of the buckets' own (the caller merges them: a few dozen small maps per task). "tasks" NULL:
+-- every task; else only those.
+SELECT s.task_path, sum(s.succeeded)::bigint, sum(s.retried)::bigint, sum(s.failed)::bigint,
+       sum(s.quarantined)::bigint, sum(s.lapsed)::bigint, sum(s.reruns)::bigint, sum(s.timed)::bigint,
+       sum(s.duration_sum), max(s.duration_max), array_agg(s.duration_histogram)
+FROM backwave_task_stat AS s
+WHERE s.resolution = %(resolution)s
+  AND s.bucket >= to_timestamp(floor(extract(epoch FROM statement_timestamp() - make_interval(secs => %(seconds)s))
+                               / %(resolution)s) * %(resolution)s)
+  AND (%(tasks)s::text[] IS NULL OR s.task_path = ANY(%(tasks)s::text[]))
+GROUP BY s.task_path
+ORDER BY s.task_path
+
+
+-- name: admin_recent_failures
+-- The last "limit" attempts that did not succeed, newest first: a backward scan of the partial
+-- index backwave_attempt_failing, however many successes came since. Only the end of each
+-- traceback travels (the message is its last line).
+SELECT a.id, a.job_id, a.number, a.state, a.error_class, right(a.traceback, 4000), a.finished_at,
+       a.worker_id, j.task_path, j.queue, j.state
+FROM backwave_attempt AS a
+JOIN backwave_job AS j ON j.id = a.job_id
+WHERE a.state IN ('failed', 'quarantined', 'lapsed')
+ORDER BY a.id DESC
+LIMIT %(limit)s
+
+
+-- name: admin_running_jobs
+-- What runs now, longest-running first, with whether its lease has lapsed (or is gone): the rows
+-- of the partial running-jobs index, as many as jobs in flight, cut at "limit".
+SELECT j.id, j.task_path, j.queue, j.worker_id, j.attempts, j.last_attempted_at,
+       extract(epoch FROM statement_timestamp() - j.last_attempted_at)::float8,
+       l.expires_at, (l.id IS NULL OR l.expires_at <= statement_timestamp())
+FROM backwave_job AS j
+LEFT JOIN backwave_lease AS l ON l.id = j.lease_id
+WHERE j.state = 'running'
+ORDER BY j.last_attempted_at, j.id
+LIMIT %(limit)s
+
+
+-- name: admin_queue_latency
+-- Per queue, how long the oldest due ready job has waited (since its run_at). The claim index is
+-- ordered by priority first, so the oldest is not its first entry: a loose index scan visits each
+-- distinct priority of the queue once (one probe each), whose first entry is that priority's
+-- oldest run_at; the oldest due job is the earliest of those that are due.
+WITH RECURSIVE heads(queue, priority, run_at) AS (
+    SELECT q.name, h.priority, h.run_at
+    FROM unnest(%(names)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = q.name
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS h
+    UNION ALL
+    SELECT p.queue, n.priority, n.run_at
+    FROM heads AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = p.queue AND j.priority < p.priority
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS n
+)
+SELECT h.queue, extract(epoch FROM statement_timestamp() - min(h.run_at))::float8
+FROM heads AS h
+WHERE h.run_at <= statement_timestamp()
+GROUP BY h.queue
+
+
+-- name: admin_hint_sessions
+-- The wake-up hint listeners connected to this database: each worker process keeps one session
+-- named backwave-hints (backwave/store/hints.py). PostgreSQL hides most columns of other roles'
+-- sessions from a role without pg_read_all_stats: the admin's role should be the workers' (or
+-- be granted it) for this count to be whole.
+SELECT count(*), min(a.backend_start), max(a.backend_start)
+FROM pg_stat_activity AS a
+WHERE a.datname = current_database() AND a.application_name = 'backwave-hints'
