@@ -488,7 +488,9 @@ class InMemoryStore:
             return 0
         with self._operation() as (db, now):
             # Not before its attempts are in the task statistics (see roll_up_task_stats).
-            unrolled = {row.job_id for row in db.attempts.values() if row.id > db.stats_watermark}
+            unrolled = set()
+            if db.last_attempt_id > db.stats_watermark:  # else nothing can be waiting (the usual case)
+                unrolled = {row.job_id for row in db.attempts.values() if row.id > db.stats_watermark}
             doomed: list[int] = []
             for state, seconds in older_than:  # one ordered scan per state, oldest first
                 cutoff = now - timedelta(seconds=float(seconds))
@@ -513,9 +515,11 @@ class InMemoryStore:
         if limit <= 0:
             return 0
         with self._operation() as (db, now):
-            page = sorted(
-                (row for row in db.attempts.values() if db.stats_watermark < row.id <= db.stats_horizon), key=lambda row: row.id
-            )[:limit]
+            page = []
+            if db.stats_horizon > db.stats_watermark:
+                page = sorted(
+                    (row for row in db.attempts.values() if db.stats_watermark < row.id <= db.stats_horizon), key=lambda row: row.id
+                )[:limit]
             for row in page:
                 job = db.jobs[row.job_id]
                 outcome = row.state
