@@ -14,6 +14,8 @@
 "use strict";
 {
     const SELECTED = "input.action-select:checked, #action-toggle:checked, input[name=_selected_action]:checked";
+    // Fields an operator types into or picks from (a checkbox only counts while it is checked).
+    const EDITING = "input:not([type=checkbox]):not([type=radio]):not([type=button]):not([type=submit]), select, textarea";
 
     function start(root) {
         const seconds = Number(root.dataset.bwLive);
@@ -34,7 +36,7 @@
             if (document.hidden) return "paused while the tab is hidden";
             if (document.querySelector(SELECTED)) return "paused while rows are selected";
             const focused = document.activeElement;
-            if (focused && focused !== toggle && focused.matches("input, select, textarea")) {
+            if (focused && focused.matches(EDITING)) {
                 return "paused while you edit";
             }
             return "";
@@ -43,6 +45,7 @@
         async function refresh() {
             const why = busy();
             if (why) {
+                root.dataset.bwLiveSkipped = String(Number(root.dataset.bwLiveSkipped || 0) + 1);
                 root.dataset.bwLiveState = "paused";
                 say(why);
                 return;
