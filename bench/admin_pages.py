@@ -74,7 +74,7 @@ CROSS JOIN LATERAL (SELECT now() - (g.i %% 86400) * interval '1 second' AS at) A
 ATTEMPTS_SQL = """
 INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at, error_class, traceback)
 SELECT j.id, 1, CASE j.state WHEN 'succeeded' THEN 'succeeded' WHEN 'quarantined' THEN 'quarantined' ELSE 'failed' END,
-       j.worker_id, j.finished_at - make_interval(secs => 0.005 + (j.id %% 100) * 0.005), j.finished_at,
+       j.worker_id, j.finished_at - make_interval(secs => 0.005 + (j.id % 100) * 0.005), j.finished_at,
        CASE WHEN j.state = 'succeeded' THEN '' ELSE 'builtins.RuntimeError' END,
        CASE WHEN j.state = 'succeeded' THEN '' ELSE 'Traceback (most recent call last):' || chr(10) || 'RuntimeError: bench failure ' || j.id END
 FROM backwave_job AS j
