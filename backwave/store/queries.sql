@@ -618,8 +618,11 @@ SELECT count(*) FROM deleted
 -- records from the worker's own clock; a lapsed attempt has none (its end is when the lapse was
 -- noticed). The histogram bins are backwave/taskstats.py's bin_of(), computed here alike.
 WITH ensured AS (
+    -- Only when the row is missing from this snapshot: an INSERT that found it would wait for a
+    -- rollup in flight on another node (its UPDATE of the row) before doing nothing.
     INSERT INTO backwave_stats_rollup (id, watermark, horizon, horizon_xmax, rolled_up)
-    VALUES (1, 0, 0, 0, 0)
+    SELECT 1, 0, 0, 0, 0
+    WHERE NOT EXISTS (SELECT FROM backwave_stats_rollup WHERE id = 1)
     ON CONFLICT DO NOTHING
 ), state AS MATERIALIZED (
     SELECT r.watermark, r.horizon,

@@ -118,3 +118,20 @@ def test_an_attempt_committed_after_a_later_one_is_waited_for_not_skipped(store,
     finally:
         late.close()
     assert rows.task_stats(60)[A]["succeeded"] == 3 + 2
+
+
+@pytest.mark.stores("postgres")
+def test_a_node_that_finds_another_rolling_up_does_nothing_and_does_not_wait(store, open_lease, rows):
+    run_a_day(store, open_lease, rows)
+    store.roll_up_task_stats(limit=10, settle=0)  # the row, after the flush
+    store.roll_up_task_stats(limit=10, settle=0)  # its horizon
+    other = psycopg.connect(**connection.get_connection_params())
+    try:
+        other.execute("SELECT watermark FROM backwave_stats_rollup WHERE id = 1 FOR UPDATE")  # another node, mid-rollup
+        other.execute("SET lock_timeout = '2s'")
+        assert store.roll_up_task_stats(limit=10, settle=0) == 0
+        other.rollback()
+        assert store.roll_up_task_stats(limit=10, settle=0) == 7
+    finally:
+        other.close()
+    assert rows.task_stats(60) == EXPECTED
