@@ -1087,9 +1087,11 @@ WITH w AS (
     WHERE s.resolution = %(resolution)s AND s.bucket >= w.since
     GROUP BY s.bucket
 ), tail AS MATERIALIZED (
+    -- The watermark as a scalar subquery (an InitPlan): the planner then starts the primary key
+    -- scan at it. Joined from the CTE instead, it walks the whole key and filters each row.
     SELECT a.state, a.finished_at
-    FROM backwave_attempt AS a, w
-    WHERE a.id > w.watermark
+    FROM backwave_attempt AS a
+    WHERE a.id > (SELECT watermark FROM w)
     ORDER BY a.id
     LIMIT %(tail)s
 ), live AS (
