@@ -204,3 +204,21 @@ def test_a_read_only_user_sees_the_dashboard_and_the_statistics_with_their_view_
     assert readonly_client.get(STATS).status_code == 403
     readonly_user.user_permissions.add(Permission.objects.get(content_type__app_label="backwave", codename="view_taskstat"))
     assert "task-stats" in page(readonly_client, STATS)
+
+
+@pytest.mark.parametrize(("url", "region"), [
+    (INDEX, "bw-dashboard"),
+    (reverse("admin:backwave_queue_changelist"), "bw-live-queues"),
+    (reverse("admin:backwave_pump_changelist"), "bw-live-results"),
+    (reverse("admin:backwave_job_changelist"), "bw-live-results"),
+])
+def test_the_live_pages_carry_the_switch_and_their_regions(admin_client, url, region, settings):
+    html = page(admin_client, url)
+    assert 'data-bw-live="5"' in html and "backwave/live.js" in html
+    assert re.search(rf'id="{region}"[^>]*data-bw-live-region|data-bw-live-region[^>]*id="{region}"', html)
+    settings.BACKWAVE = {"ADMIN_REFRESH_SECONDS": 0}
+    assert "data-bw-live=" not in page(admin_client, url)
+
+
+def test_schedules_do_not_refresh_themselves(admin_client):
+    assert "data-bw-live=" not in page(admin_client, reverse("admin:backwave_schedule_changelist"))
