@@ -27,8 +27,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from contextlib import contextmanager
+
 from django.core.paginator import Paginator
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from .. import conf
@@ -87,6 +89,19 @@ class TableStatistics:
                 return None
             total *= share
         return int(round(total))
+
+
+@contextmanager
+def without_jit(using: str = "default"):
+    """Run the block's statements in one transaction with PostgreSQL's JIT off (SET LOCAL).
+
+    The bounded counts (``LIMIT cap + 1`` per queue and state) make the planner's cost estimate
+    of a page's statements large, though they read little; past ``jit_above_cost`` the server
+    then compiles them first. Measured at 1,000,000 jobs: the queue overview ran in 52 ms and
+    spent 1.7 s more in JIT compilation, on every load of the Queues page and the dashboard."""
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SET LOCAL jit = off")
+        yield
 
 
 def table_statistics(using: str = "default") -> TableStatistics:

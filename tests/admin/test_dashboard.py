@@ -26,8 +26,9 @@ INDEX = reverse("admin:app_list", kwargs={"app_label": "backwave"})
 STATS = reverse("admin:backwave_taskstat_changelist")
 # Session and user; the halted banner; the pumps; the planner's statistics and the queue lines (as
 # the Queues page); hint sessions; rollup status; the chart's series; the queues' latency; the
-# running jobs; their tasks' usual durations; the recent failures.
-DASHBOARD_QUERIES = 13
+# running jobs; their tasks' usual durations; the recent failures. And SET LOCAL jit = off inside
+# a savepoint (its SAVEPOINT and RELEASE are counted here; outside a test it is BEGIN and COMMIT).
+DASHBOARD_QUERIES = 16
 # Session, user, the banner, the per-task sums, the rollup status.
 STATS_QUERIES = 5
 SLOW = "app.tasks.slow"
@@ -222,3 +223,19 @@ def test_the_live_pages_carry_the_switch_and_their_regions(admin_client, url, re
 
 def test_schedules_do_not_refresh_themselves(admin_client):
     assert "data-bw-live=" not in page(admin_client, reverse("admin:backwave_schedule_changelist"))
+
+
+def test_the_queue_and_dashboard_reads_run_without_jit_and_leave_the_session_alone():
+    from django.db import connection
+
+    from backwave.admin import stats
+
+    def jit():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW jit")
+            return cursor.fetchone()[0]
+
+    before = jit()
+    with stats.without_jit():
+        assert jit() == "off"
+    assert jit() == before
