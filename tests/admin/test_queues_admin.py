@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 QUEUES = reverse("admin:backwave_queue_changelist")
 # Session, user, planner statistics (+ Queue names), depths (+ Queue rows), throughput, banner;
 # and JIT off for them, set and put back in a savepoint (the test's transaction encloses the page;
-# in autocommit it is one statement: see stats.without_jit).
+# in autocommit it is BEGIN and the setting: see stats.without_jit).
 QUEUES_PAGE_QUERIES = 10
 
 
