@@ -218,6 +218,18 @@ class MemoryDatabase:
         self.last_attempt_id += 1
         return self.last_attempt_id
 
+    def attempts_after(self, attempt_id: int) -> list[AttemptRow]:
+        """The attempt rows with an id above ``attempt_id``, in id order. Rows are inserted with
+        ever higher ids, so the dict's order is id order and this reads only those rows, from
+        the end: the rollup and the purge ask it on every maintenance run."""
+        newer = []
+        for row in reversed(self.attempts.values()):
+            if row.id <= attempt_id:
+                break
+            newer.append(row)
+        newer.reverse()
+        return newer
+
     def attempt_log(self) -> list[AttemptRow]:
         """Attempt rows in (job_id, number) order, as the Attempt model's ordering gives them."""
         return [self.attempts[key] for key in sorted(self.attempts)]
@@ -488,9 +500,7 @@ class InMemoryStore:
             return 0
         with self._operation() as (db, now):
             # Not before its attempts are in the task statistics (see roll_up_task_stats).
-            unrolled = set()
-            if db.last_attempt_id > db.stats_watermark:  # else nothing can be waiting (the usual case)
-                unrolled = {row.job_id for row in db.attempts.values() if row.id > db.stats_watermark}
+            unrolled = {row.job_id for row in db.attempts_after(db.stats_watermark)}
             doomed: list[int] = []
             for state, seconds in older_than:  # one ordered scan per state, oldest first
                 cutoff = now - timedelta(seconds=float(seconds))
@@ -515,11 +525,7 @@ class InMemoryStore:
         if limit <= 0:
             return 0
         with self._operation() as (db, now):
-            page = []
-            if db.stats_horizon > db.stats_watermark:
-                page = sorted(
-                    (row for row in db.attempts.values() if db.stats_watermark < row.id <= db.stats_horizon), key=lambda row: row.id
-                )[:limit]
+            page = [row for row in db.attempts_after(db.stats_watermark) if row.id <= db.stats_horizon][:limit]
             for row in page:
                 job = db.jobs[row.job_id]
                 outcome = row.state

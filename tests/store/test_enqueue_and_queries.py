@@ -56,6 +56,9 @@ def test_every_statement_the_store_uses_is_loaded():
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "set_schedules_enabled", "upsert_queues",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
+        # the dashboard's and the Task statistics page's reads
+        "admin_rollup_status", "admin_stats_series", "admin_task_stats", "admin_recent_failures", "admin_running_jobs",
+        "admin_queue_latency", "admin_hint_sessions",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 
