@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,19 @@ DEFAULTS: dict[str, Any] = {
     # Seconds between the refreshes of the admin's live pages (dashboard, queues, pumps, jobs);
     # 0 turns them off. A page never refreshes while rows are selected or a field has focus.
     "ADMIN_REFRESH_SECONDS": 5,
+    # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
+    # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
+    # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
+    # SafeExceptionReporterFilter does the same to settings. None or "" redacts nothing.
+    "REDACT_KEYS": r"pass(word|wd|phrase)?|secret|token|api[-_]?key|authori[sz]ation|credential|private[-_]?key|signature|cookie|session",
+    # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):
+    # "Authorization: Bearer <token>". None: only signed-in staff with backwave.view_job may read it.
+    "METRICS_TOKEN": None,
+    # The DATABASES alias whose connection a worker's wake-up hint listener (LISTEN) uses, per
+    # served database: {"default": "default_direct"}. For a database reached through a
+    # transaction-pooling PgBouncer, whose pooled sessions cannot hold a LISTEN: name an alias
+    # that reaches the same PostgreSQL database directly. Unlisted databases listen on their own.
+    "HINT_DATABASES": {},
 }
 
 # The defaults are Retention's own (backwave/core/options.py), so they are written down once.
@@ -133,6 +147,46 @@ def _list_of(kind: type, label: str) -> Callable[[Any], str | None]:
         return None
 
     return check
+
+
+def _pattern_or_none(value) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        return "a regular expression (a string), or None to redact nothing"
+    try:
+        re.compile(value)
+    except re.error as error:
+        return Sentence(f"['REDACT_KEYS'] is not a valid regular expression ({error}): {value!r}.")
+    return None
+
+
+MIN_METRICS_TOKEN_LENGTH = 24
+
+
+def _metrics_token(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < MIN_METRICS_TOKEN_LENGTH or value != value.strip() or not value.isprintable() or " " in value:
+        # A Sentence, so the message never repeats the value: it is meant to be a secret.
+        return Sentence(
+            f"['METRICS_TOKEN'] must be None or a secret of at least {MIN_METRICS_TOKEN_LENGTH} printable characters without"
+            f" spaces, such as secrets.token_urlsafe(32) read from the environment; got {type(value).__name__}"
+            + (f" ({len(value)} characters)." if isinstance(value, str) else ".")
+        )
+    return None
+
+
+def _hint_databases(value) -> str | None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return "a dict of DATABASES alias -> DATABASES alias, e.g. {'default': 'default_direct'}"
+    for served, direct in value.items():
+        for alias in (served, direct):
+            if alias not in settings.DATABASES:
+                suggestion = difflib.get_close_matches(alias, list(settings.DATABASES), n=1)
+                hint = f" Did you mean {suggestion[0]!r}?" if suggestion else ""
+                return Sentence(f"['HINT_DATABASES'] names {alias!r}, which is not an alias of DATABASES.{hint}")
+    return None
 
 
 def _alias(value) -> str | None:
@@ -252,6 +306,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "QUEUES": _queues,
     "RETENTION": _retention,
     "ADMIN_REFRESH_SECONDS": _int_at_least(0),
+    "REDACT_KEYS": _pattern_or_none,
+    "METRICS_TOKEN": _metrics_token,
+    "HINT_DATABASES": _hint_databases,
     "DATABASE": _alias,
 }
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('backwave', '0005_forgiven_attempts_and_suspects'),
+        ('backwave', '0011_job_search'),
     ]
 
     operations = [

@@ -22,15 +22,25 @@ UNSET: Any = object()
 JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignments"}
 
 
-def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
-    """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
-    (id, state when locked, changed) per selected job that still exists, by id."""
-    if action not in JOB_ACTIONS:
-        raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
+def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool, str]]:
+    """Run ``action`` (retry, cancel or purge) on the selected jobs that are in an ``allowed``
+    state: (id, state when locked, changed, task path) per selected job that still exists, by id."""
+    if action not in JOB_ACTIONS and action != "purge":
+        raise ValueError(f"unknown job action {action!r}; use one of {', '.join([*JOB_ACTIONS, 'purge'])}")
     sql, params = selection
-    statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
+    if action == "purge":
+        statement = QUERIES["purge_selected_jobs"].format(selection=sql)
+    else:
+        statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
     cursor.execute(statement, [*params, list(allowed)])
     return cursor.fetchall()
+
+
+def jobs_page_details(cursor, job_ids: Sequence[int], *, tail: int) -> dict[int, tuple]:
+    """job id -> (latest attempt's error class, last ``tail`` characters of its traceback, its
+    duration in seconds, seconds running so far when running, whether its pump has a row)."""
+    cursor.execute(QUERIES["admin_jobs_page_details"], {"ids": list(job_ids), "tail": tail})
+    return {row[0]: row[1:] for row in cursor.fetchall()}
 
 
 def set_schedules_enabled(cursor, selection: tuple[str, Sequence], enabled: bool) -> int:
@@ -149,3 +159,19 @@ def hint_sessions(cursor) -> tuple:
     """(sessions named backwave-hints on this database, the oldest's start, the newest's)."""
     cursor.execute(QUERIES["admin_hint_sessions"])
     return cursor.fetchone()
+def metrics_without_jit(cursor) -> None:
+    """No JIT compilation for the rest of the caller's transaction (see queries.sql)."""
+    cursor.execute(QUERIES["metrics_without_jit"])
+
+
+def metrics_queues(cursor, *, names: Sequence[str], limit: int) -> list[tuple]:
+    """(name, paused, due, scheduled, running, failed, quarantined, seconds the oldest due job
+    has waited or None) per known queue and per one of ``names``; depths counted up to ``limit``."""
+    cursor.execute(QUERIES["metrics_queues"], {"names": list(names), "limit": limit})
+    return cursor.fetchall()
+
+
+def lapsed_leases(cursor) -> tuple[int, int]:
+    """(leases past their expiry not yet released, jobs still running under them)."""
+    cursor.execute(QUERIES["metrics_lapsed_leases"])
+    return tuple(cursor.fetchone())

@@ -159,7 +159,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -167,7 +167,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -259,7 +259,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -267,7 +267,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -394,9 +394,10 @@ WITH lapsed AS MATERIALIZED (
     DELETE FROM backwave_lease AS l
     USING lapsed
     WHERE l.id = lapsed.id
-    RETURNING l.id, l.worker_id, l.expires_at
+    RETURNING l.id, l.worker_id, l.expires_at, l.renewed_at
 ), stranded AS MATERIALIZED (
-    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at
+    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at,
+           gone.renewed_at AS lease_renewed_at
     FROM backwave_job AS j
     JOIN gone ON j.lease_id = gone.id
     WHERE j.state = 'running'
@@ -415,11 +416,14 @@ WITH lapsed AS MATERIALIZED (
     FROM stranded AS s
     WHERE j.id = s.id
     RETURNING j.id, j.state, j.attempts, j.max_attempts, j.forgiven_attempts, j.worker_id,
-              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at
+              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at, s.lease_renewed_at
 ), logged AS (
+    -- lease_renewed_at: the last moment the attempt is known to have been running (a job
+    -- claimed after that renewal: its claim), where finished_at is when the lapse was noticed.
     INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
-                                  error_class, traceback)
+                                  lease_renewed_at, error_class, traceback)
     SELECT r.id, r.attempts, 'lapsed', r.worker_id, r.last_attempted_at, now(),
+           greatest(r.lease_renewed_at, r.last_attempted_at),
            'backwave.results.LeaseLapsed',
            'backwave.results.LeaseLapsed: the lease of worker ' || r.lease_worker_id
                || ' expired at ' || r.lease_expired_at::text
@@ -831,19 +835,20 @@ RETURNING j.id, s.attempts
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context
     )
     SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
            n.backoff_base, n.backoff_max, n.backend,
            coalesce(n.tags, '{}'::varchar[]),
-           'ready', 0, now(), ''
+           'ready', 0, now(), '', n.trace_context
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
-                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[])
+                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
+                 trace_context jsonb)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, position)
+              backend, tags, trace_context, position)
     ORDER BY n.position
     RETURNING id, queue
 ), hinted AS (
@@ -882,8 +887,9 @@ SELECT EXISTS (
 -- the locked rows that are in an allowed state; nobody else can change them in between.
 -- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments.
 -- Parameters: the selection's, then the allowed states (text[]).
+-- The task path comes back for the admin's history (LogEntry's object_repr).
 WITH target AS MATERIALIZED (
-    SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j
 ), changed AS (
@@ -893,8 +899,27 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id
 )
-SELECT t.id, t.state, c.id IS NOT NULL
+SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
+ORDER BY t.id
+
+
+-- name: purge_selected_jobs
+-- manage.py backwave_jobs purge: deletes the selected jobs that are finished (their attempts go
+-- with them, ON DELETE CASCADE), locking in id order like act_on_jobs; a job that is ready or
+-- running is reported and left alone. Parameters: the selection's, then the finished states.
+WITH target AS MATERIALIZED (
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), deleted AS (
+    DELETE FROM backwave_job AS j
+    USING target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id
+)
+SELECT t.id, t.state, d.id IS NOT NULL, t.task_path
+FROM target AS t LEFT JOIN deleted AS d ON d.id = t.id
 ORDER BY t.id
 
 
@@ -951,14 +976,18 @@ SET concurrency_limit = CASE WHEN %(set_limit)s THEN EXCLUDED.concurrency_limit 
 -- The planner's statistics of backwave_job (its row estimate, and the null fraction, distinct
 -- count and most common values of the columns the admin filters on), with the Queue rows'
 -- names: one read, never a scan of the job table.
+-- For tags, an array column, the planner keeps its most common elements instead (the tag
+-- filter's choices); they come back as the row's values and frequencies too.
 SELECT c.reltuples::float8,
-       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
+       s.attname, s.null_frac, s.n_distinct,
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elems ELSE s.most_common_vals END::text::text[],
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elem_freqs ELSE s.most_common_freqs END,
        ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_stats AS s
        ON s.schemaname = n.nspname AND s.tablename = c.relname
-      AND s.attname IN ('state', 'queue', 'task_path')
+      AND s.attname IN ('state', 'queue', 'task_path', 'tags')
 WHERE c.oid = 'backwave_job'::regclass
 
 
@@ -1050,6 +1079,22 @@ FROM backwave_lease AS l
 JOIN backwave_job AS j ON j.lease_id = l.id AND j.state = 'running'
 WHERE l.worker_id = ANY(%(worker_ids)s::text[])
 GROUP BY l.worker_id
+
+
+-- name: admin_jobs_page_details
+-- What the Jobs list shows beside each row of its page, for the page's ids only: the latest
+-- attempt's error (the tail of its traceback, where the exception's message is) and duration
+-- (through the unique (job_id, number) index: one probe per job), how long a running job has
+-- run so far by the database clock, and whether the job's pump still has a row to link to.
+SELECT j.id, a.error_class, right(a.traceback, %(tail)s::int), extract(epoch FROM a.finished_at - a.started_at),
+       CASE WHEN j.state = 'running' THEN extract(epoch FROM statement_timestamp() - j.last_attempted_at) END,
+       EXISTS (SELECT FROM backwave_pump AS p WHERE p.worker_id = j.worker_id)
+FROM backwave_job AS j
+LEFT JOIN LATERAL (
+    SELECT a.error_class, a.traceback, a.started_at, a.finished_at FROM backwave_attempt AS a
+    WHERE a.job_id = j.id ORDER BY a.number DESC LIMIT 1
+) AS a ON true
+WHERE j.id = ANY(%(ids)s::bigint[])
 
 
 -- name: available_connections
@@ -1188,3 +1233,97 @@ GROUP BY h.queue
 SELECT count(*), min(a.backend_start), max(a.backend_start)
 FROM pg_stat_activity AS a
 WHERE a.datname = current_database() AND a.application_name = 'backwave-hints'
+
+
+-- name: metrics_without_jit
+-- Sent first, in the same transaction, by the metrics view: the planner prices metrics_queues by
+-- the capped counts it might read (LIMIT 10,001 per queue and priority), which on a large backlog
+-- passes jit_above_cost, and compiling it then took 1.4 s (with a million jobs) of a statement
+-- that runs in 40 ms. SET LOCAL: it ends with the transaction.
+SELECT set_config('jit', 'off', true)
+
+
+-- name: metrics_queues
+-- Per queue, for the metrics view: paused or not, its depths by state (each counted up to
+-- "limit" rows) and the age in seconds of its oldest due ready job (0 when none is due). One
+-- statement whose cost grows with queues x priorities in use, never with the backlog.
+--
+-- The claim index orders a queue by priority before run_at, so neither "the oldest due job" nor
+-- "the ready jobs due later" is a range of it. A loose index scan (levels) walks the distinct
+-- (queue, priority) pairs of ready rows, one probe each (at most 201 priorities per queue); under
+-- each pair run_at is in order, so the oldest row is its first entry and the due and the
+-- scheduled rows are two index ranges, counted through a LATERAL whose outer LIMIT stops the
+-- nested loop once "limit" rows are found. (A count over "queue = x AND run_at > now()" on the
+-- whole index walks every ready row of the queue; one over "run_at <= now()" can even turn into
+-- a sequential scan of the table, which the planner prefers when most rows are ready.) Running,
+-- failed and quarantined rows are counted through their partial indexes, as the admin does. The
+-- names are those queues, the failing ones (a loose scan of backwave_job_failed_queue), the
+-- running ones, the Queue rows and the configured ones passed in.
+WITH RECURSIVE levels(queue, priority) AS (
+    (SELECT j.queue, j.priority FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue, j.priority DESC LIMIT 1)
+    UNION ALL
+    SELECT following.queue, following.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority < l.priority
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue > l.queue
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        LIMIT 1
+    ) AS following
+), failed_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('failed', 'quarantined') ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
+            ORDER BY j.queue LIMIT 1)
+    FROM failed_queues AS f WHERE f.name IS NOT NULL
+), names(name) AS (
+    SELECT queue FROM levels
+    UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
+    UNION SELECT q.name FROM backwave_queue AS q
+    UNION SELECT unnest(%(names)s::text[])
+)
+SELECT n.name, coalesce(q.paused, false),
+       (SELECT count(*) FROM (
+            SELECT FROM levels AS l
+            CROSS JOIN LATERAL (SELECT FROM backwave_job AS j
+                                WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND j.run_at <= statement_timestamp()
+                                LIMIT %(limit)s) AS d
+            WHERE l.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (
+            SELECT FROM levels AS l
+            CROSS JOIN LATERAL (SELECT FROM backwave_job AS j
+                                WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND j.run_at > statement_timestamp()
+                                LIMIT %(limit)s) AS d
+            WHERE l.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'running' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT extract(epoch FROM greatest(statement_timestamp() - min(oldest.run_at), interval '0'))::float8
+        FROM levels AS l
+        CROSS JOIN LATERAL (SELECT j.run_at FROM backwave_job AS j
+                            WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                            ORDER BY j.queue, j.priority DESC, j.run_at LIMIT 1) AS oldest
+        WHERE l.queue = n.name)
+FROM names AS n
+LEFT JOIN backwave_queue AS q ON q.name = n.name
+ORDER BY n.name
+
+
+-- name: metrics_lapsed_leases
+-- Leases past their expiry that maintenance has not released yet (their pumps died, hung or
+-- lost the database), and how many jobs still run under them: a probe of the expiry index.
+SELECT count(*), coalesce(sum((SELECT count(*) FROM backwave_job AS j WHERE j.state = 'running' AND j.lease_id = l.id)), 0)::bigint
+FROM backwave_lease AS l
+WHERE l.expires_at <= statement_timestamp()

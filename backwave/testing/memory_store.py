@@ -80,6 +80,7 @@ class JobRow:
     return_value_json: str | None = None
     schedule_id: int | None = None
     schedule_slot: datetime | None = None
+    trace_context: dict | None = None
 
     @property
     def pk(self) -> int:
@@ -123,6 +124,7 @@ class AttemptRow:
     worker_id: str
     started_at: datetime | None
     finished_at: datetime
+    lease_renewed_at: datetime | None = None
     error_class: str = ""
     traceback: str = ""
     return_value_json: str | None = None
@@ -324,6 +326,7 @@ class InMemoryStore:
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
                     id=db.next_attempt_id(), job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
+                    lease_renewed_at=max(lease.renewed_at, job.last_attempted_at) if job.last_attempted_at else lease.renewed_at,
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
             return len(released)
@@ -416,7 +419,7 @@ class InMemoryStore:
                     id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
                     payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
                     run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"],
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], trace_context=row["trace_context"],
                 )
                 ids.append(db.last_id)
             return ids
@@ -652,7 +655,7 @@ class InMemoryStore:
                 attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
                 backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
                 started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
-                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect,
+                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, trace_context=job.trace_context,
             ))
         return claimed
 

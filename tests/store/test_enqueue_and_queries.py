@@ -59,6 +59,8 @@ def test_every_statement_the_store_uses_is_loaded():
         # the dashboard's and the Task statistics page's reads
         "admin_rollup_status", "admin_stats_series", "admin_task_stats", "admin_recent_failures", "admin_running_jobs",
         "admin_queue_latency", "admin_hint_sessions",
+        "purge_selected_jobs", "admin_jobs_page_details",
+        "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 
