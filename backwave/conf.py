@@ -420,7 +420,7 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
-_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"}
+_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace"}
 
 # The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
 IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
@@ -560,6 +560,7 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
                 backoff_max=job.backoff_max,
                 backend=job.backend,
                 tags=tuple(job.tags),
+                timeout=job.timeout,
                 enabled=spec.get("enabled", True),
             )
         )

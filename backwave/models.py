@@ -103,6 +103,7 @@ class Schedule(models.Model):
     backoff_max = models.FloatField(default=3600.0)
     backend = models.CharField(max_length=64, default="default")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).")
     enabled = models.BooleanField(default=True)
     last_slot = models.DateTimeField(null=True, blank=True, help_text="The latest slot minted as a job.")
     next_run = models.DateTimeField(null=True, blank=True, help_text="The next slot due (database clock); NULL until computed.")
@@ -149,7 +150,7 @@ class Job(models.Model):
     # max_attempts, the job marked suspect), and a suspect runs as the only suspect of its pump:
     # a suspect whose lease lapses again pays (see expire_leases in store/queries.sql).
     forgiven_attempts = models.IntegerField(
-        default=0, db_default=0, help_text="Attempts that lapsed with their worker and were not counted against max_attempts."
+        default=0, db_default=0, help_text="Attempts not counted against max_attempts: lapsed with their worker, or snoozed."
     )
     suspect = models.BooleanField(
         default=False, db_default=False,
@@ -157,6 +158,18 @@ class Job(models.Model):
     )
     backoff_base = models.FloatField(default=1.0, help_text="Seconds before the first retry; doubles on each further attempt.")
     backoff_max = models.FloatField(default=3600.0)
+
+    timeout = models.FloatField(
+        null=True, blank=True,
+        help_text="Seconds one attempt may run; past it the attempt fails with backwave.TimeLimitExceeded (empty: no limit).",
+    )
+    # A cancel of a running job is a request: the worker holding it is told (NOTIFY, and its
+    # heartbeat's answer) and ends the attempt cancelled. Kept after that, so the error names
+    # who cancelled, and so a job whose worker died meanwhile is cancelled at its next claim.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=255, blank=True, default="", db_default="", help_text="Who cancelled the job: admin:<user>, api, or command.")
+    progress = models.JSONField(null=True, blank=True, help_text="The handler's last context.set_progress(); written with the heartbeat.")
+    metadata = models.JSONField(null=True, blank=True, help_text="The handler's context.metadata, written with the heartbeat and the outcome.")
 
     lease_id = models.UUIDField(null=True, blank=True, help_text="The lease the job runs under while running.")
     worker_id = models.CharField(max_length=255, blank=True, default="", help_text="Pump identity of the latest attempt.")
@@ -247,6 +260,7 @@ class Job(models.Model):
         permissions = [
             ("retry_job", "Can retry failed or quarantined jobs"),
             ("cancel_job", "Can cancel ready or scheduled jobs"),
+            ("cancel_running_job", "Can cancel running jobs"),
         ]
 
     def __str__(self):
@@ -277,6 +291,8 @@ class AttemptState(models.TextChoices):
     FAILED = "failed", "Failed"
     QUARANTINED = "quarantined", "Quarantined"
     LAPSED = "lapsed", "Lease lapsed"
+    CANCELLED = "cancelled", "Cancelled"
+    SNOOZED = "snoozed", "Snoozed"  # not a failure: left out of max_attempts (forgiven_attempts)
 
 
 class Attempt(models.Model):
@@ -417,6 +433,8 @@ class TaskStat(models.Model):
     failed = models.IntegerField(default=0, help_text="Failed attempts that were their job's last.")
     quarantined = models.IntegerField(default=0)
     lapsed = models.IntegerField(default=0, help_text="Attempts whose worker's lease lapsed under them.")
+    cancelled = models.IntegerField(default=0, help_text="Attempts stopped by a cancel.")
+    snoozed = models.IntegerField(default=0, help_text="Attempts that asked to run again later (not failures).")
     reruns = models.IntegerField(default=0, help_text="Attempts after the first of their job (retries run).")
     timed = models.IntegerField(default=0, help_text="Attempts with a measured duration (all but lapsed ones).")
     duration_sum = models.FloatField(default=0.0)

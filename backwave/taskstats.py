@@ -20,7 +20,7 @@ BIN_BASE = 0.0001  # seconds: bin 0 holds everything shorter
 BINS_PER_OCTAVE = 4
 MAX_BIN = 120  # 0.1 ms x 2^(119/4) is about 13 hours; longer attempts share the last bin
 RESOLUTIONS = (60, 3600)  # the bucket widths kept, in seconds
-OUTCOMES = ("succeeded", "retried", "failed", "quarantined", "lapsed")
+OUTCOMES = ("succeeded", "retried", "failed", "quarantined", "lapsed", "cancelled", "snoozed")
 # What the statement needs of this module, as its parameters.
 SQL_PARAMS = {"bin_base": BIN_BASE, "bins_per_octave": BINS_PER_OCTAVE, "max_bin": MAX_BIN}
 
@@ -82,6 +82,8 @@ class TaskSummary:
     failed: int = 0
     quarantined: int = 0
     lapsed: int = 0
+    cancelled: int = 0
+    snoozed: int = 0  # asked to run later: neither a success nor a failure
     reruns: int = 0
     timed: int = 0
     duration_sum: float = 0.0
@@ -90,12 +92,12 @@ class TaskSummary:
 
     @property
     def attempts(self) -> int:
-        return self.succeeded + self.retried + self.failed + self.quarantined + self.lapsed
+        return self.succeeded + self.retried + self.failed + self.quarantined + self.lapsed + self.cancelled + self.snoozed
 
     @property
     def failing(self) -> int:
-        """Attempts that did not succeed (retried, failed, quarantined or lapsed)."""
-        return self.attempts - self.succeeded
+        """Attempts that failed (retried, failed, quarantined or lapsed); a cancel or a snooze is no failure."""
+        return self.retried + self.failed + self.quarantined + self.lapsed
 
     @property
     def failure_rate(self) -> float | None:
@@ -113,7 +115,7 @@ class TaskSummary:
     def p95(self) -> float | None:
         return percentile(self.histogram, 0.95, self.duration_max)
 
-    def add(self, *, succeeded=0, retried=0, failed=0, quarantined=0, lapsed=0, reruns=0, timed=0,
+    def add(self, *, succeeded=0, retried=0, failed=0, quarantined=0, lapsed=0, cancelled=0, snoozed=0, reruns=0, timed=0,
             duration_sum=0.0, duration_max=0.0, histogram=None) -> None:
         """Fold in one bucket's numbers."""
         self.succeeded += succeeded
@@ -121,6 +123,8 @@ class TaskSummary:
         self.failed += failed
         self.quarantined += quarantined
         self.lapsed += lapsed
+        self.cancelled += cancelled
+        self.snoozed += snoozed
         self.reruns += reruns
         self.timed += timed
         self.duration_sum += duration_sum

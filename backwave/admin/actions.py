@@ -45,6 +45,7 @@ class JobActionResult:
     gone: tuple[int, ...] = ()
     changed_rows: tuple[tuple[int, str, str], ...] = ()
     batches: int = 0
+    requested: tuple[int, ...] = ()  # of changed: running jobs whose workers were asked to stop them (a cancel)
 
     @property
     def refused_running(self) -> int:
@@ -54,6 +55,7 @@ class JobActionResult:
         return JobActionResult(
             changed=self.changed + other.changed, refused=self.refused + other.refused, gone=self.gone + other.gone,
             changed_rows=self.changed_rows + other.changed_rows, batches=self.batches + other.batches,
+            requested=self.requested + other.requested,
         )
 
 
@@ -68,26 +70,39 @@ def _selection(queryset) -> tuple[str, tuple[str, tuple]]:
     return selection.db, selection.query.sql_with_params()
 
 
-def _run(using: str, action: str, selection, requested=(), on_batch: OnBatch | None = None) -> tuple[JobActionResult, int]:
+def _allowed(action: str, running: bool) -> tuple[str, ...]:
+    # A cancel may also ask the workers of running jobs to stop them (cancel_running_job).
+    return ALLOWED_STATES[action] + (("running",) if running and action == "cancel" else ())
+
+
+def _run(
+    using: str, action: str, selection, requested=(), on_batch: OnBatch | None = None, *, by: str = "admin", running: bool = False,
+) -> tuple[JobActionResult, int]:
     """One statement of ``action`` on ``selection``, in its own transaction: (result, the
-    last id it locked, 0 when none)."""
-    allowed = ALLOWED_STATES[action]
+    last id it locked, 0 when none). A cancel names who cancels (``by``)."""
+    allowed = _allowed(action, running)
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
-            rows = operator.act_on_jobs(cursor, action, selection, allowed)
+            if action == "cancel":
+                rows = operator.cancel_jobs(cursor, selection, by=by, allowed=allowed)
+            else:
+                rows = operator.act_on_jobs(cursor, action, selection, allowed)
         result = JobActionResult(
             changed=tuple(job_id for job_id, _state, done, _path in rows if done),
             refused=Counter(state for _job_id, state, done, _path in rows if not done),
             gone=tuple(sorted(set(requested) - {row[0] for row in rows})),
             changed_rows=tuple((job_id, state, path) for job_id, state, done, path in rows if done),
             batches=1,
+            requested=tuple(job_id for job_id, state, done, _path in rows if done and state == "running"),
         )
         if on_batch is not None and result.changed:
             on_batch(result)
     return result, (rows[-1][0] if rows else 0)
 
 
-def act_on_matching(queryset, action: str, *, batch_size: int | None = None, on_batch: OnBatch | None = None) -> JobActionResult:
+def act_on_matching(
+    queryset, action: str, *, batch_size: int | None = None, on_batch: OnBatch | None = None, by: str = "admin", running: bool = False,
+) -> JobActionResult:
     """``action`` (retry, cancel, purge) on every job ``queryset`` matches that is in a state
     the action applies to, ``batch_size`` jobs per statement and transaction, in id order.
 
@@ -97,23 +112,26 @@ def act_on_matching(queryset, action: str, *, batch_size: int | None = None, on_
     batch_size = BATCH_SIZE if batch_size is None else batch_size
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-    allowed = ALLOWED_STATES[action]
+    allowed = _allowed(action, running)
     total = JobActionResult()
     last = 0
     while True:
         batch = queryset.filter(state__in=allowed, id__gt=last).order_by("id").values("id")[:batch_size]
-        result, last = _run(batch.db, action, batch.query.sql_with_params(), on_batch=on_batch)
+        result, last = _run(batch.db, action, batch.query.sql_with_params(), on_batch=on_batch, by=by, running=running)
         if not last:
             return total
         total += result
 
 
-def act_on_ids(ids, action: str, *, on_batch: OnBatch | None = None) -> JobActionResult:
+def act_on_ids(
+    ids, action: str, *, on_batch: OnBatch | None = None, by: str = "admin", running: bool = False, using: str | None = None,
+) -> JobActionResult:
     """``action`` on jobs by id (what an operator ticked): one statement; the result names the
     ids that no longer exist, and the state of each one it refused."""
     ids = list(ids)
-    using, selection = _selection(Job.objects.filter(id__in=ids))
-    return _run(using, action, selection, requested=ids, on_batch=on_batch)[0]
+    jobs = Job.objects.using(using) if using else Job.objects
+    using, selection = _selection(jobs.filter(id__in=ids))
+    return _run(using, action, selection, requested=ids, on_batch=on_batch, by=by, running=running)[0]
 
 
 def retry_jobs(queryset, **options) -> JobActionResult:
@@ -122,7 +140,8 @@ def retry_jobs(queryset, **options) -> JobActionResult:
 
 
 def cancel_jobs(queryset, **options) -> JobActionResult:
-    """Cancel the ready (due or scheduled) jobs of ``queryset``; running ones are left alone."""
+    """Cancel the ready (due or scheduled) jobs of ``queryset`` at once; with ``running=True``,
+    ask the workers of its running ones to stop them (they end cancelled); ``by`` names who."""
     return act_on_matching(queryset, "cancel", **options)
 
 

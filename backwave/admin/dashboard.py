@@ -177,10 +177,11 @@ def usual_durations(cursor, tasks) -> dict[str, float]:
 def summaries(rows) -> list[taskstats.TaskSummary]:
     """TaskSummary per row of operator.task_stats."""
     result = []
-    for task, ok, retried, failed, quarantined, lapsed, reruns, timed, total, longest, histograms in rows:
+    for task, ok, retried, failed, quarantined, lapsed, cancelled, snoozed, reruns, timed, total, longest, histograms in rows:
         summary = taskstats.TaskSummary(task_path=task)
         summary.add(
-            succeeded=ok, retried=retried, failed=failed, quarantined=quarantined, lapsed=lapsed, reruns=reruns,
+            succeeded=ok, retried=retried, failed=failed, quarantined=quarantined, lapsed=lapsed, cancelled=cancelled,
+            snoozed=snoozed, reruns=reruns,
             timed=timed, duration_sum=total or 0.0, duration_max=longest or 0.0,
             histogram=taskstats.merge_histograms(json.loads(h) if isinstance(h, str) else h for h in histograms or ()),
         )

@@ -59,8 +59,17 @@ def report_job_action(request, result: actions.JobActionResult, *, done: str, al
         shown = ", ".join(map(str, result.gone[:GONE_SHOWN])) + (f" and {len(result.gone) - GONE_SHOWN} more" if len(result.gone) > GONE_SHOWN else "")
         one = len(result.gone) == 1
         messages.warning(request, f"Job{'' if one else 's'} {shown} no longer exist{'s' if one else ''} (deleted since the page was loaded, e.g. by the retention purge).")
-    if not changed and not result.refused and not result.gone:
+    if not changed and not result.refused and not result.gone and not result.requested:
         messages.warning(request, "No such job.")
+
+
+def _without_requests(result: actions.JobActionResult) -> actions.JobActionResult:
+    """The result with its cancel requests left out of ``changed``: they are reported on their own."""
+    asked = set(result.requested)
+    return actions.JobActionResult(
+        changed=tuple(i for i in result.changed if i not in asked), refused=result.refused, gone=result.gone,
+        changed_rows=result.changed_rows, batches=result.batches, requested=result.requested,
+    )
 
 
 class _StatisticsMixin:
@@ -258,11 +267,12 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         ("Timing", {"fields": [("enqueued", "run_at_shown", "started", "last_attempted", "finished")]}),
         ("Retries and lease", {"fields": [("attempts", "max_attempts", "worker_link"), ("backoff_base", "backoff_max", "lease_id")]}),
         ("Payload and result", {"fields": [("payload_json", "return_value_json")]}),
+        ("Attempt control", {"fields": [("timeout", "cancel_request"), ("progress_json", "metadata_json")]}),
     ]
     readonly_fields = (
         "task_path", "queue", "state", "priority", "tags", "backend", "schedule_link", "enqueued", "run_at_shown",
         "started", "last_attempted", "finished", "attempts", "max_attempts", "backoff_base", "backoff_max",
-        "worker_link", "lease_id", "payload_json", "return_value_json",
+        "worker_link", "lease_id", "payload_json", "return_value_json", "timeout", "cancel_request", "progress_json", "metadata_json",
     )
 
     # --- permissions: the rows are the engine's; only the actions write -----------------------
@@ -272,6 +282,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     def has_cancel_permission(self, request, obj=None):
         return request.user.has_perm("backwave.cancel_job")
+
+    def has_cancel_running_permission(self, request, obj=None):
+        return request.user.has_perm("backwave.cancel_job") and request.user.has_perm("backwave.cancel_running_job")
 
     # --- list -----------------------------------------------------------------------------------
 
@@ -324,7 +337,14 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             return format_html(
                 '<span class="bw-badge bw-scheduled" title="due {} {}">Scheduled</span>', f"{due:%Y-%m-%d %H:%M:%S}", timezone.get_current_timezone_name()
             )
-        return format_html('<span class="bw-badge bw-{}">{}</span>', css, label)
+        if job.state == "running" and job.cancel_requested_at is not None:
+            label = "Cancelling"
+        badge = format_html('<span class="bw-badge bw-{}">{}</span>', css, label)
+        if job.state == "running" and job.progress is not None:
+            # What the handler last reported (context.set_progress), as of the last heartbeat.
+            shown = json.dumps(job.progress, ensure_ascii=False)
+            badge = format_html('{} <span class="bw-note bw-progress">{}</span>', badge, shown if len(shown) <= 40 else shown[:39] + "…")
+        return badge
 
     @admin.display(description="attempts")
     def attempts_shown(self, job):
@@ -402,6 +422,26 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def payload_json(self, job):
         return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redact(job.payload), indent=2, ensure_ascii=False))
 
+    @admin.display(description="cancel requested")
+    def cancel_request(self, job):
+        if job.cancel_requested_at is None:
+            return "-"
+        return f"by {job.cancel_requested_by or 'unknown'} at {timestamp(job.cancel_requested_at)}"
+
+    @admin.display(description="progress (as of the last heartbeat)")
+    def progress_json(self, job):
+        return self._json_block(job.progress)
+
+    @admin.display(description="metadata")
+    def metadata_json(self, job):
+        return self._json_block(job.metadata)
+
+    @staticmethod
+    def _json_block(value):
+        if value is None:
+            return "-"
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+
     @admin.display(description="return value")
     def return_value_json(self, job):
         if job.return_value is None:
@@ -432,6 +472,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             "attempt_rows": attempts,
             "can_retry": self.has_retry_permission(request),
             "can_cancel": self.has_cancel_permission(request),
+            "can_cancel_running": self.has_cancel_running_permission(request),
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -446,20 +487,27 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             return None
         return [parse_row_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
 
-    def _act(self, request, queryset, action: str):
+    def _act(self, request, queryset, action: str, **options):
         ids = self._ticked_job_ids(request)
         on_batch = lambda result: record_history(request.user, action, result)  # noqa: E731
         if ids is None:
-            return actions.act_on_matching(queryset, action, on_batch=on_batch)
-        return actions.act_on_ids(ids, action, on_batch=on_batch)
+            return actions.act_on_matching(queryset, action, on_batch=on_batch, **options)
+        return actions.act_on_ids(ids, action, on_batch=on_batch, **options)
 
     @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
         report_job_action(request, self._act(request, queryset, "retry"), done="retried", allowed="failed or quarantined")
 
-    @admin.action(description="Cancel (ready or scheduled jobs)", permissions=["cancel"], location=BOTH_LOCATIONS)
+    @admin.action(description="Cancel (ready or scheduled jobs; running ones with its own permission)", permissions=["cancel"], location=BOTH_LOCATIONS)
     def cancel(self, request, queryset):
-        report_job_action(request, self._act(request, queryset, "cancel"), done="cancelled", allowed="ready or scheduled")
+        running = self.has_cancel_running_permission(request)
+        result = self._act(request, queryset, "cancel", by=f"admin:{request.user.get_username()}", running=running)
+        if result.requested:
+            n = len(result.requested)
+            messages.success(request, f"Asked the worker{'' if n == 1 else 's'} of {n} running job{'' if n == 1 else 's'} to stop; "
+                             f"{'it ends' if n == 1 else 'they end'} cancelled.")
+            result = _without_requests(result)
+        report_job_action(request, result, done="cancelled", allowed="ready, scheduled or running" if running else "ready or scheduled")
 
     # --- retry all / cancel all matching the filters ------------------------------------------
 
@@ -491,7 +539,8 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             described = describe_filters(query)
             note = f" by “{verb} all matching” ({described})" if described else f" by “{verb} all”"
             result = actions.act_on_matching(
-                changelist.queryset, action, on_batch=lambda batch: record_history(request.user, action, batch, note)
+                changelist.queryset, action, on_batch=lambda batch: record_history(request.user, action, batch, note),
+                **({"by": f"admin:{request.user.get_username()}"} if action == "cancel" else {}),
             )
             report_job_action(request, result, done=done, allowed=states)
             if result.batches > 1:

@@ -22,7 +22,13 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | ExpireLeases, MintSchedules, RollUpStats,           |
                       |                  | PurgeJobs, PurgePumps; a full rollup page: the next |
                       |                  | RollUpStats; a full purge page: the next PurgeJobs; |
+                      |                  | an attempt past its deadline (see ** below): its    |
+                      |                  | outcome buffered, StopAttempt, its slot taken until |
+                      |                  | its handler returns;                                |
                       |                  | lease presumed lapsed: self-fence                   | OPENING
+    RUNNING, DRAINING | CancelRequested  | of a job it runs: StopAttempt, the attempt ends     | same
+                      |                  | cancelled when it returns, or at its deadline, now  |
+                      |                  | + cancel_grace at the latest (**); else nothing     |
     RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
                       |                  | permitting (one pending-poll slot: a burst costs    |
                       |                  | one extra claim); else a free slot: poll now; none: |
@@ -32,8 +38,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | buffer; flush when the batch is full or nothing     |
                       |                  | executes: WriteOutcomes + ClaimJobs                 |
     RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write    | RUNNING
-    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-                      |                  | taken until their handlers return), OpenLease       |
+    RUNNING           | LeaseRenewed     | held: its cancels, each as a CancelRequested; lost: | RUNNING/OPENING
+                      |                  | abandon all (their slots stay taken until their     |
+                      |                  | handlers return), OpenLease                         |
     RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
     RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
                       |                  | after a jittered backoff that doubles per fault in  |
@@ -46,6 +53,7 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | reopens (a poll or a write's claim uses it);        |
                       |                  | outside RUNNING and DRAINING nothing else executes  |
     any*              | HintReceived     | outside RUNNING: nothing                            | same
+    any*              | CancelRequested  | outside RUNNING and DRAINING: nothing               | same
     any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
                       | SchedulesMinted, | or rollup page goes on on the next tick in RUNNING  |
                       | PumpsPurged,     | only                                                |
@@ -53,9 +61,10 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       | StatsRolledUp    |                                                     |
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
-                      | Tick             | ReleaseLease (gives back what did not finish)       |
+                      | Tick             | ReleaseLease (gives back what did not finish); a    |
+                      |                  | Tick ends attempts past their deadline as RUNNING's |
     DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
-    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
+    DRAINING          | LeaseRenewed     | held: its cancels, as in RUNNING; lost: give up     | STOPPED
     DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
     DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
     DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
@@ -66,6 +75,12 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
 
     * after a LeaseOpened that was already in flight, the lease is released first.
+    ** attempt deadlines: an attempt of a job with a time limit is due to end at the ClaimReturned's
+       now + its timeout; a cancel brings that forward to now + cancel_grace. Past it, on a Tick,
+       the driver decides the attempt's outcome without its handler: a timeout is a failed attempt
+       (RETRY or FAILED under the job's rules), an ignored cancel is CANCELLED. The JobFinished
+       that comes when the handler returns is then an abandoned attempt's. A claimed job whose
+       cancel was requested while an earlier attempt ran is CANCELLED at once, never executed.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
@@ -118,8 +133,8 @@ class InvalidEvent(Exception):
 
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
 _MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp})
-# What every state but NEW takes: timers, hints, handlers returning, faults, maintenance, a drain.
-_LIVE = frozenset({ev.Tick, ev.HintReceived, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
+# What every state but NEW takes: timers, hints, cancels, handlers returning, faults, maintenance, a drain.
+_LIVE = frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
 # Answers to commands sent under a held lease.
 _UNDER_LEASE = frozenset({ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.JobsReleased, ev.LeaseReconciled})
 

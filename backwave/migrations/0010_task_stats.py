@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('backwave', '0011_job_search'),
+        ('backwave', '0009_attempt_control'),
     ]
 
     operations = [
@@ -37,6 +37,8 @@ class Migration(migrations.Migration):
                 ('failed', models.IntegerField(default=0, help_text="Failed attempts that were their job's last.")),
                 ('quarantined', models.IntegerField(default=0)),
                 ('lapsed', models.IntegerField(default=0, help_text="Attempts whose worker's lease lapsed under them.")),
+                ('cancelled', models.IntegerField(default=0, help_text='Attempts stopped by a cancel.')),
+                ('snoozed', models.IntegerField(default=0, help_text='Attempts that asked to run again later (not failures).')),
                 ('reruns', models.IntegerField(default=0, help_text='Attempts after the first of their job (retries run).')),
                 ('timed', models.IntegerField(default=0, help_text='Attempts with a measured duration (all but lapsed ones).')),
                 ('duration_sum', models.FloatField(default=0.0)),

@@ -36,6 +36,19 @@ def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: S
     return cursor.fetchall()
 
 
+MAX_CANCELLED_BY = 255  # Job.cancel_requested_by
+
+
+def cancel_jobs(cursor, selection: tuple[str, Sequence], *, by: str, allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
+    """Cancel the selected jobs in an ``allowed`` state: a ready one at once, a running one by a
+    request its worker is told of (see cancel_jobs in queries.sql). ``by`` names who cancels
+    (cut to what the column holds). Rows as act_on_jobs returns them: (id, state when locked, changed)."""
+    by = str(by)[:MAX_CANCELLED_BY]
+    sql, params = selection
+    cursor.execute(QUERIES["cancel_jobs"].format(selection=sql), [*params, by, list(allowed), by])
+    return cursor.fetchall()
+
+
 def jobs_page_details(cursor, job_ids: Sequence[int], *, tail: int) -> dict[int, tuple]:
     """job id -> (latest attempt's error class, last ``tail`` characters of its traceback, its
     duration in seconds, seconds running so far when running, whether its pump has a row)."""
@@ -131,7 +144,8 @@ def stats_series(cursor, *, seconds: int, resolution: int, tail: int) -> list[tu
 
 def task_stats(cursor, *, seconds: int, resolution: int, tasks: Sequence[str] | None = None) -> list[tuple]:
     """Per task over the last ``seconds`` (buckets of ``resolution``): (task, succeeded, retried,
-    failed, quarantined, lapsed, reruns, timed, duration sum, duration max, [histograms])."""
+    failed, quarantined, lapsed, cancelled, snoozed, reruns, timed, duration sum, duration max,
+    [histograms])."""
     cursor.execute(QUERIES["admin_task_stats"], {"seconds": seconds, "resolution": resolution, "tasks": None if tasks is None else list(tasks)})
     return cursor.fetchall()
 

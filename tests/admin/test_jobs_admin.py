@@ -145,7 +145,8 @@ def test_detail_page_of_a_running_job_shows_the_attempt_in_progress(admin_client
     job = make_job(state="running", worker_id="node-1:7:default:0")
     content = admin_client.get(change_url(job)).content.decode()
     assert "attempt-running" in content
-    assert "it can be retried or cancelled only once it has finished" in content
+    # A superuser holds cancel_running_job: the page offers to stop it (test_cancel_running.py).
+    assert "choose “Cancel” below to ask its worker to stop it" in content
 
 
 @pytest.mark.parametrize("object_id", ["²", "⑦", "9" * 25, "-1", "0x1f"])

@@ -46,10 +46,10 @@ def run_a_day(store, open_lease, rows) -> None:
 
 
 EXPECTED = {
-    A: {"succeeded": 3, "retried": 1, "failed": 0, "quarantined": 0, "lapsed": 0, "reruns": 1, "timed": 4,
+    A: {"succeeded": 3, "retried": 1, "failed": 0, "quarantined": 0, "lapsed": 0, "cancelled": 0, "snoozed": 0, "reruns": 1, "timed": 4,
         "duration_sum": 2.9, "duration_max": 2.0,
         "bins": {taskstats.bin_of(0.5): 1, taskstats.bin_of(2.0): 1, taskstats.bin_of(0.1): 1, taskstats.bin_of(0.3): 1}},
-    B: {"succeeded": 0, "retried": 0, "failed": 1, "quarantined": 1, "lapsed": 1, "reruns": 0, "timed": 2,
+    B: {"succeeded": 0, "retried": 0, "failed": 1, "quarantined": 1, "lapsed": 1, "cancelled": 0, "snoozed": 0, "reruns": 0, "timed": 2,
         "duration_sum": 1.0, "duration_max": 1.0, "bins": {taskstats.bin_of(1.0): 1, taskstats.bin_of(0.0): 1}},
 }
 
