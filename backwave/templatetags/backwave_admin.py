@@ -155,11 +155,3 @@ def backwave_live():
     from .. import conf
 
     return {"seconds": conf.get_setting("ADMIN_REFRESH_SECONDS")}
-
-
-@register.filter
-def bw_time(moment):
-    """A time in the current time zone, second-precise (the admin's common.timestamp)."""
-    from ..admin.common import timestamp
-
-    return timestamp(moment)
