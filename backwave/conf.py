@@ -93,6 +93,9 @@ DEFAULTS: dict[str, Any] = {
     "OBSERVER_LEASE": 60.0,
     "OBSERVER_BATCH": 32,
     "OBSERVER_POLL_INTERVAL": 1.0,
+    # Seconds between the refreshes of the admin's live pages (dashboard, queues, pumps, jobs);
+    # 0 turns them off. A page never refreshes while rows are selected or a field has focus.
+    "ADMIN_REFRESH_SECONDS": 5,
     # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
     # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
     # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
@@ -318,6 +321,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "OBSERVER_LEASE": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
     "OBSERVER_BATCH": _int_at_least(1),
     "OBSERVER_POLL_INTERVAL": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
+    "ADMIN_REFRESH_SECONDS": _int_at_least(0),
     "REDACT_KEYS": _pattern_or_none,
     "METRICS_TOKEN": _metrics_token,
     "HINT_DATABASES": _hint_databases,

@@ -363,6 +363,11 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["job_id", "number"]
+        indexes = [
+            # The dashboard's recent failures, newest first: only failing attempts write an entry,
+            # so a backward scan finds the last few however many successes came since.
+            models.Index(fields=["id"], name="backwave_attempt_failing", condition=models.Q(state__in=["failed", "quarantined", "lapsed"])),
+        ]
         constraints = [
             # The Effect-Once fence keeps a late writer out; this makes a double apply impossible
             # even if the fence were ever wrong.
@@ -513,3 +518,67 @@ class Transition(models.Model):
 
     def __str__(self):
         return f"job {self.job_id} attempt {self.attempt}: {self.kind}"
+
+
+class TaskStat(models.Model):
+    """One task's finished attempts in one time bucket: counts by outcome and their durations.
+
+    Written only by maintenance's rollup (``roll_up_task_stats`` in store/queries.sql), which
+    folds attempts past its watermark into a bucket of each ``resolution`` (a minute and an hour),
+    so a page reads at most (tasks x buckets in its range) rows however many jobs ran. Durations
+    are kept as a histogram (``duration_histogram``: {bin: count}, bins a quarter of an octave
+    wide, see backwave.taskstats), from which percentiles of any range are read back.
+    """
+
+    task_path = models.CharField(max_length=255)
+    resolution = models.IntegerField(help_text="Bucket width in seconds: 60 or 3600.")
+    bucket = models.DateTimeField(help_text="Start of the bucket (by the attempt's finish time).")
+    succeeded = models.IntegerField(default=0)
+    retried = models.IntegerField(default=0, help_text="Failed attempts after which the job was to run again.")
+    failed = models.IntegerField(default=0, help_text="Failed attempts that were their job's last.")
+    quarantined = models.IntegerField(default=0)
+    lapsed = models.IntegerField(default=0, help_text="Attempts whose worker's lease lapsed under them.")
+    cancelled = models.IntegerField(default=0, help_text="Attempts stopped by a cancel.")
+    snoozed = models.IntegerField(default=0, help_text="Attempts that asked to run again later (not failures).")
+    reruns = models.IntegerField(default=0, help_text="Attempts after the first of their job (retries run).")
+    timed = models.IntegerField(default=0, help_text="Attempts with a measured duration (all but lapsed ones).")
+    duration_sum = models.FloatField(default=0.0)
+    duration_max = models.FloatField(default=0.0)
+    duration_histogram = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["resolution", "bucket", "task_path"], name="backwave_task_stat_bucket"),
+            models.CheckConstraint(condition=models.Q(resolution__in=[60, 3600]), name="backwave_task_stat_resolution"),
+        ]
+        db_table = "backwave_task_stat"
+        verbose_name = "task statistics"
+        verbose_name_plural = "task statistics"
+
+    def __str__(self):
+        return f"{self.task_path} @ {self.bucket:%Y-%m-%d %H:%M} ({self.resolution} s)"
+
+
+class StatsRollup(models.Model):
+    """The rollup's watermark: a single row (id 1), locked by the one node rolling up.
+
+    ``watermark`` is the highest attempt id folded into TaskStat. Attempt ids come from a sequence,
+    and a transaction may commit a lower id after a higher one is visible, so the rollup only goes
+    as far as ``horizon``: the sequence's value at an earlier run, once every transaction that was
+    running then (``horizon_xmax``, a transaction id) has ended. See roll_up_task_stats.
+    """
+
+    id = models.SmallIntegerField(primary_key=True, default=1)
+    watermark = models.BigIntegerField(default=0)
+    horizon = models.BigIntegerField(default=0)
+    horizon_xmax = models.BigIntegerField(default=0)
+    horizon_at = models.DateTimeField(null=True, blank=True, help_text="When the horizon was taken.")
+    rolled_up = models.BigIntegerField(default=0, help_text="Attempts folded in since the table was created.")
+    rolled_at = models.DateTimeField(null=True, blank=True, help_text="The last rollup run (any node's).")
+
+    class Meta:
+        db_table = "backwave_stats_rollup"
+        constraints = [models.CheckConstraint(condition=models.Q(id=1), name="backwave_stats_rollup_single_row")]
+
+    def __str__(self):
+        return f"statistics rolled up to attempt {self.watermark}"

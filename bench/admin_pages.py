@@ -13,6 +13,9 @@ the number of queries. A measurement for people, not a test: run it on an idle m
 The rows: 95% succeeded, 3% failed, 0.5% quarantined, 0.5% cancelled, 0.9% ready (a third of them
 scheduled for later) and 0.1% running; queues default, emails, reports and bench; the five demo
 tasks; finish times spread over the last 24 hours (the default retention of succeeded jobs).
+Every job that ran has its attempt row (one each, lasting 5 to 500 ms, the failed ones with a
+traceback), and maintenance's rollup is run until it has caught up (timed: attempts per second),
+so the dashboard and the Task statistics page read what a cluster that ran them would hold.
 """
 
 from __future__ import annotations
@@ -67,6 +70,36 @@ CROSS JOIN LATERAL (SELECT CASE
 CROSS JOIN LATERAL (SELECT now() - (g.i %% 86400) * interval '1 second' AS at) AS f
 """
 
+# One attempt per job that ran, inserted in finish order (as outcome writes would have).
+ATTEMPTS_SQL = """
+INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at, error_class, traceback)
+SELECT j.id, 1, CASE j.state WHEN 'succeeded' THEN 'succeeded' WHEN 'quarantined' THEN 'quarantined' ELSE 'failed' END,
+       j.worker_id, j.finished_at - make_interval(secs => 0.005 + (j.id % 100) * 0.005), j.finished_at,
+       CASE WHEN j.state = 'succeeded' THEN '' ELSE 'builtins.RuntimeError' END,
+       CASE WHEN j.state = 'succeeded' THEN '' ELSE 'Traceback (most recent call last):' || chr(10) || 'RuntimeError: bench failure ' || j.id END
+FROM backwave_job AS j
+WHERE j.state IN ('succeeded', 'failed', 'quarantined')
+ORDER BY j.finished_at, j.id
+"""
+
+
+def roll_up_all() -> None:
+    """Maintenance's rollup, page after page, until it has caught up with every attempt."""
+    from backwave.core.maintenance import ROLLUP_BATCH
+    from backwave.store.postgres import PostgresStore
+
+    store = PostgresStore.from_django()
+    started, total, pages = time.perf_counter(), 0, 0
+    while True:
+        rolled = store.roll_up_task_stats(limit=ROLLUP_BATCH, settle=0)
+        total, pages = total + rolled, pages + 1
+        if rolled < ROLLUP_BATCH and pages > 2:
+            break
+    elapsed = time.perf_counter() - started
+    store.close()
+    if total:
+        print(f"rolled up {total:,} attempts in {pages} pages of up to {ROLLUP_BATCH:,} in {elapsed:.1f} s ({total / elapsed:,.0f} attempts/s)")
+
 
 def prepare(rows: int, fresh: bool) -> int:
     with connection.cursor() as cursor:
@@ -100,9 +133,19 @@ def prepare(rows: int, fresh: bool) -> int:
             """,
             [failed_id],
         )
+        cursor.execute("SELECT count(*) FROM backwave_attempt")
+        if cursor.fetchone()[0] < 1000:
+            started = time.perf_counter()
+            cursor.execute(f"DELETE FROM backwave_attempt WHERE job_id <> {int(failed_id)}")
+            cursor.execute("TRUNCATE backwave_task_stat")
+            cursor.execute("UPDATE backwave_stats_rollup SET watermark = 0, horizon = 0, horizon_xmax = 0, horizon_at = NULL, rolled_up = 0")
+            cursor.execute(ATTEMPTS_SQL.replace("WHERE j.state IN", f"WHERE j.id <> {int(failed_id)} AND j.state IN"))
+            print(f"generated {cursor.rowcount:,} attempt rows in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
         cursor.execute("VACUUM ANALYZE backwave_job")
+        cursor.execute("VACUUM ANALYZE backwave_attempt")
         print(f"VACUUM ANALYZE in {time.perf_counter() - started:.1f} s")
+    roll_up_all()
     return failed_id
 
 
@@ -120,6 +163,10 @@ def pages(failed_id: int) -> list[tuple[str, str]]:
         ("Job detail (3 attempts)", f"{jobs}{failed_id}/change/"),
         ("Pumps", "/admin/backwave/pump/"),
         ("Schedules", "/admin/backwave/schedule/"),
+        ("Dashboard (1 h)", "/admin/backwave/"),
+        ("Dashboard (24 h)", "/admin/backwave/?range=24h"),
+        ("Task statistics (24 h)", "/admin/backwave/taskstat/"),
+        ("Task statistics (7 d)", "/admin/backwave/taskstat/?range=7d"),
     ]
 
 

@@ -1,6 +1,7 @@
 """The operator's view: jobs, queues, pumps and schedules in the Django admin.
 
-One module per page (``jobs``, ``queues``, ``pumps``, ``schedules``, ``transitions``), what they share in
+One module per page (``jobs``, ``queues``, ``pumps``, ``schedules``, ``transitions``, ``taskstats``; the
+dashboard on the app's index page is ``dashboard``, drawn with ``charts``), what they share in
 ``common``, the bounded counts and estimates in ``stats`` and the operator's writes in
 ``actions``. Importing this package registers the pages (Django's admin autodiscovery does).
 
@@ -15,4 +16,4 @@ Page cost is bounded however large the job table grows: no page counts the whole
 the store's SQL and the models; it imports nothing from ``backwave.shell``.
 """
 
-from . import jobs, pumps, queues, schedules, transitions  # noqa: F401  (registers the pages)
+from . import jobs, pumps, queues, schedules, taskstats, transitions  # noqa: F401  (registers the pages)

@@ -44,9 +44,10 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
         actions = self._own_actions(request)
         if request.method == "POST":
             return self._run_action(request, actions)
-        statistics = stats.table_statistics()
-        lines = stats.queue_lines(statistics)
-        rate = stats.throughput()
+        with stats.without_jit():
+            statistics = stats.table_statistics()
+            lines = stats.queue_lines(statistics)
+            rate = stats.throughput()
         for line in lines:
             line.per_minute = rate.per_queue.get(line.name, [0] * stats.THROUGHPUT_MINUTES)
         context = {

@@ -11,6 +11,7 @@ from .common import BigintIds, EngineRows, RefuseUnpermittedActions
 @admin.register(Schedule)
 class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Schedules"
+    live_refresh = False  # a schedule changes when a worker starts or an operator toggles it, not by the second
     list_display = ("name", "task_path", "cron", "queue", "next_run", "last_slot", "enabled")
     list_filter = ("enabled", "queue")
     search_fields = ("name", "task_path")

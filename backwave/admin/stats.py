@@ -27,8 +27,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from contextlib import contextmanager
+
 from django.core.paginator import Paginator
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from .. import conf
@@ -87,6 +89,28 @@ class TableStatistics:
                 return None
             total *= share
         return int(round(total))
+
+
+@contextmanager
+def without_jit(using: str = "default"):
+    """Run the block's statements in one transaction with PostgreSQL's JIT off (set locally:
+    it ends with the transaction, or is put back when the block ran inside one).
+
+    The bounded counts (``LIMIT cap + 1`` per queue and state) make the planner's cost estimate
+    of a page's statements large, though they read little; past ``jit_above_cost`` the server
+    then compiles them first. Measured at 1,000,000 jobs: the queue overview ran in 52 ms and
+    spent 1.7 s more in JIT compilation, on every load of the Queues page and the dashboard."""
+    connection = connections[using]
+    enclosed = connection.in_atomic_block  # ATOMIC_REQUESTS, or a caller's transaction: put it back after
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        # Read before set: a target list is evaluated in order.
+        cursor.execute("SELECT current_setting('jit'), set_config('jit', 'off', true)")
+        previous = cursor.fetchone()[0]
+        try:
+            yield
+        finally:
+            if enclosed:
+                cursor.execute("SELECT set_config('jit', %s, true)", [previous])
 
 
 def table_statistics(using: str = "default") -> TableStatistics:

@@ -94,6 +94,14 @@ class PurgeJobs(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RollUpStats(Command):
+    """Maintenance: fold up to ``limit`` finished attempts into the per-task statistics (one page,
+    past the rollup's watermark)."""
+
+    limit: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PurgePumps(Command):
     """Maintenance: forget the health rows of pumps silent for ``older_than`` seconds."""
 

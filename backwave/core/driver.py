@@ -29,14 +29,14 @@ from .drain import Drain
 from .jobs import ClaimedJob
 from .lease import LeaseClock
 from .ledger import Ledger
-from .maintenance import PURGE_BATCH, Maintenance
+from .maintenance import PURGE_BATCH, ROLLUP_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 from .outcomes import OutcomeBuffer, cancel_reason, decide
 from .slots import Slots
 from .stats import DriverStats
 from .transitions import ACCEPTS, AWAITED, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
 
-__all__ = ["PURGE_BATCH", "SELF_FENCE_MARGIN", "DriverStats", "InvalidEvent", "NodeDriver", "State"]
+__all__ = ["PURGE_BATCH", "ROLLUP_BATCH", "SELF_FENCE_MARGIN", "DriverStats", "InvalidEvent", "NodeDriver", "State"]
 
 
 class NodeDriver:
@@ -258,6 +258,13 @@ class NodeDriver:
         self.stats.purged += event.purged
         return []
 
+    def _on_stats_rolled_up(self, event: ev.StatsRolledUp) -> list[cmd.Command]:
+        if not 0 <= event.rolled <= ROLLUP_BATCH:
+            raise InvalidEvent(event, self.state, f"a rollup page holds 0 to {ROLLUP_BATCH} attempts, got {event.rolled}")
+        self._maintenance.page_rolled_up(event.rolled, event.now, running=self.state is State.RUNNING)
+        self.stats.rolled_up += event.rolled
+        return []
+
     def _on_lease_reconciled(self, event: ev.LeaseReconciled) -> list[cmd.Command]:
         given_back_held = event.released & self._slots.held_attempts()
         if given_back_held:
@@ -430,6 +437,7 @@ _HANDLERS = {
     ev.LeasesExpired: NodeDriver._on_nothing_to_do,
     ev.SchedulesMinted: NodeDriver._on_schedules_minted,
     ev.JobsPurged: NodeDriver._on_jobs_purged,
+    ev.StatsRolledUp: NodeDriver._on_stats_rolled_up,
     ev.PumpsPurged: NodeDriver._on_nothing_to_do,
     ev.JobsReleased: NodeDriver._on_nothing_to_do,
     ev.LeaseReleased: NodeDriver._on_lease_released,
@@ -446,4 +454,5 @@ _UNDO = {
     cmd.ReconcileLease: lambda driver, retry_at: driver._claims.reconcile_failed(retry_at),
     cmd.RenewLease: lambda driver, retry_at: driver._lease.renew_failed(retry_at),
     cmd.PurgeJobs: lambda driver, retry_at: driver._maintenance.purge_failed(),
+    cmd.RollUpStats: lambda driver, retry_at: driver._maintenance.rollup_failed(),
 }

@@ -120,6 +120,13 @@ class JobsPurged(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StatsRolledUp(Event):
+    """A rollup page folded ``rolled`` finished attempts into the per-task statistics."""
+
+    rolled: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PumpsPurged(Event):
     """A maintenance run forgot ``purged`` silent pumps."""
 

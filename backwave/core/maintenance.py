@@ -1,9 +1,10 @@
 """When a pump runs maintenance, and what one run sends.
 
 Every step is harmless when other nodes run it at the same time: lease expiry, schedule minting,
-and retention's purge of finished jobs and silent pumps. Jobs are purged a page at a time; a full
-page means more are due, purged on the next tick, so a large backlog never holds the pump (and
-its heartbeat) for long.
+the rollup of finished attempts into per-task statistics, and retention's purge of finished jobs
+and silent pumps. The rollup and the purge work a page at a time; a full page means more is due,
+done on the next tick, so a large backlog never holds the pump (and its heartbeat) for long. The
+rollup goes before the purge: the purge keeps a job until its attempts are rolled up.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from .options import WorkerGroupOptions
 
 # Rows one purge statement deletes at most.
 PURGE_BATCH = 1000
+# Attempts one rollup statement folds into the statistics at most.
+ROLLUP_BATCH = 5000
 
 
 @dataclass
@@ -24,22 +27,27 @@ class Maintenance:
     ledger: Ledger  # the driver's: a purge page in flight is waited for, the other steps are not
     next_run: float = 0.0
     next_purge: float | None = None  # set after a full purge page
+    next_rollup: float | None = None  # set after a full rollup page
 
     def next_due(self) -> float:
-        return self.next_run if self.next_purge is None else min(self.next_run, self.next_purge)
+        return min(moment for moment in (self.next_run, self.next_purge, self.next_rollup) if moment is not None)
 
     def due(self, now: float) -> list[cmd.Command]:
         """The commands due at ``now``: a whole run on its interval, else the next purge page."""
         if now >= self.next_run:
             self.next_run = now + self.options.maintenance_interval
             commands: list[cmd.Command] = [cmd.ExpireLeases(limit=cmd.EXPIRY_BATCH), cmd.MintSchedules()]
+            commands += self._roll_up(now)
             commands += self._purge(now)
             if self.options.retention.pumps is not None:
                 commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))
             return commands
+        commands = []
+        if self.next_rollup is not None and now >= self.next_rollup:
+            commands += self._roll_up(now)
         if self.next_purge is not None and now >= self.next_purge:
-            return self._purge(now)
-        return []
+            commands += self._purge(now)
+        return commands
 
     def page_purged(self, purged: int, now: float, *, running: bool) -> None:
         """A purge page landed; a full one, while running, makes the next page due at once:
@@ -52,6 +60,23 @@ class Maintenance:
         # The next run starts over; nothing was deleted.
         self.ledger.failed(cmd.PurgeJobs)
         self.next_purge = None
+
+    def page_rolled_up(self, rolled: int, now: float, *, running: bool) -> None:
+        """A rollup page landed; a full one, while running, makes the next page due at once."""
+        self.ledger.landed(cmd.RollUpStats)
+        if rolled == ROLLUP_BATCH and running:
+            self.next_rollup = now
+
+    def rollup_failed(self) -> None:
+        # The watermark did not move: the next run starts where this one would have.
+        self.ledger.failed(cmd.RollUpStats)
+        self.next_rollup = None
+
+    def _roll_up(self, now: float) -> list[cmd.Command]:
+        self.next_rollup = None
+        if self.ledger.busy(cmd.RollUpStats):
+            return []
+        return [self.ledger.send(cmd.RollUpStats(limit=ROLLUP_BATCH), now)]
 
     def _purge(self, now: float) -> list[cmd.Command]:
         self.next_purge = None

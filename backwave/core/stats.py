@@ -17,5 +17,6 @@ class DriverStats:
     store_faults: int = 0
     minted: int = 0  # jobs minted from schedules by this pump's maintenance
     purged: int = 0  # finished jobs purged by this pump's maintenance
+    rolled_up: int = 0  # finished attempts folded into the task statistics by this pump's maintenance
     reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
     released: int = 0  # dependents this pump's outcome writes made ready

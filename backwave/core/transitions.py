@@ -19,8 +19,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | below)                                              |
     RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
                       |                  | heartbeat due: RenewLease; maintenance due:         |
-                      |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
-                      |                  | a full purge page: the next PurgeJobs;              |
+                      |                  | ExpireLeases, MintSchedules, RollUpStats,           |
+                      |                  | PurgeJobs, PurgePumps; a full rollup page: the next |
+                      |                  | RollUpStats; a full purge page: the next PurgeJobs; |
                       |                  | an attempt past its deadline (see ** below): its    |
                       |                  | outcome buffered, StopAttempt, its slot taken until |
                       |                  | its handler returns;                                |
@@ -62,9 +63,10 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     any*              | HintReceived     | outside RUNNING: nothing                            | same
     any*              | CancelRequested  | outside RUNNING and DRAINING: nothing               | same
     any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
-                      | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
-                      | PumpsPurged,     |                                                     |
-                      | JobsPurged       |                                                     |
+                      | SchedulesMinted, | or rollup page goes on on the next tick in RUNNING  |
+                      | PumpsPurged,     | only                                                |
+                      | JobsPurged,      |                                                     |
+                      | StatsRolledUp    |                                                     |
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
                       | Tick             | ReleaseLease (gives back what did not finish); a    |
@@ -138,7 +140,7 @@ class InvalidEvent(Exception):
 
 
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
-_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged})
+_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp})
 # What every state but NEW takes: timers, hints, cancels, handlers returning, faults, maintenance, a drain.
 _LIVE = frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
 # Answers to commands sent under a held lease.
@@ -161,6 +163,7 @@ ANSWERS: dict[type[ev.Event], type[cmd.Command]] = {
     ev.LeasesExpired: cmd.ExpireLeases,
     ev.SchedulesMinted: cmd.MintSchedules,
     ev.JobsPurged: cmd.PurgeJobs,
+    ev.StatsRolledUp: cmd.RollUpStats,
     ev.PumpsPurged: cmd.PurgePumps,
     ev.JobsReleased: cmd.ReleaseJobs,
     ev.LeaseReconciled: cmd.ReconcileLease,

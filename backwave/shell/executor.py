@@ -278,6 +278,11 @@ class Executor:
                 if purged:
                     maintenance_logger.info("Retention: purged %d finished job(s)", purged)
                 return ev.JobsPurged(now=self._clock(), purged=purged)
+            case cmd.RollUpStats():
+                rolled = store.roll_up_task_stats(limit=command.limit)
+                if rolled:
+                    maintenance_logger.debug("Statistics: rolled up %d finished attempt(s)", rolled)
+                return ev.StatsRolledUp(now=self._clock(), rolled=rolled)
             case cmd.PurgePumps():
                 purged = store.purge_pumps(older_than=command.older_than)
                 if purged:

@@ -151,6 +151,7 @@ class Worker:
         """Log throughput (for intervals in which jobs ran), drain when idle (if asked), keep halted pumps' health rows fresh, and
         return the exit code once every pump has stopped (1 when every pump halted)."""
         last_time, last_done = time.monotonic(), 0
+        idle_checks = 0
         refresh_every = min(g.heartbeat_every for g in self.groups)
         last_refresh = last_time
         # Every pump halted is a state, not an event seen in the loop: pumps that halt on a
@@ -173,7 +174,10 @@ class Worker:
                         ", ".join(p.health for p in self.pumps),
                     )
                 last_time, last_done = now, done
-            if until_idle and self.idle:
+            # Idle at two checks in a row: a snapshot published between a failed attempt's write
+            # and the claim of its retry (due a moment later) reads idle for that moment.
+            idle_checks = idle_checks + 1 if until_idle and self.idle else 0
+            if idle_checks >= 2:
                 self.drain()
             if self.hard_time_limit is not None and not self.replacing:
                 self._enforce_hard_limit()

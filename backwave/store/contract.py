@@ -17,6 +17,11 @@ from typing import Any, Protocol
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
 
+# Seconds after which the rollup's horizon counts as settled even while some transaction that was
+# running when it was taken is still open (a long report elsewhere in the cluster).
+ROLLUP_SETTLE = 300.0
+
+
 class StoreError(Exception):
     """A store operation failed in a way the shell cannot classify as transient.
 
@@ -356,6 +361,14 @@ class Store(Protocol):
     def purge_jobs(self, *, older_than: Sequence[tuple[str, float]], limit: int) -> int:
         """Delete up to ``limit`` finished jobs (with their attempts) whose state is listed and whose
         finished_at is more than that many seconds before now(); returns how many."""
+
+    def roll_up_task_stats(self, *, limit: int, settle: float = ROLLUP_SETTLE) -> int:
+        """Fold up to ``limit`` finished attempts past the rollup's watermark into the per-task
+        statistics (a bucket per task, minute and hour); returns how many. Only attempts no
+        transaction can still commit below are taken: those up to the horizon an earlier run
+        noted, once every transaction running then has ended or ``settle`` seconds have passed.
+        So a new attempt is rolled up by the second run after it committed. A node that finds
+        another rolling up does nothing. Never rolls an attempt up twice."""
 
     def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
         """Insert or update each pump's health row, stamping last_heartbeat_at with now()."""

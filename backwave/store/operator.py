@@ -159,6 +159,51 @@ def available_connections(cursor) -> int:
     return cursor.fetchone()[0]
 
 
+def rollup_status(cursor, *, limit: int) -> tuple:
+    """(watermark, last rollup run or None, its age as an interval or None, attempts past the
+    watermark counted up to ``limit``, the database's time)."""
+    cursor.execute(QUERIES["admin_rollup_status"], {"limit": limit})
+    return cursor.fetchone()
+
+
+def stats_series(cursor, *, seconds: int, resolution: int, tail: int) -> list[tuple]:
+    """(bucket start, succeeded, failing) per bucket of ``resolution`` over the last ``seconds``:
+    the rollup's buckets plus up to ``tail`` attempts it has not reached yet."""
+    cursor.execute(QUERIES["admin_stats_series"], {"seconds": seconds, "resolution": resolution, "tail": tail})
+    return cursor.fetchall()
+
+
+def task_stats(cursor, *, seconds: int, resolution: int, tasks: Sequence[str] | None = None) -> list[tuple]:
+    """Per task over the last ``seconds`` (buckets of ``resolution``): (task, succeeded, retried,
+    failed, quarantined, lapsed, cancelled, snoozed, reruns, timed, duration sum, duration max,
+    [histograms])."""
+    cursor.execute(QUERIES["admin_task_stats"], {"seconds": seconds, "resolution": resolution, "tasks": None if tasks is None else list(tasks)})
+    return cursor.fetchall()
+
+
+def recent_failures(cursor, *, limit: int) -> list[tuple]:
+    """The last ``limit`` attempts that did not succeed, newest first."""
+    cursor.execute(QUERIES["admin_recent_failures"], {"limit": limit})
+    return cursor.fetchall()
+
+
+def running_jobs(cursor, *, limit: int) -> list[tuple]:
+    """Running jobs, longest-running first: (id, task, queue, worker, attempt, started, seconds
+    running, lease expiry, lease lapsed)."""
+    cursor.execute(QUERIES["admin_running_jobs"], {"limit": limit})
+    return cursor.fetchall()
+
+
+def queue_latency(cursor, names: Sequence[str]) -> dict[str, float]:
+    """Seconds the oldest due ready job of each queue has waited (queues with none left out)."""
+    cursor.execute(QUERIES["admin_queue_latency"], {"names": list(names)})
+    return dict(cursor.fetchall())
+
+
+def hint_sessions(cursor) -> tuple:
+    """(sessions named backwave-hints on this database, the oldest's start, the newest's)."""
+    cursor.execute(QUERIES["admin_hint_sessions"])
+    return cursor.fetchone()
 def metrics_without_jit(cursor) -> None:
     """No JIT compilation for the rest of the caller's transaction (see queries.sql)."""
     cursor.execute(QUERIES["metrics_without_jit"])

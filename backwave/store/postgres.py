@@ -45,12 +45,13 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from backwave import taskstats
 from backwave.core.jobs import ClaimedJob
 from backwave.core.options import store_timeouts
 
 from .contract import (
-    NOTHING_OBSERVED, Applied, DeliveryResult, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth, ScheduleDefinition,
-    ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
+    NOTHING_OBSERVED, ROLLUP_SETTLE, Applied, DeliveryResult, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth,
+    ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
 )
 from .params import (
     applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, insert_statement, inserted_ids,
@@ -438,6 +439,13 @@ class PostgresStore:
             return 0
         rows = [{"state": state, "seconds": float(seconds)} for state, seconds in older_than]
         return self._execute("purge_jobs", {"older_than": json.dumps(rows), "limit": limit})[0][0]
+
+    def roll_up_task_stats(self, *, limit: int, settle: float = ROLLUP_SETTLE) -> int:
+        """Fold up to ``limit`` finished attempts into the per-task statistics; returns how many."""
+        if limit <= 0:
+            return 0
+        params = {"limit": int(limit), "settle": float(settle), **taskstats.SQL_PARAMS}
+        return self._execute("roll_up_task_stats", params)[0][0]
 
     def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
         """Upsert each pump's health row, last_heartbeat_at = now()."""

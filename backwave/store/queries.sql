@@ -862,6 +862,14 @@ WITH doomed AS MATERIALIZED (
           AND NOT EXISTS (
               SELECT FROM backwave_dependency AS d JOIN backwave_job AS w ON w.id = d.job_id
               WHERE d.ancestor_id = j.id AND w.state IN ('waiting', 'held', 'ready', 'running'))
+          -- Not before its attempts are in the task statistics (roll_up_task_stats, which
+          -- maintenance runs first): one probe of the (job_id, number) index per job. Without
+          -- the rollup's row (never in a migrated database) nothing is held back.
+          AND NOT EXISTS (
+              SELECT FROM backwave_attempt AS a
+              WHERE a.job_id = j.id
+                AND a.id > (SELECT w.watermark FROM backwave_stats_rollup AS w WHERE w.id = 1)
+          )
         ORDER BY j.finished_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -874,6 +882,146 @@ WITH doomed AS MATERIALIZED (
     RETURNING j.id
 )
 SELECT count(*) FROM deleted
+
+
+-- ---- per-task statistics -------------------------------------------------------------------------
+
+-- name: roll_up_task_stats
+-- Maintenance: fold up to %(limit)s finished attempts past the watermark into backwave_task_stat,
+-- one bucket per task, resolution (a minute, an hour) and time. Any number of nodes may run it at
+-- once: the rollup's one row is taken FOR UPDATE SKIP LOCKED, so one node rolls up and the others
+-- do nothing this time. A row missing (a flushed database) is written again, and rolls up nothing
+-- in that run.
+--
+-- How far is safe. Attempt ids come from a sequence, and a transaction may commit id 10 after
+-- id 11 is visible; a watermark moved past 11 would never see 10. So each run that has caught up
+-- takes a horizon (the sequence's last value) and notes pg_current_snapshot()'s xmax; a later run
+-- rolls up to that horizon only once no transaction older than that xmax is still running (the
+-- snapshot's in-progress list: our own transaction is never in it), or once the horizon is older
+-- than %(settle)s seconds, so a transaction left open elsewhere in the cluster delays the
+-- statistics by that much at most. An outcome write still open that long (one statement) would be
+-- left out of the statistics, and of nothing else.
+--
+-- Outcomes: a 'failed' attempt is "failed" when it was its job's last (the job is failed at that
+-- attempt now), else "retried"; the other states count as themselves. Durations are finished_at - started_at, which the outcome write
+-- records from the worker's own clock; a lapsed attempt has none (its end is when the lapse was
+-- noticed). The histogram bins are backwave/taskstats.py's bin_of(), computed here alike.
+WITH ensured AS (
+    -- Only when the row is missing from this snapshot: an INSERT that found it would wait for a
+    -- rollup in flight on another node (its UPDATE of the row) before doing nothing.
+    INSERT INTO backwave_stats_rollup (id, watermark, horizon, horizon_xmax, rolled_up)
+    SELECT 1, 0, 0, 0, 0
+    WHERE NOT EXISTS (SELECT FROM backwave_stats_rollup WHERE id = 1)
+    ON CONFLICT DO NOTHING
+), state AS MATERIALIZED (
+    SELECT r.watermark, r.horizon,
+           (NOT EXISTS (SELECT FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
+                        WHERE x.xid::text::bigint < r.horizon_xmax)
+            OR r.horizon_at IS NULL
+            OR r.horizon_at <= now() - make_interval(secs => %(settle)s)) AS settled
+    FROM backwave_stats_rollup AS r
+    WHERE r.id = 1
+    FOR UPDATE SKIP LOCKED
+), page AS MATERIALIZED (
+    SELECT a.id, a.job_id, a.number, a.state, a.started_at, a.finished_at
+    FROM state AS s
+    CROSS JOIN LATERAL (
+        SELECT a.*
+        FROM backwave_attempt AS a
+        WHERE s.settled AND a.id > s.watermark AND a.id <= s.horizon
+        ORDER BY a.id
+        LIMIT %(limit)s
+    ) AS a
+), fact AS (
+    SELECT j.task_path, p.finished_at, p.number > 1 AS rerun,
+           CASE WHEN p.state = 'failed' AND j.state = 'failed' AND j.attempts = p.number THEN 'failed'
+                WHEN p.state = 'failed' THEN 'retried'
+                ELSE p.state END AS outcome,
+           CASE WHEN p.state <> 'lapsed' AND p.started_at IS NOT NULL
+                THEN greatest(extract(epoch FROM p.finished_at - p.started_at)::float8, 0) END AS duration
+    FROM page AS p
+    JOIN backwave_job AS j ON j.id = p.job_id
+), binned AS (
+    SELECT f.task_path, f.outcome, f.rerun, f.duration, r.resolution,
+           to_timestamp(floor(extract(epoch FROM f.finished_at) / r.resolution) * r.resolution) AS bucket,
+           CASE WHEN f.duration IS NULL THEN NULL
+                WHEN f.duration < %(bin_base)s THEN 0
+                ELSE least(%(max_bin)s, floor(%(bins_per_octave)s * ln(f.duration / %(bin_base)s) / ln(2))::int + 1)
+           END AS bin
+    FROM fact AS f
+    CROSS JOIN (VALUES (60), (3600)) AS r(resolution)
+), histogram AS (
+    SELECT c.task_path, c.resolution, c.bucket, jsonb_object_agg(c.bin::text, c.n) AS bins
+    FROM (SELECT task_path, resolution, bucket, bin, count(*) AS n
+          FROM binned WHERE bin IS NOT NULL
+          GROUP BY task_path, resolution, bucket, bin) AS c
+    GROUP BY c.task_path, c.resolution, c.bucket
+), totals AS (
+    SELECT b.task_path, b.resolution, b.bucket,
+           count(*) FILTER (WHERE b.outcome = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE b.outcome = 'retried') AS retried,
+           count(*) FILTER (WHERE b.outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE b.outcome = 'quarantined') AS quarantined,
+           count(*) FILTER (WHERE b.outcome = 'lapsed') AS lapsed,
+           count(*) FILTER (WHERE b.outcome = 'cancelled') AS cancelled,
+           count(*) FILTER (WHERE b.outcome = 'snoozed') AS snoozed,
+           count(*) FILTER (WHERE b.rerun) AS reruns,
+           count(b.duration) AS timed,
+           coalesce(sum(b.duration), 0) AS duration_sum,
+           coalesce(max(b.duration), 0) AS duration_max
+    FROM binned AS b
+    GROUP BY b.task_path, b.resolution, b.bucket
+), upserted AS (
+    INSERT INTO backwave_task_stat AS t (task_path, resolution, bucket, succeeded, retried, failed,
+                                         quarantined, lapsed, cancelled, snoozed, reruns, timed,
+                                         duration_sum, duration_max, duration_histogram)
+    SELECT o.task_path, o.resolution, o.bucket, o.succeeded, o.retried, o.failed, o.quarantined,
+           o.lapsed, o.cancelled, o.snoozed, o.reruns, o.timed, o.duration_sum, o.duration_max,
+           coalesce(h.bins, '{}'::jsonb)
+    FROM totals AS o
+    LEFT JOIN histogram AS h USING (task_path, resolution, bucket)
+    ON CONFLICT (resolution, bucket, task_path) DO UPDATE
+    SET succeeded = t.succeeded + excluded.succeeded,
+        retried = t.retried + excluded.retried,
+        failed = t.failed + excluded.failed,
+        quarantined = t.quarantined + excluded.quarantined,
+        lapsed = t.lapsed + excluded.lapsed,
+        cancelled = t.cancelled + excluded.cancelled,
+        snoozed = t.snoozed + excluded.snoozed,
+        reruns = t.reruns + excluded.reruns,
+        timed = t.timed + excluded.timed,
+        duration_sum = t.duration_sum + excluded.duration_sum,
+        duration_max = greatest(t.duration_max, excluded.duration_max),
+        duration_histogram = (
+            SELECT coalesce(jsonb_object_agg(e.bin, e.n), '{}'::jsonb)
+            FROM (SELECT m.key AS bin, sum(m.value::bigint) AS n
+                  FROM (SELECT * FROM jsonb_each_text(t.duration_histogram)
+                        UNION ALL
+                        SELECT * FROM jsonb_each_text(excluded.duration_histogram)) AS m
+                  GROUP BY m.key) AS e
+        )
+    RETURNING 1
+), paged AS (
+    SELECT count(*) AS n, max(id) AS last_id FROM page
+), moved AS (
+    UPDATE backwave_stats_rollup AS r
+    SET watermark = CASE WHEN p.n = %(limit)s THEN p.last_id
+                         WHEN s.settled THEN s.horizon
+                         ELSE r.watermark END,
+        horizon = CASE WHEN s.settled AND p.n < %(limit)s
+                       THEN coalesce(pg_sequence_last_value(pg_get_serial_sequence('backwave_attempt', 'id')::regclass), 0)
+                       ELSE r.horizon END,
+        horizon_xmax = CASE WHEN s.settled AND p.n < %(limit)s
+                            THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+                            ELSE r.horizon_xmax END,
+        horizon_at = CASE WHEN s.settled AND p.n < %(limit)s THEN now() ELSE r.horizon_at END,
+        rolled_up = r.rolled_up + p.n,
+        rolled_at = now()
+    FROM state AS s, paged AS p
+    WHERE r.id = 1
+    RETURNING p.n
+)
+SELECT coalesce((SELECT n FROM moved), 0), (SELECT count(*) FROM upserted)
 
 
 -- ---- pump health -------------------------------------------------------------------------------
@@ -1453,6 +1601,140 @@ WHERE j.id = ANY(%(ids)s::bigint[])
 -- name: available_connections
 -- The connections the server accepts from ordinary roles.
 SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+
+
+-- ---- the dashboard and the task statistics page -------------------------------------------------
+
+-- name: admin_rollup_status
+-- Where the statistics stand: the rollup's watermark and last run (any node's: the dashboard's
+-- "last maintenance"), and how many attempts are not rolled up yet, counted up to "limit" along
+-- the attempt table's primary key.
+SELECT w.watermark, w.rolled_at, statement_timestamp() - w.rolled_at,
+       (SELECT count(*) FROM (SELECT FROM backwave_attempt AS a WHERE a.id > w.watermark LIMIT %(limit)s) AS c),
+       statement_timestamp()
+FROM (SELECT coalesce(max(r.watermark), 0) AS watermark, max(r.rolled_at) AS rolled_at
+      FROM backwave_stats_rollup AS r WHERE r.id = 1) AS w
+
+
+-- name: admin_stats_series
+-- Attempts per bucket over the last "seconds": succeeded and not (retried, failed, quarantined,
+-- lapsed), all tasks together. The rolled-up buckets are read through the unique (resolution,
+-- bucket, task_path) index; the attempts past the watermark (two maintenance runs at most, when
+-- maintenance keeps up) are read live along the primary key, at most "tail" of them, so the last
+-- minutes are drawn before the rollup has them. Buckets start at whole multiples of the
+-- resolution (UTC), as the rollup's do.
+WITH w AS (
+    SELECT coalesce((SELECT r.watermark FROM backwave_stats_rollup AS r WHERE r.id = 1), 0) AS watermark,
+           to_timestamp(floor(extract(epoch FROM statement_timestamp() - make_interval(secs => %(seconds)s))
+                              / %(resolution)s) * %(resolution)s) AS since
+), rolled AS (
+    SELECT s.bucket, sum(s.succeeded) AS succeeded, sum(s.retried + s.failed + s.quarantined + s.lapsed) AS failing
+    FROM backwave_task_stat AS s, w
+    WHERE s.resolution = %(resolution)s AND s.bucket >= w.since
+    GROUP BY s.bucket
+), tail AS MATERIALIZED (
+    -- The watermark as a scalar subquery (an InitPlan): the planner then starts the primary key
+    -- scan at it. Joined from the CTE instead, it walks the whole key and filters each row.
+    SELECT a.state, a.finished_at
+    FROM backwave_attempt AS a
+    WHERE a.id > (SELECT watermark FROM w)
+    ORDER BY a.id
+    LIMIT %(tail)s
+), live AS (
+    SELECT to_timestamp(floor(extract(epoch FROM t.finished_at) / %(resolution)s) * %(resolution)s) AS bucket,
+           count(*) FILTER (WHERE t.state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE t.state IN ('failed', 'quarantined', 'lapsed')) AS failing
+    FROM tail AS t
+    GROUP BY 1
+)
+SELECT b.bucket, sum(b.succeeded)::bigint, sum(b.failing)::bigint
+FROM (SELECT * FROM rolled UNION ALL SELECT * FROM live) AS b, w
+WHERE b.bucket >= w.since
+GROUP BY b.bucket
+ORDER BY b.bucket
+
+
+-- name: admin_task_stats
+-- Each task's rolled-up buckets over the last "seconds", summed; the histograms come as an array
+-- of the buckets' own (the caller merges them: a few dozen small maps per task). "tasks" NULL:
+-- every task; else only those.
+SELECT s.task_path, sum(s.succeeded)::bigint, sum(s.retried)::bigint, sum(s.failed)::bigint,
+       sum(s.quarantined)::bigint, sum(s.lapsed)::bigint, sum(s.cancelled)::bigint, sum(s.snoozed)::bigint,
+       sum(s.reruns)::bigint, sum(s.timed)::bigint,
+       sum(s.duration_sum), max(s.duration_max), array_agg(s.duration_histogram)
+FROM backwave_task_stat AS s
+WHERE s.resolution = %(resolution)s
+  AND s.bucket >= to_timestamp(floor(extract(epoch FROM statement_timestamp() - make_interval(secs => %(seconds)s))
+                               / %(resolution)s) * %(resolution)s)
+  AND (%(tasks)s::text[] IS NULL OR s.task_path = ANY(%(tasks)s::text[]))
+GROUP BY s.task_path
+ORDER BY s.task_path
+
+
+-- name: admin_recent_failures
+-- The last "limit" attempts that did not succeed, newest first: a backward scan of the partial
+-- index backwave_attempt_failing, however many successes came since. Only the end of each
+-- traceback travels (the message is its last line).
+SELECT a.id, a.job_id, a.number, a.state, a.error_class, right(a.traceback, 4000), a.finished_at,
+       a.worker_id, j.task_path, j.queue, j.state
+FROM backwave_attempt AS a
+JOIN backwave_job AS j ON j.id = a.job_id
+WHERE a.state IN ('failed', 'quarantined', 'lapsed')
+ORDER BY a.id DESC
+LIMIT %(limit)s
+
+
+-- name: admin_running_jobs
+-- What runs now, longest-running first, with whether its lease has lapsed (or is gone): the rows
+-- of the partial running-jobs index, as many as jobs in flight, cut at "limit".
+SELECT j.id, j.task_path, j.queue, j.worker_id, j.attempts, j.last_attempted_at,
+       extract(epoch FROM statement_timestamp() - j.last_attempted_at)::float8,
+       l.expires_at, (l.id IS NULL OR l.expires_at <= statement_timestamp())
+FROM backwave_job AS j
+LEFT JOIN backwave_lease AS l ON l.id = j.lease_id
+WHERE j.state = 'running'
+ORDER BY j.last_attempted_at, j.id
+LIMIT %(limit)s
+
+
+-- name: admin_queue_latency
+-- Per queue, how long the oldest due ready job has waited (since its run_at). The claim index is
+-- ordered by priority first, so the oldest is not its first entry: a loose index scan visits each
+-- distinct priority of the queue once (one probe each), whose first entry is that priority's
+-- oldest run_at; the oldest due job is the earliest of those that are due.
+WITH RECURSIVE heads(queue, priority, run_at) AS (
+    SELECT q.name, h.priority, h.run_at
+    FROM unnest(%(names)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = q.name
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS h
+    UNION ALL
+    SELECT p.queue, n.priority, n.run_at
+    FROM heads AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = p.queue AND j.priority < p.priority
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS n
+)
+SELECT h.queue, extract(epoch FROM statement_timestamp() - min(h.run_at))::float8
+FROM heads AS h
+WHERE h.run_at <= statement_timestamp()
+GROUP BY h.queue
+
+
+-- name: admin_hint_sessions
+-- The wake-up hint listeners connected to this database: each worker process keeps one session
+-- named backwave-hints (backwave/store/hints.py). PostgreSQL hides most columns of other roles'
+-- sessions from a role without pg_read_all_stats: the admin's role should be the workers' (or
+-- be granted it) for this count to be whole.
+SELECT count(*), min(a.backend_start), max(a.backend_start)
+FROM pg_stat_activity AS a
+WHERE a.datname = current_database() AND a.application_name = 'backwave-hints'
 
 
 -- name: metrics_without_jit

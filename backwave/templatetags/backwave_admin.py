@@ -1,4 +1,5 @@
-"""Template tags of BackWave's admin pages: the halted-pump banner and the throughput sparkline."""
+"""Template tags of BackWave's admin pages: the halted-pump banner, the throughput sparkline, the
+dashboard and the live-refresh switch."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ..admin import charts
 from ..admin.stats import Count, humanize_estimate, sparkline_points
 from ..models import Pump, PumpStatus
 
@@ -82,3 +84,74 @@ def bw_estimate(count):
     if isinstance(count, Count) and count.capped and count.estimate:
         return f"≈{humanize_estimate(count.estimate)}"
     return ""
+
+
+@register.inclusion_tag("admin/backwave/includes/dashboard.html", takes_context=True)
+def backwave_dashboard(context):
+    """The dashboard at the top of the BackWave admin's index (its queries: admin/dashboard.py)."""
+    from ..admin import dashboard
+
+    request = context.get("request")
+    current_app = getattr(request, "current_app", None) or "admin"
+    chosen = dashboard.pick_range(request.GET.get("range") if request is not None else None)
+    board = dashboard.build(chosen)
+    buckets = board.chart.buckets
+
+    def url(name):
+        try:
+            return reverse(f"{current_app}:{name}")
+        except NoReverseMatch:
+            return ""
+
+    return {
+        "board": board,
+        "ranges": [(name, label) for name, (_s, _r, label) in dashboard.RANGES.items()],
+        "throughput_chart": charts.bar_chart(
+            [(start, (ok, bad)) for start, ok, bad in buckets], series=[("succeeded", "bw-ok"), ("not succeeded", "bw-bad")],
+            resolution=board.chart.resolution, title="Finished attempts", chart_id="bw-chart-throughput",
+        ),
+        "failure_chart": charts.bar_chart(
+            [(start, (bad,)) for start, _ok, bad in buckets], series=[("failed, retried, quarantined or lapsed", "bw-bad")],
+            resolution=board.chart.resolution, title="Attempts that did not succeed", chart_id="bw-chart-failures",
+        ),
+        "jobs_url": url("backwave_job_changelist"),
+        "pumps_url": url("backwave_pump_changelist"),
+        "queues_url": url("backwave_queue_changelist"),
+        "stats_url": url("backwave_taskstat_changelist"),
+        "stuck_factor": dashboard.STUCK_FACTOR,
+        "stuck_floor": dashboard.STUCK_FLOOR,
+    }
+
+
+@register.filter
+def bw_duration(seconds):
+    """0.00042 -> '0.42 ms', 1.5 -> '1.50 s', 125 -> '2 min 5 s', 7300 -> '2 h 1 min'."""
+    if seconds is None:
+        return "-"
+    if hasattr(seconds, "total_seconds"):
+        seconds = seconds.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.2f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+@register.filter
+def bw_percent(fraction):
+    if fraction is None:
+        return "-"
+    return f"{fraction * 100:.1f} %" if fraction < 0.1 else f"{fraction * 100:.0f} %"
+
+
+@register.inclusion_tag("admin/backwave/includes/live.html")
+def backwave_live():
+    """The live-refresh switch of a page (static/backwave/live.js): it refreshes every element
+    with ``data-bw-live-region`` and an id, every BACKWAVE["ADMIN_REFRESH_SECONDS"] seconds."""
+    from .. import conf
+
+    return {"seconds": conf.get_setting("ADMIN_REFRESH_SECONDS")}

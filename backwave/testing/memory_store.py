@@ -31,10 +31,12 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
+from backwave import taskstats
 from backwave.core.jobs import ClaimedJob
 
 from backwave.store.contract import (
-    NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth,
+    NOTHING_OBSERVED, ROLLUP_SETTLE, Applied, DeliveryResult, DependencyRefused, DueSchedule, Heartbeat, NewJob, OutcomeRecord,
+    ProgressReport, PumpHealth,
     ScheduleDefinition, ScheduleSlot, StoreError, TransitionRecord,
 )
 from backwave.store.params import (
@@ -42,6 +44,7 @@ from backwave.store.params import (
     lease_seconds, outcome_batch, write_isolating, write_then_claim,
 )
 from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
+from backwave.taskstats import TaskSummary
 
 _TERMINAL_STATE = {
     "succeeded": "succeeded", "retry": "ready", "snoozed": "ready", "failed": "failed", "cancelled": "cancelled", "quarantined": "quarantined",
@@ -146,6 +149,7 @@ class LeaseRow:
 class AttemptRow:
     """A row of backwave_attempt."""
 
+    id: int  # from the table's sequence: insertion order
     job_id: int
     number: int
     state: str
@@ -282,6 +286,29 @@ class MemoryDatabase:
     last_id: int = 0
     last_transition_id: int = 0
     last_schedule_id: int = 0
+    last_attempt_id: int = 0
+    # backwave_task_stat: (resolution, bucket, task_path) -> TaskSummary of that bucket.
+    task_stats: dict[tuple[int, datetime, str], TaskSummary] = field(default_factory=dict)
+    # backwave_stats_rollup: the watermark and the horizon (see roll_up_task_stats).
+    stats_watermark: int = 0
+    stats_horizon: int = 0
+    stats_rolled_at: datetime | None = None
+
+    def next_attempt_id(self) -> int:
+        self.last_attempt_id += 1
+        return self.last_attempt_id
+
+    def attempts_after(self, attempt_id: int) -> list[AttemptRow]:
+        """The attempt rows with an id above ``attempt_id``, in id order. Rows are inserted with
+        ever higher ids, so the dict's order is id order and this reads only those rows, from
+        the end: the rollup and the purge ask it on every maintenance run."""
+        newer = []
+        for row in reversed(self.attempts.values()):
+            if row.id <= attempt_id:
+                break
+            newer.append(row)
+        newer.reverse()
+        return newer
 
     def attempt_log(self) -> list[AttemptRow]:
         """Attempt rows in (job_id, number) order, as the Attempt model's ordering gives them."""
@@ -406,7 +433,7 @@ class InMemoryStore:
                 if not again:
                     failed_for_good[job.id] = "failed"
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
-                    job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
+                    id=db.next_attempt_id(), job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
                     lease_renewed_at=max(lease.renewed_at, job.last_attempted_at) if job.last_attempted_at else lease.renewed_at,
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
@@ -662,14 +689,19 @@ class InMemoryStore:
         if limit <= 0 or not older_than:
             return 0
         with self._operation() as (db, now):
+            # Not before its attempts are in the task statistics (see roll_up_task_stats).
+            unrolled = {row.job_id for row in db.attempts_after(db.stats_watermark)}
             doomed: list[int] = []
             unfinished = ("waiting", "held", "ready", "running")
             # An ancestor stays while a dependent of it may still run (the NOT EXISTS).
             kept = {ancestor for (job_id, ancestor) in db.dependencies if job_id in db.jobs and db.jobs[job_id].state in unfinished}
             for state, seconds in older_than:  # one ordered scan per state, oldest first
                 cutoff = now - timedelta(seconds=float(seconds))
-                old = [j for j in db.jobs.values() if j.state == state and state in _FINISHED and j.finished_at is not None
-                       and j.finished_at < cutoff and j.id not in kept]
+                old = [
+                    j for j in db.jobs.values()
+                    if j.state == state and state in _FINISHED and j.finished_at is not None and j.finished_at < cutoff
+                    and j.id not in unrolled and j.id not in kept
+                ]
                 doomed += [j.id for j in sorted(old, key=lambda j: j.finished_at)[:limit]]
             doomed = doomed[:limit]
             for job_id in doomed:
@@ -680,6 +712,40 @@ class InMemoryStore:
             for key in [key for key in db.dependencies if key[0] in gone or key[1] in gone]:
                 del db.dependencies[key]
             return len(doomed)
+
+    def roll_up_task_stats(self, *, limit: int, settle: float = ROLLUP_SETTLE) -> int:
+        """Fold up to ``limit`` finished attempts into the per-task statistics; returns how many.
+
+        Two-phase as the statement is: a run rolls up to the horizon the run before took (here
+        every transaction has always ended: there are none), and takes a new one once caught up."""
+        if limit <= 0:
+            return 0
+        with self._operation() as (db, now):
+            page = [row for row in db.attempts_after(db.stats_watermark) if row.id <= db.stats_horizon][:limit]
+            for row in page:
+                job = db.jobs[row.job_id]
+                outcome = row.state
+                if row.state == "failed":
+                    outcome = "failed" if job.state == "failed" and job.attempts == row.number else "retried"
+                duration = None
+                if row.state != "lapsed" and row.started_at is not None:
+                    duration = max((row.finished_at - row.started_at).total_seconds(), 0.0)
+                for resolution in taskstats.RESOLUTIONS:
+                    epoch = row.finished_at.timestamp()
+                    bucket = datetime.fromtimestamp(math.floor(epoch / resolution) * resolution, UTC)
+                    summary = db.task_stats.setdefault((resolution, bucket, job.task_path), TaskSummary(task_path=job.task_path))
+                    summary.add(
+                        **{outcome: 1}, reruns=int(row.number > 1), timed=int(duration is not None),
+                        duration_sum=duration or 0.0, duration_max=duration or 0.0,
+                        histogram={taskstats.bin_of(duration): 1} if duration is not None else None,
+                    )
+            if len(page) == limit:
+                db.stats_watermark = page[-1].id
+            else:
+                db.stats_watermark = db.stats_horizon
+                db.stats_horizon = db.last_attempt_id
+            db.stats_rolled_at = now
+            return len(page)
 
     def record_pumps_many(self, *, pumps: Sequence[PumpHealth]) -> None:
         """Upsert each pump's health row, last_heartbeat_at = now()."""
@@ -829,7 +895,7 @@ class InMemoryStore:
                 removed = set(row["tag_remove"] or ())
                 job.tags = [tag for tag in dict.fromkeys([*job.tags, *(row["tag_add"] or ())]) if tag not in removed]
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
-                job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
+                id=db.next_attempt_id(), job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
                 started_at=job.last_attempted_at, finished_at=finished_at,
                 error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
             )

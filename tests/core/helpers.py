@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
-from backwave.core.driver import NodeDriver
+from backwave.core.driver import ROLLUP_BATCH, NodeDriver
 from backwave.core.jobs import ClaimedJob
 from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict
@@ -25,10 +25,10 @@ LEASE2 = uuid.UUID(int=0xB0A8)
 QUEUES = ("default",)
 
 
-# Traces keep nothing to purge unless a test asks: maintenance is then the two steps every
-# run has (purging is traced on its own in test_driver_maintenance.py).
+# Traces keep nothing to purge unless a test asks: maintenance is then the three steps every
+# run has (purging and rollup pages are traced on their own in test_driver_maintenance.py).
 NO_RETENTION = Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None)
-MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules()]
+MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules(), cmd.RollUpStats(limit=ROLLUP_BATCH)]
 
 
 def make_options(**overrides) -> WorkerGroupOptions:
@@ -112,11 +112,13 @@ class Trace:
 
     @classmethod
     def running(cls, lease_id: uuid.UUID = LEASE, **option_overrides) -> Trace:
-        """Started at 0, LeaseOpened at 0: RUNNING, the first claim (and maintenance) in flight."""
+        """Started at 0, LeaseOpened at 0: RUNNING, the first claim in flight, and the start-up
+        maintenance run's rollup answered (a short page), so later runs send one again."""
         trace = cls(**option_overrides)
         assert trace.started() == [cmd.OpenLease()]
         first = trace.opened(lease_id)
         assert first == [claim(trace.first_claim_limit, lease_id, trace.driver.queues), *MAINTENANCE]
+        assert trace.rolled_up(0) == []
         return trace
 
     @classmethod
@@ -197,6 +199,9 @@ class Trace:
 
     def purged(self, purged=0, now=None):
         return self.send(ev.JobsPurged(now=self._now(now), purged=purged))
+
+    def rolled_up(self, rolled=0, now=None):
+        return self.send(ev.StatsRolledUp(now=self._now(now), rolled=rolled))
 
     def drain(self, timeout=30.0, now=None):
         return self.send(ev.DrainRequested(now=self._now(now), timeout=timeout))

@@ -86,7 +86,7 @@ class Model:
     def answer_head(self) -> None:
         item = self.inflight.popleft()
         command = item.command
-        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgeJobs, cmd.ReconcileLease))
+        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgeJobs, cmd.RollUpStats, cmd.ReconcileLease))
         if failable and self.rng.random() < self.fail_rate:
             self.send(ev.StoreFailed(now=self.now, command=command, jitter=self.rng.random()))
             if isinstance(command, cmd.WriteOutcomes) and self.inflight and self.inflight[0].rides_write:
@@ -112,6 +112,8 @@ class Model:
                 self.send(ev.SchedulesMinted(now=self.now, minted=self.rng.randint(0, 2)))
             case cmd.PurgeJobs(limit=limit):
                 self.send(ev.JobsPurged(now=self.now, purged=self.rng.choice([0, limit])))
+            case cmd.RollUpStats(limit=limit):
+                self.send(ev.StatsRolledUp(now=self.now, rolled=self.rng.choice([0, limit])))
             case cmd.PurgePumps():
                 self.send(ev.PumpsPurged(now=self.now, purged=0))
             case cmd.ReleaseJobs(job_ids=ids):

@@ -166,6 +166,7 @@ def test_maintenance_runs_every_maintenance_interval():
         assert t.tick_at_wakeup() == [*MAINTENANCE]
         times.append(t.now)
         t.expired(0)
+        t.rolled_up(0)
     assert times == [30.0, 60.0, 90.0]
 
 

@@ -8,7 +8,7 @@ import pytest
 from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.backoff import fault_delay
-from backwave.core.driver import PURGE_BATCH, SELF_FENCE_MARGIN, InvalidEvent, State
+from backwave.core.driver import PURGE_BATCH, ROLLUP_BATCH, SELF_FENCE_MARGIN, InvalidEvent, State
 from backwave.core.options import Retention, WorkerGroupConfigError
 
 from .helpers import LEASE, MAINTENANCE, Trace, claim, internals, of_type
@@ -27,6 +27,7 @@ def retaining(**overrides) -> Trace:
     t.started()
     assert t.opened() == [claim(t.first_claim_limit), *FULL_MAINTENANCE]
     t.returned(now=0.0)
+    t.rolled_up(0, now=0.0)
     return t
 
 
@@ -57,6 +58,7 @@ def test_a_purge_still_running_is_not_sent_again():
     t = retaining(maintenance_interval=1.0)
     assert t.tick(1.0) == [*MAINTENANCE, cmd.PurgePumps(older_than=600.0)]
     assert t.purged(0, now=1.1) == []
+    assert t.rolled_up(0, now=1.1) == []
     assert t.tick(2.0) == FULL_MAINTENANCE
 
 
@@ -72,6 +74,80 @@ def test_purging_stops_while_draining():
     t.purged(PURGE_BATCH, now=0.1)
     assert t.drain(now=0.1) == [cmd.ReleaseLease(lease_id=LEASE)]
     assert t.tick(0.2) == []
+
+
+# ---- the statistics rollup ------------------------------------------------------------------------
+
+ROLL_UP = cmd.RollUpStats(limit=ROLLUP_BATCH)
+
+
+def settled(**overrides) -> Trace:
+    """retaining(), with the start-up run's purge answered too: nothing of maintenance in flight."""
+    t = retaining(**overrides)
+    assert t.purged(0, now=0.0) == []
+    return t
+
+
+def test_the_rollup_goes_before_the_purge_so_the_purge_finds_its_jobs_rolled_up():
+    t = settled()
+    commands = t.tick(30.0)
+    assert commands.index(ROLL_UP) < commands.index(PURGE)
+
+
+def test_a_full_rollup_page_rolls_up_again_on_the_next_tick_not_in_a_loop():
+    t = settled()
+    assert t.tick(30.0) == FULL_MAINTENANCE
+    assert t.purged(3, now=30.1) == []
+    assert t.rolled_up(ROLLUP_BATCH, now=30.1) == []
+    assert t.driver.next_wakeup() == 30.1
+    assert t.tick(30.1) == [ROLL_UP]  # the rollup alone: the purge page was short
+    assert t.rolled_up(ROLLUP_BATCH, now=30.2) == []
+    assert t.tick(30.2) == [ROLL_UP]
+    assert t.rolled_up(12, now=30.3) == []
+    assert t.driver.next_wakeup() == 60.0
+    assert t.driver.stats.rolled_up == 2 * ROLLUP_BATCH + 12
+
+
+def test_full_rollup_and_purge_pages_go_on_together():
+    t = settled()
+    t.tick(30.0)
+    t.rolled_up(ROLLUP_BATCH, now=30.1)
+    t.purged(PURGE_BATCH, now=30.1)
+    assert t.tick(30.1) == [ROLL_UP, PURGE]
+
+
+def test_a_rollup_still_running_is_not_sent_again():
+    t = settled(maintenance_interval=1.0)
+    assert t.tick(1.0) == FULL_MAINTENANCE
+    t.purged(0, now=1.1)
+    assert t.tick(2.0) == [*MAINTENANCE[:2], PURGE, cmd.PurgePumps(older_than=600.0)]
+
+
+def test_a_failed_rollup_waits_for_the_next_run():
+    t = settled()
+    t.tick(30.0)
+    t.rolled_up(ROLLUP_BATCH, now=30.1)  # a full page: the next is due at once ...
+    t.purged(0, now=30.1)
+    assert t.tick(30.1) == [ROLL_UP]
+    assert t.failed(ROLL_UP, now=30.2) == []  # ... until it fails: then the next run
+    assert t.driver.next_wakeup() == 60.0
+    assert t.tick(60.0) == FULL_MAINTENANCE
+
+
+def test_a_rollup_page_out_of_bounds_is_refused():
+    t = settled()
+    t.tick(30.0)
+    with pytest.raises(InvalidEvent, match="0 to 5000"):
+        t.rolled_up(ROLLUP_BATCH + 1, now=30.1)
+
+
+def test_rollup_pages_stop_while_draining():
+    t = settled()
+    t.tick(30.0)
+    t.purged(0, now=30.1)
+    t.rolled_up(ROLLUP_BATCH, now=30.1)
+    assert t.drain(now=30.1) == [cmd.ReleaseLease(lease_id=LEASE)]
+    assert t.tick(30.2) == []
 
 
 def test_nothing_to_purge_when_everything_is_kept():
@@ -97,7 +173,7 @@ def test_a_purge_page_larger_than_asked_is_refused():
 
 
 def test_minted_jobs_are_counted():
-    t = retaining()
+    t = settled()
     assert t.minted(4, now=0.1) == []
     assert t.driver.stats.minted == 4
     with pytest.raises(InvalidEvent, match="minted must not be negative"):

@@ -220,7 +220,7 @@ def test_an_expiry_that_charges_every_batch_mate_of_a_crash_is_caught(monkeypatc
                 job.state, job.lease_id = ("ready" if again else "failed"), None
                 job.run_at, job.finished_at = (now, None) if again else (job.run_at, now)
                 db.attempts[(job.id, job.attempts)] = memory.AttemptRow(
-                    job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
+                    id=db.next_attempt_id(), job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
                 )
             return len(released)

@@ -17,9 +17,10 @@ from django.db import connection
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule, Transition
+from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule, TaskStat, Transition
 from backwave.testing.memory_store import AttemptRow, MemoryDatabase
 from backwave.store.queries import QUERIES
+from backwave.taskstats import TaskSummary
 from tests.factories import JobFactory
 
 
@@ -160,12 +161,39 @@ class PostgresRows:
     def pumps(self) -> dict[str, Pump]:
         return {row.worker_id: row for row in Pump.objects.all()}
 
+    def task_stats(self, resolution: int) -> dict[str, dict]:
+        """The rollup's buckets of one resolution summed per task (a test may straddle a minute)."""
+        return summed_stats((row.task_path, row) for row in TaskStat.objects.filter(resolution=resolution).order_by("bucket"))
+
+    def stat_buckets(self) -> list[tuple[int, datetime, str]]:
+        return sorted(TaskStat.objects.values_list("resolution", "bucket", "task_path"))
+
     def silence_pump(self, worker_id: str, *, seconds: float) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE backwave_pump SET last_heartbeat_at = statement_timestamp() - make_interval(secs => %s) WHERE worker_id = %s",
                 [seconds, worker_id],
             )
+
+
+STAT_FIELDS = ("succeeded", "retried", "failed", "quarantined", "lapsed", "cancelled", "snoozed", "reruns", "timed", "duration_sum", "duration_max")
+
+
+def summed_stats(rows) -> dict[str, dict]:
+    """{task: numbers} summed over (task, bucket row) pairs, durations rounded to the microsecond
+    the database keeps, the histogram as {int bin: count}."""
+    summaries: dict[str, TaskSummary] = {}
+    for task, row in rows:
+        histogram = getattr(row, "duration_histogram", None)
+        if histogram is None:
+            histogram = row.histogram
+        summaries.setdefault(task, TaskSummary(task_path=task)).add(
+            **{name: getattr(row, name) for name in STAT_FIELDS}, histogram=histogram,
+        )
+    return {
+        task: {**{name: round(getattr(s, name), 6) for name in STAT_FIELDS}, "bins": s.histogram}
+        for task, s in summaries.items()
+    }
 
 
 class TickingClock:
@@ -248,7 +276,7 @@ class MemoryRows:
 
     def add_attempt(self, *, job_id: int, number: int, state: str, worker_id: str) -> None:
         self.database.attempts[(job_id, number)] = AttemptRow(
-            job_id=job_id, number=number, state=state, worker_id=worker_id, started_at=None, finished_at=self.now()
+            id=self.database.next_attempt_id(), job_id=job_id, number=number, state=state, worker_id=worker_id, started_at=None, finished_at=self.now()
         )
 
     def sql_null_return_values(self) -> tuple[list, list]:
@@ -281,6 +309,13 @@ class MemoryRows:
 
     def pumps(self) -> dict:
         return dict(self.database.pumps)
+
+    def task_stats(self, resolution: int) -> dict[str, dict]:
+        buckets = sorted(self.database.task_stats.items(), key=lambda item: item[0][1])
+        return summed_stats((task, summary) for (width, _bucket, task), summary in buckets if width == resolution)
+
+    def stat_buckets(self) -> list[tuple[int, datetime, str]]:
+        return sorted(self.database.task_stats)
 
     def silence_pump(self, worker_id: str, *, seconds: float) -> None:
         self.database.pumps[worker_id].last_heartbeat_at = self.now() - timedelta(seconds=seconds)

@@ -50,7 +50,7 @@ def test_every_statement_the_store_uses_is_loaded():
     assert set(QUERIES) == {
         "open_lease", "renew_lease", "release_lease", "claim_jobs_one_queue", "claim_jobs_many_queues",
         "write_outcomes_many", "release_jobs_many", "expire_leases",
-        "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
+        "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs", "roll_up_task_stats",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",
         # workflows: the dependent enqueue, the outcome write's lock, the shared settling CTEs
@@ -60,6 +60,9 @@ def test_every_statement_the_store_uses_is_loaded():
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "cancel_jobs", "set_schedules_enabled", "upsert_queues",
         "retry_job_dependents", "cancel_job_dependents", "ancestor_outputs", "admin_job_links",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
+        # the dashboard's and the Task statistics page's reads
+        "admin_rollup_status", "admin_stats_series", "admin_task_stats", "admin_recent_failures", "admin_running_jobs",
+        "admin_queue_latency", "admin_hint_sessions",
         "purge_selected_jobs", "admin_jobs_page_details",
         "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
     }

@@ -54,6 +54,8 @@ def fmt_event(event: ev.Event) -> str:
             detail = type(event.command).__name__
         case ev.LeasesExpired() | ev.JobsPurged() | ev.PumpsPurged():
             detail = str(getattr(event, "released", getattr(event, "purged", "")))
+        case ev.StatsRolledUp():
+            detail = str(event.rolled)
         case ev.JobsReleased():
             detail = ",".join(map(str, sorted(event.released)))
         case ev.DrainRequested():
