@@ -241,6 +241,35 @@ def run_many(commands: list[list[str]], env: dict[str, str] | None = None, timeo
     return Run(wall=time.perf_counter() - began, cpu=cpu, output="".join(outputs), started_at=started_at)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def server_cpu() -> float | None:
+    """CPU seconds the PostgreSQL server has used so far: its processes alive now plus those it
+    has reaped (a backend's time moves to its postmaster when it exits). None when the server
+    is not a process of this host (or /proc does not tell), so the benchmark prints '-'."""
+    try:
+        backend = sql("SELECT pg_backend_pid()")[0][0]
+        postmaster = int(_stat(backend)[1])
+        fields = _stat(postmaster)
+        total = sum(int(v) for v in fields[11:15])  # its own time and its reaped children's
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    child = _stat(int(entry.name))
+                except (OSError, IndexError):
+                    continue
+                if int(child[1]) == postmaster:
+                    total += int(child[11]) + int(child[12])
+        return total / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def succeeded_count() -> int:
     return sql("SELECT count(*) FROM backwave_job WHERE queue = %s AND state = 'succeeded'", [QUEUE])[0][0]
 

@@ -10,7 +10,9 @@ Each line: the queue is emptied, the jobs inserted (not timed), the contender ru
 the queue. Drain: first claim to last finish by the database clock; steady: between the 10th
 and 90th percentile finish; CPU us/job: user + system time of the contender's processes
 (kernel accounting, so other load on the machine stretches the wall time but not this), less
-what the same command spends on an empty queue (start-up and shutdown are not per job). For
+what the same command spends on an empty queue (start-up and shutdown are not per job); server
+us/job: the PostgreSQL server's CPU over the line (its processes on this host, all databases:
+run it on a quiet server). For
 BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump. Needs a benchmark database
 (``bench/run_all.sh`` makes one).
 """
@@ -21,7 +23,9 @@ import argparse
 import re
 import sys
 
-from common import PYTHON, ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, uptime_line, worker_command, worker_env
+from common import (
+    PYTHON, ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, uptime_line, worker_command, worker_env,
+)
 
 from project.demo.tasks import noop
 
@@ -31,10 +35,12 @@ def bare(jobs: int, processes: int, durable: bool) -> dict:
     fixed = _fixed_cpu(lambda: run_many([command] * processes))
     reset()
     fill(noop, [0], jobs)
+    server = server_cpu()
     result = run_many([command] * processes)
+    server = _delta(server)
     figures = drain_figures()
     problem = ran_once(jobs)
-    return _line(f"bare loop, {processes} process{'es' if processes > 1 else ''}", figures, result.cpu - fixed, jobs, problem, None)
+    return _line(f"bare loop, {processes} process{'es' if processes > 1 else ''}", figures, result.cpu - fixed, server, jobs, problem, None)
 
 
 def backwave(jobs: int, processes: int, pumps: int, pool_size: int, durable: bool, extra: tuple[str, ...] = ()) -> dict:
@@ -43,11 +49,13 @@ def backwave(jobs: int, processes: int, pumps: int, pool_size: int, durable: boo
     fixed = _fixed_cpu(lambda: run(command, env))
     reset()
     fill(noop, [0], jobs)
+    server = server_cpu()
     result = run(command, env)
+    server = _delta(server)
     figures = drain_figures()
     problem = ran_once(jobs)
     trips = sum(int(m.group(1)) for m in re.finditer(r"and (\d+) store round-trips", result.output))
-    return _line(f"BackWave {processes}x{pumps}, pool {pool_size}", figures, result.cpu - fixed, jobs, problem, trips / jobs)
+    return _line(f"BackWave {processes}x{pumps}, pool {pool_size}", figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
 
 
 def _fixed_cpu(start) -> float:
@@ -57,10 +65,15 @@ def _fixed_cpu(start) -> float:
     return start().cpu
 
 
-def _line(name, figures, cpu, jobs, problem, trips_per_job) -> dict:
+def _delta(before: float | None) -> float | None:
+    after = server_cpu()
+    return None if before is None or after is None else after - before
+
+
+def _line(name, figures, cpu, server, jobs, problem, trips_per_job) -> dict:
     return {
         "name": name, "drain": figures.rate, "steady": figures.steady_rate, "cpu_us": cpu / jobs * 1e6, "trips": trips_per_job,
-        "problem": problem,
+        "server_us": None if server is None else server / jobs * 1e6, "problem": problem,
     }
 
 
@@ -69,7 +82,7 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
     """Run every contender; returns the summary rows (the ratios) and reports each line."""
     summary = []
     report(f"{jobs} no-op jobs per line, claim batch 32; {uptime_line()}")
-    report(f"{'mode':<8} {'contender':<28} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
+    report(f"{'mode':<8} {'contender':<28} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
     for mode in modes:
         durable = mode == "durable"
         bares = [bare(jobs, n, durable) for n in bare_processes]
@@ -96,8 +109,9 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
 
 def _print(report, mode, line, bare_single, bare_best) -> None:
     trips = f"{line['trips']:.3f}" if line["trips"] is not None else "-"
+    server = f"{line['server_us']:.0f}" if line["server_us"] is not None else "-"
     report(
-        f"{mode:<8} {line['name']:<28} {line['drain']:>8.0f} {line['steady']:>9.0f} {line['cpu_us']:>10.0f} {trips:>7} "
+        f"{mode:<8} {line['name']:<28} {line['drain']:>8.0f} {line['steady']:>9.0f} {line['cpu_us']:>10.0f} {server:>13} {trips:>7} "
         f"{line['drain'] / bare_single['drain']:>9.2f} {line['drain'] / bare_best['drain']:>11.2f}"
     )
     if line["problem"]:
