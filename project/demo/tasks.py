@@ -43,3 +43,15 @@ def email_job():
 def noop(n):
     """Does nothing: what bench/throughput.py drains to measure the engine itself."""
     return n
+
+
+@task(queue_name="bench")
+def orm_probe(n):
+    """One query through the ORM, then the id of the PostgreSQL session that answered it:
+    bench/orm_jobs.py counts from these how many sessions a worker's threads opened."""
+    from django.db import connection
+
+    from backwave.models import Queue
+
+    Queue.objects.filter(name="bench").exists()
+    return connection.connection.info.backend_pid
