@@ -11,6 +11,7 @@ VENV="${VENV:-$PWD/.venv}"
 export DATABASE_URL="${BENCH_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/backwave_bench}"
 "$VENV/bin/python" - <<'PY'
 import os, psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 params = conninfo_to_dict(os.environ["DATABASE_URL"])
 name = params["dbname"]
@@ -18,7 +19,7 @@ if "bench" not in name:
     raise SystemExit(f"BENCH_DATABASE_URL names {name!r}: the benchmarks empty its job table, so its name must contain 'bench'")
 with psycopg.connect(make_conninfo(**{**params, "dbname": "postgres"}), autocommit=True) as conn:
     if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 PY
 "$VENV/bin/python" manage.py migrate -v0
 cd bench && exec "$VENV/bin/python" all.py "$@"
