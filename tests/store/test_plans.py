@@ -90,3 +90,24 @@ def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params)
     # The rows come out of the index already in claim order: no Sort sits under a LockRows.
     for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
         assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
+
+
+def test_the_outcome_write_finds_each_job_by_its_primary_key(backlog):
+    """The write's fence names the lease and the running state, which the partial indexes on
+    running rows also do; those hold a dead entry for every job finished since the last VACUUM,
+    so reading them would make every write walk a run's whole history. One primary-key probe per
+    outcome, and nothing else read from the job table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' ORDER BY lease_id, id LIMIT 16")
+        rows = cursor.fetchall()
+    lease_id = rows[0][0]
+    outcomes = [
+        {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0.0, "boxed": {"v": 1},
+         "error_class": "", "traceback": "", "duration": 0.001}
+        for lease, job_id, attempt in rows if lease == lease_id
+    ]
+    nodes = explain("write_outcomes_many", {"lease_id": lease_id, "outcomes": json.dumps(outcomes)})
+
+    job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert [(n["Node Type"], n.get("Index Name")) for n in job_reads] == [("Index Scan", "backwave_job_pkey")], job_reads
+    assert "job_id" in job_reads[0]["Index Cond"]
