@@ -79,10 +79,10 @@ class Slots:
             raise ValueError(f"job {job_id} is not executing on this pump")
         raise ValueError(f"job {job_id} runs attempt {job.attempt}, not {attempt}")
 
-    def report(self, outcome: Outcome) -> None:
+    def report(self, outcome: Outcome, now: float) -> None:
         """The attempt's outcome, buffered, holds its job's slot from now on."""
         del self.executing[outcome.job_id]
-        self.outcomes.waiting.append(outcome)
+        self.outcomes.add(outcome, now)
 
     def abandon_all(self) -> int:
         """Give up every executing job; returns how many."""

@@ -44,6 +44,10 @@ class Command(BaseCommand):
         parser.add_argument("--pool-size", type=int, help="Worker threads per pump.")
         parser.add_argument("--pumps", type=int, help="Pumps (claim loops) per group.")
         parser.add_argument("--max-claim-batch", type=int)
+        parser.add_argument(
+            "--outcome-linger", type=float,
+            help="Seconds a finished job's outcome may wait for others before it is written (default 0.002; 0: at once).",
+        )
         parser.add_argument("--poll-interval", type=float, help="Seconds between polls when idle.")
         parser.add_argument("--lease-duration", type=float, help="Seconds a lease lives without renewal.")
         parser.add_argument("--maintenance-interval", type=float)
@@ -120,6 +124,7 @@ class Command(BaseCommand):
             "pool_size": options["pool_size"],
             "pumps": options["pumps"],
             "max_claim_batch": options["max_claim_batch"],
+            "outcome_linger": options["outcome_linger"],
             "poll_interval": options["poll_interval"],
             "lease_duration": options["lease_duration"],
             "maintenance_interval": options["maintenance_interval"],
