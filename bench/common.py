@@ -34,6 +34,9 @@ from backwave.tasking.task import enqueue_many  # noqa: E402
 
 QUEUE = "bench"
 PYTHON = sys.executable
+# The checkout whose manage.py runs the workers: this one, or another (BENCH_WORKER_ROOT) to
+# compare two versions of BackWave with the same benchmark and the same baseline.
+WORKER_ROOT = Path(os.environ.get("BENCH_WORKER_ROOT", ROOT))
 
 
 def database_name() -> str:
@@ -195,7 +198,7 @@ def run(command: list[str], env: dict[str, str] | None = None, *, stop_when=None
     began = time.perf_counter()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}-{time.monotonic_ns()}.log"
     with open(log_path, "w+") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=WORKER_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         if stop_when is not None:
             while process.poll() is None and not stop_when():
