@@ -36,7 +36,7 @@ def main() -> None:
     for name, module, extra in (
         ("throughput", throughput, []),
         ("latency", latency, []),
-        ("sleepers", sleepers, ["--linger-ms", "2", "0", "10"]),
+        ("sleepers", sleepers, ["--linger-ms", "10", "0", "2", "1000"]),
         ("orm", orm_jobs, []),
         ("backlog", backlog, []),
     ):

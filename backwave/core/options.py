@@ -34,11 +34,12 @@ MAX_INTERVAL = 7 * DAY
 # (SQLSTATE 55P03, not 57014) while the pump still has most of its statement budget.
 STATEMENT_TIMEOUT_SHARE_OF_LEASE = 1 / 5
 
-# Why 2 ms: a slot of a job that finished waits at most this for the next write; no-op jobs fill a
-# batch (or empty the pool) well within it, so throughput pays nothing, while a slow job's slot
-# is back within a round-trip or two instead of waiting for a whole batch to finish
-# (bench/sleepers.py --linger-ms shows the trade-off: round-trips per job against efficiency).
-DEFAULT_OUTCOME_LINGER = 0.002
+# Why 10 ms: a slot of a job that finished waits at most this for the next write, instead of for
+# the slowest job of its batch. Shorter splits batches of fast jobs: 16 no-op jobs take 2-3 ms of
+# GIL time to run, so at 2 ms a pool-16 pump wrote 0.10 round-trips per job instead of 0.064 and
+# drained a third slower (PostgreSQL's CPU per round-trip is the bottleneck on a small server).
+# bench/sleepers.py --linger-ms shows the trade-off: round-trips per job against efficiency.
+DEFAULT_OUTCOME_LINGER = 0.010
 MAX_OUTCOME_LINGER = 60.0
 LOCK_TIMEOUT_SHARE_OF_STATEMENT = 1 / 3
 

@@ -216,9 +216,9 @@ def test_an_outcome_linger_outside_zero_to_a_minute_is_refused(linger):
         validate_groups([WorkerGroupOptions(name="g", outcome_linger=linger)])
 
 
-def test_an_outcome_linger_of_zero_writes_at_once_and_the_default_is_two_milliseconds():
+def test_an_outcome_linger_of_zero_writes_at_once_and_the_default_is_ten_milliseconds():
     assert validate_groups([WorkerGroupOptions(name="g", outcome_linger=0)])[0].outcome_linger == 0
-    assert WorkerGroupOptions(name="g").outcome_linger == 0.002
+    assert WorkerGroupOptions(name="g").outcome_linger == 0.010
 
 
 def test_a_settings_group_takes_an_outcome_linger_of_zero_and_refuses_a_negative_one():

@@ -52,7 +52,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-claim-batch", type=int)
         parser.add_argument(
             "--outcome-linger", type=float,
-            help="Seconds a finished job's outcome may wait for others before it is written (default 0.002; 0: at once).",
+            help="Seconds a finished job's outcome may wait for others before it is written (default 0.01; 0: at once).",
         )
         parser.add_argument("--poll-interval", type=float, help="Seconds between polls when idle.")
         parser.add_argument("--lease-duration", type=float, help="Seconds a lease lives without renewal.")
