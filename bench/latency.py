@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import threading
 import time
 
 from common import PYTHON, QUEUE, ROOT, database_url, reset, sql, uptime_line, worker_command, worker_env
-
-import subprocess
 
 from project.demo.tasks import noop
 

@@ -29,7 +29,7 @@ import sys
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-from common import PYTHON, ROOT, drain_figures, fill, ran_once, reset, server_cpu, sql, uptime_line, worker_command, worker_env
+from common import ROOT, drain_figures, fill, ran_once, reset, server_cpu, sql, uptime_line, worker_command, worker_env
 
 from project.demo.tasks import noop
 
