@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 
-from common import PYTHON, QUEUE, ROOT, database_url, reset, sql, uptime_line, worker_command, worker_env
+from common import PYTHON, QUEUE, ROOT, WORKER_ROOT, database_url, reset, sql, uptime_line, worker_command, worker_env
 
 from project.demo.tasks import noop
 
@@ -33,7 +33,7 @@ def _start(contender: str) -> subprocess.Popen:
         process.stdout.readline()  # "listening"
         return process
     command = worker_command(pool_size=16, until_idle=False, extra=("--poll-interval", "1"))
-    process = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, cwd=WORKER_ROOT, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not Lease.objects.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -29,7 +29,7 @@ import sys
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-from common import ROOT, drain_figures, fill, ran_once, reset, server_cpu, sql, uptime_line, worker_command, worker_env
+from common import WORKER_ROOT, drain_figures, fill, ran_once, reset, server_cpu, sql, uptime_line, worker_command, worker_env
 
 from project.demo.tasks import noop
 
@@ -95,7 +95,7 @@ def run_hosts(count: int, jobs: int, pumps: int, pool_size: int, url: str) -> di
     for i in range(1, count + 1):
         name = host_name(i)
         shell = f"hostname {name} && exec {' '.join(command)}"
-        processes.append(subprocess.Popen(["ip", "netns", "exec", name, "unshare", "--uts", "sh", "-c", shell], cwd=ROOT, env=env,
+        processes.append(subprocess.Popen(["ip", "netns", "exec", name, "unshare", "--uts", "sh", "-c", shell], cwd=WORKER_ROOT, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     cpu_before = os.times()
     for process in processes:
