@@ -75,6 +75,7 @@ def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
             "backoff_max": float(job.backoff_max),
             "backend": job.backend,
             "tags": list(job.tags),
+            "trace_context": dict(job.trace_context) if job.trace_context else None,
         }
         for job in jobs
     ]
