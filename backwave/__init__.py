@@ -9,6 +9,18 @@ def __getattr__(name):
         from backwave.tasking import task
 
         return getattr(task, name)
+    if name in {"Snooze", "Discard", "Cancelled", "TimeLimitExceeded"}:
+        from backwave.tasking import control
+
+        return getattr(control, name)
+    if name in {"cancel", "Cancellation"}:
+        from backwave.tasking import cancelling
+
+        return getattr(cancelling, name)
+    if name == "JobContext":
+        from backwave.tasking.context import JobContext
+
+        return JobContext
     if name == "UnstorableResult":
         from backwave.store.storable import UnstorableResult
 

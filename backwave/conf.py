@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,11 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
+    # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
+    # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
+    # SafeExceptionReporterFilter does the same to settings. None or "" redacts nothing.
+    "REDACT_KEYS": r"pass(word|wd|phrase)?|secret|token|api[-_]?key|authori[sz]ation|credential|private[-_]?key|signature|cookie|session",
     # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):
     # "Authorization: Bearer <token>". None: only signed-in staff with backwave.view_job may read it.
     "METRICS_TOKEN": None,
@@ -138,6 +144,18 @@ def _list_of(kind: type, label: str) -> Callable[[Any], str | None]:
         return None
 
     return check
+
+
+def _pattern_or_none(value) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        return "a regular expression (a string), or None to redact nothing"
+    try:
+        re.compile(value)
+    except re.error as error:
+        return Sentence(f"['REDACT_KEYS'] is not a valid regular expression ({error}): {value!r}.")
+    return None
 
 
 MIN_METRICS_TOKEN_LENGTH = 24
@@ -284,6 +302,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "REDACT_KEYS": _pattern_or_none,
     "METRICS_TOKEN": _metrics_token,
     "HINT_DATABASES": _hint_databases,
     "DATABASE": _alias,
@@ -397,7 +416,7 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
-_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "outcome_linger"}
+_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace", "outcome_linger"}
 
 # The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
 IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
@@ -540,6 +559,7 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
                 backoff_max=job.backoff_max,
                 backend=job.backend,
                 tags=tuple(job.tags),
+                timeout=job.timeout,
                 enabled=spec.get("enabled", True),
             )
         )

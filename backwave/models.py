@@ -20,6 +20,7 @@ admin's view and the tasks backend's read path.
 """
 
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, Value, When
@@ -102,6 +103,7 @@ class Schedule(models.Model):
     backoff_max = models.FloatField(default=3600.0)
     backend = models.CharField(max_length=64, default="default")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).")
     enabled = models.BooleanField(default=True)
     last_slot = models.DateTimeField(null=True, blank=True, help_text="The latest slot minted as a job.")
     next_run = models.DateTimeField(null=True, blank=True, help_text="The next slot due (database clock); NULL until computed.")
@@ -148,7 +150,7 @@ class Job(models.Model):
     # max_attempts, the job marked suspect), and a suspect runs as the only suspect of its pump:
     # a suspect whose lease lapses again pays (see expire_leases in store/queries.sql).
     forgiven_attempts = models.IntegerField(
-        default=0, db_default=0, help_text="Attempts that lapsed with their worker and were not counted against max_attempts."
+        default=0, db_default=0, help_text="Attempts not counted against max_attempts: lapsed with their worker, or snoozed."
     )
     suspect = models.BooleanField(
         default=False, db_default=False,
@@ -156,6 +158,18 @@ class Job(models.Model):
     )
     backoff_base = models.FloatField(default=1.0, help_text="Seconds before the first retry; doubles on each further attempt.")
     backoff_max = models.FloatField(default=3600.0)
+
+    timeout = models.FloatField(
+        null=True, blank=True,
+        help_text="Seconds one attempt may run; past it the attempt fails with backwave.TimeLimitExceeded (empty: no limit).",
+    )
+    # A cancel of a running job is a request: the worker holding it is told (NOTIFY, and its
+    # heartbeat's answer) and ends the attempt cancelled. Kept after that, so the error names
+    # who cancelled, and so a job whose worker died meanwhile is cancelled at its next claim.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=255, blank=True, default="", db_default="", help_text="Who cancelled the job: admin:<user>, api, or command.")
+    progress = models.JSONField(null=True, blank=True, help_text="The handler's last context.set_progress(); written with the heartbeat.")
+    metadata = models.JSONField(null=True, blank=True, help_text="The handler's context.metadata, written with the heartbeat and the outcome.")
 
     lease_id = models.UUIDField(null=True, blank=True, help_text="The lease the job runs under while running.")
     worker_id = models.CharField(max_length=255, blank=True, default="", help_text="Pump identity of the latest attempt.")
@@ -217,6 +231,15 @@ class Job(models.Model):
                 name="backwave_job_failed_queue",
                 condition=models.Q(state__in=["failed", "quarantined"]),
             ),
+            # The admin's and backwave_jobs' search by argument value: payload @> '{"kwargs":
+            # {"order_id": 42}}'. jsonb_path_ops indexes only containment (@>, @?, @@), which
+            # is all the search asks, and is a third the size of the default jsonb_ops.
+            # Partial, leaving running rows out: a claim (ready -> running) then writes no GIN
+            # entry (it tripled the claim's WAL bytes otherwise); the search looks for running
+            # jobs through the small running-jobs index instead (backwave/job_search.py).
+            GinIndex(fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"], condition=~models.Q(state="running")),
+            # The tag filter: tags @> ARRAY['tenant:7'], partial for the same reason.
+            GinIndex(fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running")),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_job_priority_range"),
@@ -237,6 +260,7 @@ class Job(models.Model):
         permissions = [
             ("retry_job", "Can retry failed or quarantined jobs"),
             ("cancel_job", "Can cancel ready or scheduled jobs"),
+            ("cancel_running_job", "Can cancel running jobs"),
         ]
 
     def __str__(self):
@@ -267,6 +291,8 @@ class AttemptState(models.TextChoices):
     FAILED = "failed", "Failed"
     QUARANTINED = "quarantined", "Quarantined"
     LAPSED = "lapsed", "Lease lapsed"
+    CANCELLED = "cancelled", "Cancelled"
+    SNOOZED = "snoozed", "Snoozed"  # not a failure: left out of max_attempts (forgiven_attempts)
 
 
 class Attempt(models.Model):
@@ -278,6 +304,13 @@ class Attempt(models.Model):
     worker_id = models.CharField(max_length=255)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(db_default=Now())
+    # A lapsed attempt's finished_at is when maintenance noticed the lapse, up to a lease
+    # duration (and a maintenance interval) after the worker went quiet. The lease's last
+    # renewal is the last moment the attempt is known to have been running: the job page shows
+    # that as when it ran until.
+    lease_renewed_at = models.DateTimeField(
+        null=True, blank=True, help_text="Lapsed attempts: the last renewal of the lease they ran under (they were still running then)."
+    )
     error_class = models.CharField(max_length=255, blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     return_value = models.JSONField(null=True, blank=True)

@@ -45,6 +45,17 @@ class ExecuteJob(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StopAttempt(Command):
+    """Tell this attempt's handler to stop (its context's ``should_stop()`` turns true): it ran
+    past its time limit, or was cancelled. Not a store command: the shell flags the handler,
+    and with hard limits replaces a process whose handler does not return."""
+
+    job_id: int
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WriteOutcomes(Command):
     """Apply these outcomes in one fenced batch write."""
 

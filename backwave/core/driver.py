@@ -31,7 +31,7 @@ from .lease import LeaseClock
 from .ledger import Ledger
 from .maintenance import PURGE_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
-from .outcomes import OutcomeBuffer, decide
+from .outcomes import OutcomeBuffer, cancel_reason, decide
 from .slots import Slots
 from .stats import DriverStats
 from .transitions import ACCEPTS, AWAITED, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
@@ -92,6 +92,8 @@ class NodeDriver:
                 deadlines.append(linger_due)
         elif self._drain.deadline is not None:
             deadlines.append(self._drain.deadline)
+        if (attempt_deadline := self._slots.next_deadline()) is not None:
+            deadlines.append(attempt_deadline)
         return min(deadlines)
 
     @property
@@ -155,6 +157,14 @@ class NodeDriver:
             return []
         return self._on_due(event.now)
 
+    def _on_cancel_requested(self, event: ev.CancelRequested) -> list[cmd.Command]:
+        if self.state not in (State.RUNNING, State.DRAINING):
+            return []
+        job = self._slots.cancel(event.job_id, event.by, event.now + self.options.cancel_grace)
+        if job is None:
+            return []  # not running here (another pump's, or already reported), or already noted
+        return [cmd.StopAttempt(job_id=job.id, attempt=job.attempt, reason=cancel_reason(event.by))]
+
     def _on_claim_returned(self, event: ev.ClaimReturned) -> list[cmd.Command]:
         try:
             self.stats.lost += self._slots.take(event.jobs, self._ledger.oldest(cmd.ClaimJobs).limit)
@@ -172,7 +182,8 @@ class NodeDriver:
             job = self._slots.finishing(event.job_id, event.attempt)
             if job is None:
                 return []  # an abandoned attempt: its slot reopens, and nothing else changes
-            outcome = decide(job, event)  # before any change: a refused event leaves no trace
+            # Decided before any change: a refused event leaves no trace.
+            outcome = decide(job, event, cancelled_by=self._slots.cancels.get(job.id))
         except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
             raise InvalidEvent(event, self.state, str(error)) from None
         self._slots.report(outcome, event.now)
@@ -206,7 +217,8 @@ class NodeDriver:
         self.stats.heartbeats += 1
         if event.held:
             self._trust_lease_from(sent_at)
-            return []
+            # The safety net under the NOTIFY: each cancel as if it had been heard.
+            return [command for job_id, by in event.cancels for command in self._on_cancel_requested(ev.CancelRequested(now=event.now, job_id=job_id, by=by))]
         return self._lose_lease(event.now)
 
     def _on_nothing_to_do(self, event: ev.Event) -> list[cmd.Command]:
@@ -293,6 +305,7 @@ class NodeDriver:
             # No renewal has landed for a whole lease: another node may already have expired
             # it and re-run our jobs. Stop writing for them and start over.
             return self._lose_lease(now)
+        commands += self._end_overdue(now)
         if self.state is State.DRAINING:
             commands += self._drain_step(now)
         elif now >= self._claims.next_poll:
@@ -309,9 +322,23 @@ class NodeDriver:
             commands += self._maintenance.due(now)
         return commands
 
+    def _end_overdue(self, now: float) -> list[cmd.Command]:
+        """Attempts past their deadline end now, without their handlers (see ** in transitions)."""
+        ended = self._slots.end_overdue(now)
+        if not ended:
+            return []
+        self.stats.abandoned += len(ended)
+        commands: list[cmd.Command] = [cmd.StopAttempt(job_id=o.job_id, attempt=o.attempt, reason=o.reason) for o in ended]
+        if self.state is State.RUNNING and (self._outcomes.full or not self._slots.executing):
+            commands += self._flush(now, then_claim=True)
+        return commands
+
     def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
         """Start the jobs a claim returned; at the end of the pass, claim again if more is waiting."""
-        commands = self._slots.start(jobs)
+        buffered = len(self._outcomes.waiting)
+        commands = self._slots.start(jobs, now)
+        if len(self._outcomes.waiting) > buffered and (self._outcomes.full or not self._slots.executing):
+            commands += self._flush(now, then_claim=False)  # jobs cancelled before they started
         self._claims.next_poll = now + self.options.poll_interval
         if self._claim_limit:
             return commands  # the rest of this pass is still on its way
@@ -388,6 +415,7 @@ _HANDLERS = {
     ev.LeaseOpened: NodeDriver._on_lease_opened,
     ev.Tick: NodeDriver._on_tick,
     ev.HintReceived: NodeDriver._on_hint,
+    ev.CancelRequested: NodeDriver._on_cancel_requested,
     ev.ClaimReturned: NodeDriver._on_claim_returned,
     ev.JobFinished: NodeDriver._on_job_finished,
     ev.OutcomesWritten: NodeDriver._on_outcomes_written,

@@ -44,7 +44,10 @@ class ClaimReturned(Event):
     jobs: tuple[ClaimedJob, ...]
 
 
-JobResult = Literal["succeeded", "failed", "unroutable"]
+# "discarded": failed, and no retry whatever attempts are left (backwave.Discard, discard_on, a
+# backoff that said no more). "snoozed": the handler asked to run again after ``delay`` seconds.
+# "cancelled": it stopped because its context said it was cancelled.
+JobResult = Literal["succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +63,19 @@ class JobFinished(Event):
     attempt: int
     result: JobResult
     jitter: float = 0.0
+    # Seconds before the job runs again: a snooze's (required), or a failure's as the task's
+    # backoff callable computed it (None: the default exponential backoff).
+    delay: float | None = None
     report: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequested(Event):
+    """Someone (``by``: an admin user, the API, a command) asked to cancel a job, which may be
+    running on this pump: a NOTIFY heard by the hint listener, or the heartbeat's answer."""
+
+    job_id: int
+    by: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,9 +87,11 @@ class OutcomesWritten(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseRenewed(Event):
-    """The heartbeat landed. ``held`` is False when the lease was gone (expired by someone else)."""
+    """The heartbeat landed. ``held`` is False when the lease was gone (expired by someone else).
+    ``cancels``: (job id, who asked) of each cancel requested of a job running under the lease."""
 
     held: bool
+    cancels: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

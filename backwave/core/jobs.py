@@ -29,6 +29,11 @@ class ClaimedJob:
     # Earlier attempts that lapsed with their worker and were not counted (see expire_leases).
     forgiven_attempts: int = 0
     suspect: bool = False  # its last attempt lapsed with its worker: the only suspect of this pump
+    # Seconds this attempt may run (the task's or the enqueue's limit); None: no limit.
+    timeout: float | None = None
+    # Who asked to cancel the job while it ran, when its attempt ended without an outcome (its
+    # worker died, or it was given back): the claim cancels it instead of running it again.
+    cancel_requested_by: str | None = None
     # The W3C trace context captured at enqueue (traceparent, tracestate), or None; the shell
     # makes it the parent of the attempt's span. Opaque here.
     trace_context: Any = field(default=None, compare=False, repr=False)
@@ -46,6 +51,8 @@ class OutcomeKind(enum.Enum):
     RETRY = "retry"  # attempt failed, job ready again after a backoff
     FAILED = "failed"  # attempt failed and no attempts are left: job dead
     QUARANTINED = "quarantined"  # unroutable: unknown task or undecodable payload; kept, never retried
+    CANCELLED = "cancelled"  # an operator or the API cancelled the job while it ran: never retried
+    SNOOZED = "snoozed"  # the handler asked to run again later: ready after retry_delay, attempt not counted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +62,10 @@ class Outcome:
     job_id: int
     attempt: int
     kind: OutcomeKind
-    retry_delay: float | None = None  # seconds from the write, by the database clock; RETRY only
+    retry_delay: float | None = None  # seconds from the write, by the database clock; RETRY and SNOOZED
+    # Why the driver, not the handler, ended the attempt ("timeout", or "cancelled by ..."): the
+    # shell writes the error text from it. Empty when the handler's own report says what happened.
+    reason: str = ""
     # The JobFinished's report, handed back to the shell with the WriteOutcomes; never looked
     # into here, and left out of equality and repr so traces stay what they were.
     report: object = field(default=None, compare=False, repr=False)

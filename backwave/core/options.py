@@ -95,6 +95,9 @@ class WorkerGroupOptions:
     heartbeat_interval: float | None = None  # None: lease_duration / 3
     maintenance_interval: float = 30.0
     drain_timeout: float = 30.0
+    # Seconds a cancelled running job's handler gets to notice and return before its attempt is
+    # ended as cancelled without it (like a timeout: its thread's slot stays taken until it returns).
+    cancel_grace: float = 5.0
     # The Django DATABASES alias whose jobs this group's pumps claim. None: the databases of the
     # backends that declare its queues (the worker places the group on each, see
     # backwave/databases.py). A plain name here: the core never opens a database.
@@ -141,7 +144,7 @@ def _is_seconds(value) -> bool:
 
 
 def _check_intervals(group: WorkerGroupOptions) -> None:
-    for name in ("poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout"):
+    for name in ("poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace"):
         value = getattr(group, name)
         if name == "heartbeat_interval" and value is None:
             continue

@@ -23,6 +23,7 @@ still holds its lease.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import deque
 from collections.abc import Collection
@@ -35,25 +36,68 @@ from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .ledger import Ledger
 from .options import WorkerGroupOptions
 
-RESULTS = ("succeeded", "failed", "unroutable")
+RESULTS = ("succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled")
+
+# Handed to the backoff of an attempt the driver ends itself (a timeout): no event brings a
+# draw, and the middle of the range is the nominal delay.
+TIMEOUT_JITTER = 0.5
 
 
-def decide(job: ClaimedJob, event: ev.JobFinished) -> Outcome:
+def decide(job: ClaimedJob, event: ev.JobFinished, *, cancelled_by: str | None = None) -> Outcome:
     """The outcome of ``job``'s attempt that ``event`` reports; ValueError when it cannot be
-    decided (an unknown result, a jitter outside [0, 1))."""
+    decided (an unknown result, a jitter outside [0, 1), a delay that is not a finite number of
+    seconds >= 0, a snooze without one). ``cancelled_by``: the job's cancel was requested while
+    the attempt ran, so it ends cancelled however its handler ended."""
     if event.result not in RESULTS:
         raise ValueError(f"unknown result {event.result!r}")
+    delay = event.delay
+    if delay is not None and not (isinstance(delay, (int, float)) and math.isfinite(delay) and delay >= 0):
+        raise ValueError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    if event.result == "snoozed" and delay is None:
+        raise ValueError("a snoozed attempt needs a delay")
     decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
+    if cancelled_by is not None or event.result == "cancelled":
+        return Outcome(**decided, kind=OutcomeKind.CANCELLED, reason=cancel_reason(cancelled_by))
     if event.result == "succeeded":
         return Outcome(**decided, kind=OutcomeKind.SUCCEEDED)
     if event.result == "unroutable":
         return Outcome(**decided, kind=OutcomeKind.QUARANTINED)
-    # Attempts forgiven after a lapse (the job may only have been beside a worker's death) count
-    # neither towards the limit nor towards the backoff.
-    if job.counted_attempt >= job.max_attempts:
+    if event.result == "snoozed":
+        # Not a failure: the store leaves the attempt out of the limit (forgiven_attempts).
+        return Outcome(**decided, kind=OutcomeKind.SNOOZED, retry_delay=float(delay))
+    if event.result == "discarded":
         return Outcome(**decided, kind=OutcomeKind.FAILED)
-    delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=event.jitter)
-    return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=delay)
+    return _failure(job, decided, jitter=event.jitter, delay=delay)
+
+
+def timed_out(job: ClaimedJob) -> Outcome:
+    """The outcome of an attempt that ran past its time limit: a failed attempt under the job's
+    retry rules (the task's backoff callable cannot be asked: its handler is still running)."""
+    return _failure(job, {"job_id": job.id, "attempt": job.attempt}, jitter=TIMEOUT_JITTER, delay=None, reason="timeout")
+
+
+def cancel_ignored(job: ClaimedJob, by: str) -> Outcome:
+    """The outcome of a cancelled attempt whose handler did not return within cancel_grace."""
+    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(by) + " (its handler did not stop in time)")
+
+
+def cancelled_before_start(job: ClaimedJob) -> Outcome:
+    """A claimed job whose cancel was requested while an earlier attempt of it ran."""
+    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(job.cancel_requested_by) + " (before this attempt started)")
+
+
+def cancel_reason(by: str | None) -> str:
+    return f"cancelled by {by}" if by else "cancelled"
+
+
+def _failure(job: ClaimedJob, decided: dict, *, jitter: float, delay: float | None, reason: str = "") -> Outcome:
+    # Attempts forgiven after a lapse (the job may only have been beside a worker's death) or
+    # snoozed count neither towards the limit nor towards the backoff.
+    if job.counted_attempt >= job.max_attempts:
+        return Outcome(**decided, kind=OutcomeKind.FAILED, reason=reason)
+    if delay is None:
+        delay = retry_delay(attempt=job.counted_attempt, base=job.backoff_base, cap=job.backoff_max, jitter=jitter)
+    return Outcome(**decided, kind=OutcomeKind.RETRY, retry_delay=float(delay), reason=reason)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from . import claims
 from . import commands as cmd
 from .jobs import ClaimedJob, Outcome
 from .options import WorkerGroupOptions
-from .outcomes import OutcomeBuffer
+from .outcomes import OutcomeBuffer, cancel_ignored, cancelled_before_start, timed_out
 
 
 @dataclass
@@ -28,6 +28,11 @@ class Slots:
     # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
     # returned yet: each still occupies a thread of the pool, so it still takes a slot.
     abandoned: set[tuple[int, int]] = field(default_factory=set)
+    # Executing jobs whose attempt must end by then (driver's clock): a time limit, or a cancel's
+    # grace. See ** in core/transitions.py.
+    deadlines: dict[int, float] = field(default_factory=dict)
+    # Executing jobs whose cancel was requested: who asked.
+    cancels: dict[int, str] = field(default_factory=dict)
 
     @property
     def unreported(self) -> int:
@@ -61,9 +66,46 @@ class Slots:
             self.outcomes.drop(claimed_ids)
         return obsolete
 
-    def start(self, jobs: tuple[ClaimedJob, ...]) -> list[cmd.Command]:
-        self.executing.update((job.id, job) for job in jobs)
-        return [cmd.ExecuteJob(job=job) for job in jobs]
+    def start(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
+        """ExecuteJob for each job; a job cancelled while an earlier attempt ran is not run, its
+        CANCELLED outcome buffered instead (holding its slot like any outcome)."""
+        commands: list[cmd.Command] = []
+        for job in jobs:
+            if job.cancel_requested_by is not None:
+                self.outcomes.add(cancelled_before_start(job), now)
+                continue
+            self.executing[job.id] = job
+            if job.timeout is not None:
+                self.deadlines[job.id] = now + job.timeout
+            commands.append(cmd.ExecuteJob(job=job))
+        return commands
+
+    def next_deadline(self) -> float | None:
+        return min(self.deadlines.values(), default=None)
+
+    def cancel(self, job_id: int, by: str, deadline: float) -> ClaimedJob | None:
+        """Note a cancel of an executing job (once): its attempt must end by ``deadline`` at the
+        latest. The job, or None when it is not executing here or its cancel is already noted."""
+        job = self.executing.get(job_id)
+        if job is None or job_id in self.cancels:
+            return None
+        self.cancels[job_id] = by
+        self.deadlines[job_id] = min(self.deadlines.get(job_id, deadline), deadline)
+        return job
+
+    def end_overdue(self, now: float) -> list[Outcome]:
+        """End every attempt past its deadline without its handler: its outcome buffered, the
+        attempt abandoned (its slot stays taken until the handler returns)."""
+        ended = []
+        for job_id in [job_id for job_id, deadline in self.deadlines.items() if deadline <= now]:
+            job = self.executing.pop(job_id)
+            del self.deadlines[job_id]
+            by = self.cancels.pop(job_id, None)
+            outcome = timed_out(job) if by is None else cancel_ignored(job, by)
+            self.abandoned.add((job.id, job.attempt))
+            self.outcomes.add(outcome, now)
+            ended.append(outcome)
+        return ended
 
     def finishing(self, job_id: int, attempt: int) -> ClaimedJob | None:
         """The executing job whose attempt finished, or None for an abandoned attempt (forgotten
@@ -82,6 +124,8 @@ class Slots:
     def report(self, outcome: Outcome, now: float) -> None:
         """The attempt's outcome, buffered, holds its job's slot from now on."""
         del self.executing[outcome.job_id]
+        self.deadlines.pop(outcome.job_id, None)
+        self.cancels.pop(outcome.job_id, None)
         self.outcomes.add(outcome, now)
 
     def abandon_all(self) -> int:
@@ -91,4 +135,6 @@ class Slots:
         self.abandoned.update((job.id, job.attempt) for job in self.executing.values())
         count = len(self.executing)
         self.executing.clear()
+        self.deadlines.clear()
+        self.cancels.clear()
         return count

@@ -23,7 +23,13 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | heartbeat due: RenewLease; maintenance due:         |
                       |                  | ExpireLeases, MintSchedules, PurgeJobs, PurgePumps; |
                       |                  | a full purge page: the next PurgeJobs;              |
+                      |                  | an attempt past its deadline (see ** below): its    |
+                      |                  | outcome buffered, StopAttempt, its slot taken until |
+                      |                  | its handler returns;                                |
                       |                  | lease presumed lapsed: self-fence                   | OPENING
+    RUNNING, DRAINING | CancelRequested  | of a job it runs: StopAttempt, the attempt ends     | same
+                      |                  | cancelled when it returns, or at its deadline, now  |
+                      |                  | + cancel_grace at the latest (**); else nothing     |
     RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
                       |                  | permitting (one pending-poll slot: a burst costs    |
                       |                  | one extra claim); else a free slot: poll now; none: |
@@ -35,8 +41,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | outcome_linger: WriteOutcomes + ClaimJobs           |
     RUNNING           | OutcomesWritten  | slots reopen; the next batch if due (as             | RUNNING
                       |                  | JobFinished); else re-poll if no claim rode it      |
-    RUNNING           | LeaseRenewed     | held: nothing; lost: abandon all (their slots stay  | RUNNING/OPENING
-                      |                  | taken until their handlers return), OpenLease       |
+    RUNNING           | LeaseRenewed     | held: its cancels, each as a CancelRequested; lost: | RUNNING/OPENING
+                      |                  | abandon all (their slots stay taken until their     |
+                      |                  | handlers return), OpenLease                         |
     RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
     RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
                       |                  | after a jittered backoff that doubles per fault in  |
@@ -49,15 +56,17 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | reopens (a poll or a write's claim uses it);        |
                       |                  | outside RUNNING and DRAINING nothing else executes  |
     any*              | HintReceived     | outside RUNNING: nothing                            | same
+    any*              | CancelRequested  | outside RUNNING and DRAINING: nothing               | same
     any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
                       | SchedulesMinted, | page purges again on the next tick in RUNNING only  |
                       | PumpsPurged,     |                                                     |
                       | JobsPurged       |                                                     |
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
-                      | Tick             | ReleaseLease (gives back what did not finish)       |
+                      | Tick             | ReleaseLease (gives back what did not finish); a    |
+                      |                  | Tick ends attempts past their deadline as RUNNING's |
     DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
-    DRAINING          | LeaseRenewed     | held: nothing; lost: give up                        | STOPPED
+    DRAINING          | LeaseRenewed     | held: its cancels, as in RUNNING; lost: give up     | STOPPED
     DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
     DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
     DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
@@ -68,6 +77,12 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     STOPPED           | StoreFailed      | of the OpenLease in flight at the drain: nothing    | STOPPED
 
     * after a LeaseOpened that was already in flight, the lease is released first.
+    ** attempt deadlines: an attempt of a job with a time limit is due to end at the ClaimReturned's
+       now + its timeout; a cancel brings that forward to now + cancel_grace. Past it, on a Tick,
+       the driver decides the attempt's outcome without its handler: a timeout is a failed attempt
+       (RETRY or FAILED under the job's rules), an ignored cancel is CANCELLED. The JobFinished
+       that comes when the handler returns is then an abandoned attempt's. A claimed job whose
+       cancel was requested while an earlier attempt ran is CANCELLED at once, never executed.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
@@ -120,8 +135,8 @@ class InvalidEvent(Exception):
 
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
 _MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged})
-# What every state but NEW takes: timers, hints, handlers returning, faults, maintenance, a drain.
-_LIVE = frozenset({ev.Tick, ev.HintReceived, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
+# What every state but NEW takes: timers, hints, cancels, handlers returning, faults, maintenance, a drain.
+_LIVE = frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
 # Answers to commands sent under a held lease.
 _UNDER_LEASE = frozenset({ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.JobsReleased, ev.LeaseReconciled})
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 import traceback as traceback_module
 from collections.abc import Callable
@@ -24,17 +25,20 @@ from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from backwave.conf import DEFAULTS
+from backwave.redaction import redacted_text
 from backwave.core.events import JobResult
 from backwave.core.jobs import ClaimedJob
 from backwave.tasking.results import task_result_for_attempt
-from backwave.store.contract import OutcomeRecord
+from backwave.store.contract import OutcomeRecord, ProgressReport
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
 
+from backwave.tasking.context import AttemptControl, JobContext
+from backwave.tasking.control import Discard, Snooze, seconds_of
 from backwave.tasking.registry import TaskRegistry
 from backwave.tracing import attempt_span
 from .scope import enter_attempt, leave_attempt
@@ -59,6 +63,9 @@ class AttemptReport:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0
+    delay: float | None = None  # snoozed: seconds to wait; failed: the task's backoff() (None: the default)
+    progress: Any = None  # the attempt's last set_progress() and metadata, for the outcome
+    metadata: Any = None
     # The job's queue and task path as claimed: the worker's metrics label each outcome with them.
     queue: str = ""
     task_path: str = ""
@@ -71,37 +78,60 @@ class AttemptReport:
 class _Attempt:
     """One routed attempt between its start and its report: the parts sync and async share."""
 
-    __slots__ = ("job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes")
+    __slots__ = (
+        "job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes", "control", "context",
+    )
 
-    def __init__(self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int):
+    def __init__(
+        self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int, clock=time.monotonic,
+        control: AttemptControl | None = None,
+    ):
         self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
         self.result = _running_result(job, task, worker_id)
         self.sender = sender
         self.started = started
         self.max_traceback_chars = max_traceback_chars
         self.max_result_bytes = max_result_bytes
+        self.control = control if control is not None else AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout, clock=clock)
+        self.context: JobContext | None = None
 
     def announce(self) -> None:
         task_started.send(sender=self.sender, task_result=self.result)
 
     def arguments(self) -> tuple[list, dict]:
         if self.task.takes_context:
-            return [TaskContext(task_result=self.result), *self.args], self.kwargs
+            self.context = JobContext(task_result=self.result, control=self.control)
+            return [self.context, *self.args], self.kwargs
         return self.args, self.kwargs
 
     def storable(self, value: Any) -> Any:
-        return _json_value(value, max_bytes=self.max_result_bytes)
+        encoded = _json_value(value, max_bytes=self.max_result_bytes)
+        if self.context is not None and self.context.metadata:
+            # Saved with the outcome (Django's proposed metadata API); checked here, inside the attempt.
+            self.control.save_metadata(self.context.metadata)
+        return encoded
 
     def failed(self, error: BaseException) -> AttemptReport:
         duration = time.monotonic() - self.started
+        if self.context is not None and self.context.metadata:
+            try:
+                self.control.save_metadata(self.context.metadata)
+            except ValueError:
+                logger.warning("Job %s: its metadata cannot be stored and is left out", self.job.id, exc_info=True)
+        result, delay = self._verdict(error)
         error_class = _error_class(error)
-        text = _traceback_text(error, error_class, self.max_traceback_chars)
-        object.__setattr__(self.result, "status", TaskResultStatus.FAILED)
-        self.result.errors.append(TaskError(exception_class_path=error_class, traceback=text))
+        if result == "snoozed":
+            text = f"{error_class}: {error}\n"  # not a failure: no traceback to read
+            object.__setattr__(self.result, "status", TaskResultStatus.READY)
+        else:
+            text = _traceback_text(error, error_class, self.max_traceback_chars)
+            object.__setattr__(self.result, "status", TaskResultStatus.FAILED)
+            self.result.errors.append(TaskError(exception_class_path=error_class, traceback=text))
         job = self.job
         return AttemptReport(
-            job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration,
-            queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender,
+            job_id=job.id, attempt=job.attempt, result=result, error_class=error_class, traceback=text, duration=duration, delay=delay,
+            progress=self.control.last_progress, metadata=self.control.last_metadata, queue=job.queue, task_path=job.task_path,
+            task_result=self.result, sender=self.sender,
         )
 
     def succeeded(self, encoded) -> AttemptReport:
@@ -109,12 +139,39 @@ class _Attempt:
         object.__setattr__(self.result, "_return_value", encoded)
         job = self.job
         return AttemptReport(
-            job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started,
+            job_id=job.id, attempt=job.attempt, result="cancelled" if self.control.cancelled else "succeeded", return_value=encoded,
+            duration=time.monotonic() - self.started, progress=self.control.last_progress, metadata=self.control.last_metadata,
             queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender,
         )
 
+    def _verdict(self, error: BaseException) -> tuple[JobResult, float | None]:
+        """What the handler's exception makes of the attempt: the task's rules, then its backoff."""
+        if self.control.cancelled:
+            return "cancelled", None
+        if isinstance(error, Snooze):
+            return "snoozed", error.seconds
+        if isinstance(error, Discard):
+            return "discarded", None
+        task = self.task
+        discard_on, retry_on = getattr(task, "discard_on", ()), getattr(task, "retry_on", ())
+        if (discard_on and isinstance(error, discard_on)) or (retry_on and not isinstance(error, retry_on)):
+            return "discarded", None
+        backoff = getattr(task, "backoff", None)
+        if backoff is None:
+            return "failed", None
+        try:
+            delay = backoff(self.job.counted_attempt, error)
+            return ("discarded", None) if delay is None else ("failed", seconds_of(delay, what="backoff()'s answer"))
+        except BaseException:  # even a SystemExit: the attempt must still be reported
+            # The task's own backoff is broken: the default backoff still retries the job.
+            logger.exception("backoff() of task %s failed for job %s; the default backoff applies", self.job.task_path, self.job.id)
+            return "failed", None
 
-def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int, backend_class) -> _Attempt | AttemptReport:
+
+def _begin(
+    job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int, backend_class, clock=time.monotonic,
+    control: AttemptControl | None = None,
+) -> _Attempt | AttemptReport:
     """Route the job: an _Attempt ready to run, or the report of an unroutable (quarantined) one."""
     started = time.monotonic()
     try:
@@ -134,8 +191,60 @@ def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_tracebac
     sender = backend_class or registry.sender(task)
     return _Attempt(
         job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started,
-        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes, clock=clock, control=control,
     )
+
+
+class AttemptControls:
+    """The controls of a pump's running attempts, by (job id, attempt): the handler threads add
+    and discard theirs, the pump thread stops one (StopAttempt) and collects what to report with
+    the heartbeat. One lock, held for a dict operation at a time."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: dict[tuple[int, int], AttemptControl] = {}
+
+    def add(self, control: AttemptControl) -> None:
+        with self._lock:
+            self._running[(control.job_id, control.attempt)] = control
+
+    def register(self, job: ClaimedJob) -> None:
+        """The pump thread, as it hands the job to a thread: from now on a StopAttempt for it
+        finds its control, however soon it comes (its time limit counts from here)."""
+        self.add(AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout))
+
+    def get(self, job: ClaimedJob) -> AttemptControl | None:
+        with self._lock:
+            return self._running.get((job.id, job.attempt))
+
+    def discard(self, control: AttemptControl) -> None:
+        with self._lock:
+            if self._running.get((control.job_id, control.attempt)) is control:
+                del self._running[(control.job_id, control.attempt)]
+
+    def stop(self, job_id: int, attempt: int, reason: str) -> bool:
+        """Flag that attempt's handler to stop; False when it is not running (any more)."""
+        with self._lock:
+            control = self._running.get((job_id, attempt))
+        if control is None:
+            return False
+        control.stop(reason)
+        return True
+
+    def forget(self, job: ClaimedJob) -> None:
+        with self._lock:
+            self._running.pop((job.id, job.attempt), None)
+
+    def stopped_running(self) -> list[AttemptControl]:
+        """The attempts told to stop whose handlers still run."""
+        with self._lock:
+            return [control for control in self._running.values() if control.stop_reason]
+
+    def reports(self) -> list[ProgressReport]:
+        """Every running attempt's progress and metadata set since the last call."""
+        with self._lock:
+            controls = list(self._running.values())
+        return [report for control in controls if (report := control.take_report()) is not None]
 
 
 def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
@@ -166,13 +275,18 @@ def _run_attempt(
     backend_class: type | None = None,
     enter: Callable[[], None] = enter_attempt,
     leave: Callable[[], None] = leave_attempt,
+    controls: AttemptControls | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AttemptReport:
     """Run ``job`` once and describe the outcome. Never raises: a handler's exception (SystemExit
     included) is the attempt's outcome, not the pump's problem. ``enter`` and ``leave`` wrap the
     handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection."""
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class)
+    controls = controls if controls is not None else AttemptControls()
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, controls.get(job))
     if isinstance(attempt, AttemptReport):
+        controls.forget(job)  # unroutable: it never ran
         return attempt
+    controls.add(attempt.control)
     try:
         enter()
         try:
@@ -183,6 +297,8 @@ def _run_attempt(
             leave()
     except BaseException as error:
         return attempt.failed(error)
+    finally:
+        controls.discard(attempt.control)
     return attempt.succeeded(encoded)
 
 
@@ -195,12 +311,17 @@ async def _run_attempt_async(
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     enter: Callable[[], None] = enter_attempt,
     leave: Callable[[], None] = leave_attempt,
+    controls: AttemptControls | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AttemptReport:
     """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
     runs through sync_to_async, as Django's ASGI handler does around a request."""
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None)
+    controls = controls if controls is not None else AttemptControls()
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock, controls.get(job))
     if isinstance(attempt, AttemptReport):
+        controls.forget(job)  # unroutable: it never ran
         return attempt
+    controls.add(attempt.control)
     try:
         await sync_to_async(enter)()
         try:
@@ -211,6 +332,8 @@ async def _run_attempt_async(
             await sync_to_async(leave)()
     except BaseException as error:
         return attempt.failed(error)
+    finally:
+        controls.discard(attempt.control)
     return attempt.succeeded(encoded)
 
 
@@ -221,7 +344,8 @@ def route(job: ClaimedJob, registry: TaskRegistry):
         raise Unroutable(f"no task named {job.task_path!r} is registered in this worker")
     payload = job.payload
     if not isinstance(payload, dict) or set(payload) - {"args", "kwargs"}:
-        raise Unroutable(f"payload of job {job.id} is not an object with 'args' and 'kwargs': {payload!r:.200}")
+        # The text is logged and stored as the attempt's error: sensitive keys stay hidden.
+        raise Unroutable(f"payload of job {job.id} is not an object with 'args' and 'kwargs': {redacted_text(payload)}")
     args = payload.get("args", [])
     kwargs = payload.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):

@@ -35,16 +35,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import tzinfo
 from typing import TYPE_CHECKING
 
 from backwave.core import commands as cmd
 from backwave.core import events as ev
-from backwave.core.jobs import ClaimedJob, Outcome
+from backwave.core.jobs import ClaimedJob, Outcome, OutcomeKind
 from backwave.core.options import WorkerGroupOptions
-from backwave.store.contract import OutcomeRecord, Store, TransientStoreError
+from backwave.store.contract import OutcomeRecord, ProgressReport, Store, TransientStoreError
 
 from .schedules import mint_due
 
@@ -61,6 +61,8 @@ def outcome_record(outcome: Outcome) -> OutcomeRecord:
     """The outcome as the store writes it: the driver's verdict plus the report that rode on it
     (if its JobFinished carried one)."""
     report = outcome.report
+    if outcome.reason:
+        return _driver_ended(outcome, report)
     if report is None:
         return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay)
     return OutcomeRecord(
@@ -68,10 +70,32 @@ def outcome_record(outcome: Outcome) -> OutcomeRecord:
         attempt=outcome.attempt,
         kind=outcome.kind,
         retry_delay=outcome.retry_delay,
-        return_value=report.return_value,
+        return_value=report.return_value if outcome.kind is OutcomeKind.SUCCEEDED else None,
         error_class=report.error_class,
         traceback=report.traceback,
         duration=report.duration,
+        progress=getattr(report, "progress", None),
+        metadata=getattr(report, "metadata", None),
+    )
+
+
+TIME_LIMIT_EXCEEDED = "backwave.TimeLimitExceeded"
+CANCELLED = "backwave.Cancelled"
+
+
+def _driver_ended(outcome: Outcome, report) -> OutcomeRecord:
+    """The record of an attempt the driver ended itself (a timeout, a cancel), saying why; the
+    handler's own error, when it reported one, below that."""
+    if outcome.reason == "timeout":
+        error_class, text = TIME_LIMIT_EXCEEDED, f"{TIME_LIMIT_EXCEEDED}: the attempt ran past its time limit and was ended without its handler."
+    else:
+        error_class, text = CANCELLED, f"{CANCELLED}: {outcome.reason}."
+    if report is not None and report.traceback:
+        text += f"\n\nThe handler then ended with:\n{report.traceback}"
+    return OutcomeRecord(
+        job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
+        error_class=error_class, traceback=text + "\n", duration=getattr(report, "duration", 0.0),
+        progress=getattr(report, "progress", None), metadata=getattr(report, "metadata", None),
     )
 
 
@@ -104,6 +128,8 @@ class Executor:
         on_lease_held: Callable[[], None] = _nothing,
         on_fault: Callable[[TransientStoreError], None] | None = None,
         on_answered: Callable[[], None] = _nothing,
+        progress: Callable[[], Sequence[ProgressReport]] = tuple,
+        stop_attempt: Callable[[cmd.StopAttempt], None] = _nothing,
         logger: logging.Logger | None = None,
     ):
         self.store = store
@@ -119,6 +145,8 @@ class Executor:
         self._on_lease_held = on_lease_held  # the production pump's health row rides the lease
         self._on_fault = on_fault
         self._on_answered = on_answered
+        self._progress = progress  # what the running attempts reported since the last heartbeat
+        self._stop_attempt = stop_attempt  # flags a handler's context (StopAttempt)
         self._logger = logger
 
     # ---- the loop every synchronous caller shares -----------------------------------------------
@@ -138,6 +166,9 @@ class Executor:
             command = pending.popleft()
             if isinstance(command, cmd.ExecuteJob):
                 execute_job(command.job)
+                continue
+            if isinstance(command, cmd.StopAttempt):
+                self._stop_attempt(command)
                 continue
             for result in self.call(self.take(command, pending), pending):
                 pending.extend(handle(result))
@@ -208,10 +239,10 @@ class Executor:
                 self._on_lease_held()
                 return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
             case cmd.RenewLease():
-                held = store.renew_lease(lease_id=command.lease_id, duration=options.lease_duration)
-                if held:
+                beat = store.heartbeat(lease_id=command.lease_id, duration=options.lease_duration, progress=self._progress())
+                if beat.held:
                     self._on_lease_held()
-                return ev.LeaseRenewed(now=self._clock(), held=held)
+                return ev.LeaseRenewed(now=self._clock(), held=beat.held, cancels=tuple(sorted(beat.cancels.items())))
             case cmd.ReconcileLease():
                 released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
                 if released:
@@ -250,7 +281,10 @@ class Executor:
         replaced = getattr(applied, "replaced", {})  # a store double may answer a plain set
         for outcome in outcomes:
             if outcome.job_id in applied:
-                self._on_applied(outcome, replaced.get(outcome.job_id))
+                # An attempt the driver ended (a cancel) was written as the driver's record, not
+                # as its handler's report: task_finished says what was stored.
+                written = replaced.get(outcome.job_id) or (outcome_record(outcome) if outcome.reason else None)
+                self._on_applied(outcome, written)
         if len(applied) < len(outcomes):
             self._log(
                 logging.WARNING,

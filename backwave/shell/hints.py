@@ -31,7 +31,10 @@ from typing import Any
 from backwave.store.contract import StoreError
 from backwave.store.hints import CHANNEL, HintConnection
 
-__all__ = ["CHANNEL", "HintListener"]
+__all__ = ["CANCEL_PREFIX", "CHANNEL", "HintListener"]
+
+# A cancel of a running job rides the hint channel: "cancel:<job id>:<who>" (see cancel_jobs).
+CANCEL_PREFIX = "cancel:"
 
 logger = logging.getLogger("backwave.hints")
 
@@ -42,6 +45,7 @@ class HintListener:
     def __init__(self, connect_params: Mapping[str, Any], *, max_backoff: float = 5.0, wait_step: float = 0.5):
         self._session = HintConnection(connect_params)
         self._subscribers: dict[str, list[Callable[[], None]]] = defaultdict(list)
+        self._cancel_subscribers: list[Callable[[int, str], None]] = []
         self._stop = threading.Event()
         self._max_backoff = max_backoff
         self._wait_step = wait_step
@@ -51,6 +55,11 @@ class HintListener:
         self.subscriber_failures = 0
         self.last_error = ""  # why the connection was last lost (or the thread ended); kept once reconnected
         self._thread = threading.Thread(target=self._run, name="backwave-hints", daemon=True)
+
+    def subscribe_cancels(self, callback: Callable[[int, str], None]) -> None:
+        """Call ``callback(job_id, who)`` (from the listener thread; it must not block) for each
+        cancel of a running job (cancel_jobs NOTIFYs ``cancel:<id>:<who>`` on the hint channel)."""
+        self._cancel_subscribers.append(callback)
 
     def subscribe(self, queues: Iterable[str], callback: Callable[[], None]) -> None:
         """Call ``callback`` (from the listener thread; it must not block) on a hint for any of ``queues``."""
@@ -127,8 +136,19 @@ class HintListener:
             # A bounded wait, so stop() is noticed even when no hint ever comes.
             for queue in self._session.notifies(timeout=self._wait_step):
                 self.hints_received += 1
+                if queue.startswith(CANCEL_PREFIX):
+                    self._deliver_cancel(queue)
+                    continue
                 for callback in self._subscribers.get(queue, ()):
                     self._deliver(callback, queue)
+
+    def _deliver_cancel(self, payload: str) -> None:
+        _prefix, job_id, who = (payload.split(":", 2) + ["", ""])[:3]
+        if not job_id.isdigit():
+            logger.warning("Ignored a malformed cancel notification %r", payload[:200])
+            return
+        for callback in self._cancel_subscribers:
+            self._deliver(lambda: callback(int(job_id), who), f"cancel of job {job_id}")
 
     def _deliver(self, callback: Callable[[], None], queue: str) -> None:
         try:

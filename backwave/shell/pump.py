@@ -66,7 +66,7 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import PumpHealth, Store, StoreError, TransientStoreError
 
-from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from .executor import Executor
 from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
@@ -230,6 +230,7 @@ class Pump:
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
+        self.controls = AttemptControls()  # the running attempts' stop flags and progress
         self._executor = Executor(
             None,  # the store, once it is open: see _store
             options=options,
@@ -244,6 +245,8 @@ class Pump:
             on_lease_held=self._report_health,  # the health row's heartbeat rides the lease's cadence
             on_fault=self._degrade,
             on_answered=self._recovered,
+            progress=self.controls.reports,  # batched with the heartbeat, never a statement per call
+            stop_attempt=self._stop_attempt,
             logger=logger,
         )
         self._abandoned_before = 0
@@ -278,6 +281,13 @@ class Pump:
         """
         if self.snapshot.free_slots and self._hint_flag.raise_():
             self._channel.put(ev.HintReceived(now=self._clock()))
+
+    def cancel_requested(self, job_id: int, by: str) -> None:
+        """A cancel of a running job was heard (from the listener thread): tell the driver, which
+        knows whether it runs here. The heartbeat tells it too, should this be lost."""
+        # Posted whether or not it runs here (cancels are rare, and the driver knows best): a
+        # check here could miss a job claimed a moment ago.
+        self._channel.put(ev.CancelRequested(now=self._clock(), job_id=job_id, by=by))
 
     def stop_now(self) -> None:
         """Leave at once: nothing more is written; the lease lapses and others take over."""
@@ -408,6 +418,7 @@ class Pump:
         self._unpublished = 0
 
     def _submit(self, job) -> None:
+        self.controls.register(job)
         if is_async(job, self._registry):
             self._event_loop().submit(self._run_async_job(job))
         else:
@@ -423,8 +434,13 @@ class Pump:
 
     def _attempt_arguments(self) -> dict:
         return dict(
-            registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars, max_result_bytes=self._max_result_bytes
+            registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars, max_result_bytes=self._max_result_bytes,
+            controls=self.controls,
         )
+
+    def _stop_attempt(self, command) -> None:
+        if self.controls.stop(command.job_id, command.attempt, command.reason):
+            logger.warning("Pump %s: job %s attempt %s told to stop (%s)", self.worker_id, command.job_id, command.attempt, command.reason)
 
     def _event_loop(self) -> EventLoopThread:
         # Started on the first async job: a pump that runs only sync tasks never has one. The
@@ -435,7 +451,10 @@ class Pump:
 
     def _finished(self, job, report: AttemptReport) -> None:
         self._channel.put(
-            ev.JobFinished(now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report)
+            ev.JobFinished(
+                now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), delay=report.delay,
+                report=report,
+            )
         )
 
     def _applied(self, outcome, written) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,13 @@ logger = logging.getLogger("backwave.supervisor")
 
 # A child that lived this long before dying is considered healthy again: its restart backoff resets.
 STABLE_AFTER = 60.0
+
+# The exit code of a child that ended itself because a handler ran past its hard time limit
+# (backwave_worker --hard-time-limits): replaced at once, its restart backoff left as it was,
+# since the process was healthy and only that handler could not be stopped.
+REPLACE_ME = 75
+# Set in each child's environment: what lets it end itself for a supervisor to replace.
+SUPERVISED_ENV = "BACKWAVE_SUPERVISED"
 
 
 def _drain_when_orphaned() -> None:
@@ -92,6 +100,11 @@ class Supervisor:
             child.done = True
             return
         lived = now - child.started_at
+        if code == REPLACE_ME:
+            child.restart_at = now
+            child.process = None
+            logger.warning("Worker process %d ended itself after %.1fs to stop a handler past its hard time limit; replacing it", child.index, lived)
+            return
         child.backoff = self._initial_backoff if lived >= STABLE_AFTER or not child.backoff else min(child.backoff * 2, self._max_backoff)
         child.restart_at = now + child.backoff
         child.process = None
@@ -100,7 +113,8 @@ class Supervisor:
     def _start(self, child: Child) -> None:
         # Its own session: a Ctrl-C in the terminal reaches only the supervisor, which forwards
         # exactly one signal, so a child never mistakes it for a second "stop at once".
-        child.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_drain_when_orphaned)
+        env = {**os.environ, SUPERVISED_ENV: "1"}
+        child.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_drain_when_orphaned, env=env)
         child.started_at = time.monotonic()
         child.restarts += 1
         logger.info("Worker process %d started (pid %d)", child.index, child.process.pid)

@@ -22,6 +22,7 @@ from .hints import HintListener
 from .health import HealthServer, group_status, overall_status, process_status
 from .metrics import exposition, worker_registry
 from .pump import HALTED, Pump
+from .supervisor import REPLACE_ME
 from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
@@ -47,8 +48,14 @@ class Worker:
         hints: Mapping[str, HintListener] | None = None,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
+        hard_time_limit: float | None = None,
     ):
+        """``hard_time_limit``: seconds a handler told to stop (past its time limit, or
+        cancelled) may go on before this process drains and ends itself with REPLACE_ME, for its
+        supervisor to replace; None: such a handler keeps its thread until it returns."""
         groups = list(groups)
+        self.hard_time_limit = hard_time_limit
+        self.replacing = False  # a handler ran past its hard limit: this process is ending
         for group in groups:
             if group.database is None:
                 raise WorkerGroupConfigError(f"Worker Group '{group.name}' names no database; place it first (backwave.databases.place_groups).")
@@ -76,6 +83,7 @@ class Worker:
         for pump in self.pumps:
             if pump.options.database in self.hints:
                 self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint)
+                self.hints[pump.options.database].subscribe_cancels(pump.cancel_requested)
         self._signals = 0
         self._all_halted_logged = False
         self._done = threading.Event()
@@ -140,6 +148,8 @@ class Worker:
                 last_time, last_done = now, done
             if until_idle and self.idle:
                 self.drain()
+            if self.hard_time_limit is not None and not self.replacing:
+                self._enforce_hard_limit()
             if all(p.health == HALTED for p in self.pumps):
                 for pump in self.pumps:
                     pump.join(10)  # each records its halt before its thread ends
@@ -231,6 +241,23 @@ class Worker:
     def stop_now(self) -> None:
         for pump in self.pumps:
             pump.stop_now()
+
+    def _enforce_hard_limit(self) -> None:
+        """A Python thread cannot be killed: when a handler told to stop has not returned within
+        the hard limit, the whole process goes (after a drain: the other jobs finish or are
+        given back), and its supervisor starts a fresh one."""
+        now = time.monotonic()
+        for pump in self.pumps:
+            for control in pump.controls.stopped_running():
+                if control.stopped_at is not None and now - control.stopped_at >= self.hard_time_limit:
+                    logger.critical(
+                        "Job %s attempt %s was told to stop (%s) %.1fs ago and its handler still runs: this process drains and "
+                        "ends itself (exit %d) for its supervisor to replace it",
+                        control.job_id, control.attempt, control.stop_reason, now - control.stopped_at, REPLACE_ME,
+                    )
+                    self.replacing = True
+                    self.drain()
+                    return
 
     def _on_signal(self, signum, frame) -> None:
         self._signals += 1

@@ -49,6 +49,7 @@ class NewJob:
     backoff_max: float = 3600.0
     backend: str = "default"
     tags: Sequence[str] = field(default_factory=tuple)
+    timeout: float | None = None  # seconds one attempt may run; None: no limit
     # The enqueue's W3C trace context ({"traceparent": ..., "tracestate": ...}), or None: the
     # attempt's span is its child (backwave/tracing.py).
     trace_context: Mapping[str, str] | None = None
@@ -66,6 +67,29 @@ class OutcomeRecord:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0  # seconds the attempt ran, measured on the worker's monotonic clock
+    # The attempt's last context.set_progress() and context.metadata (JSON-able, checked inside
+    # the attempt); None: not set, the row keeps what it holds.
+    progress: Any = None
+    metadata: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressReport:
+    """What a running attempt reported since the last heartbeat (see Store.heartbeat)."""
+
+    job_id: int
+    attempt: int
+    progress: Any = None  # None: not set since the last heartbeat
+    metadata: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """What a heartbeat answered: whether the lease is still held, and the cancels requested of
+    jobs running under it (job id -> who asked)."""
+
+    held: bool
+    cancels: dict[int, str] = field(default_factory=dict)
 
 
 class Applied(set):
@@ -97,6 +121,7 @@ class ScheduleDefinition:
     backoff_max: float = 3600.0
     backend: str = "default"
     tags: Sequence[str] = ()
+    timeout: float | None = None  # the task's time limit, carried by every job minted
     enabled: bool = True
 
 
@@ -146,12 +171,22 @@ class Store(Protocol):
         was expired by maintenance, or was released) or has already lapsed: a lapsed lease is
         never revived, since the fence has refused its writes from the moment it lapsed."""
 
+    def heartbeat(self, *, lease_id: uuid.UUID, duration: float, progress: Sequence[ProgressReport] = ()) -> Heartbeat:
+        """renew_lease, in the same statement writing each report's progress and metadata to its
+        job (fenced: this live lease, still running, this attempt; None keeps what the row
+        holds), and reading the cancels requested of the lease's running jobs. A report the
+        server refuses for its data (SQLSTATE class 22) never costs the lease: the heartbeat is
+        sent again without the reports, which are dropped."""
+
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Put every job still running under the lease back to ready (refunding the attempt, due
         at once, a suspect still suspect) and delete the lease. Returns the released job ids."""
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
-        """Lock up to ``limit`` due ready jobs of ``queues`` (priority, run_at, id order), skipping
+        """Each claimed job carries its time limit and, when a cancel was requested while an
+        earlier attempt ran, who requested it (the driver then cancels it unrun).
+
+        Lock up to ``limit`` due ready jobs of ``queues`` (priority, run_at, id order), skipping
         rows other claimers hold, and put them under the lease. Returns at once, short or empty
         when fewer are ready, and empty when the lease is gone or lapsed (no job is ever put under
         a lease that maintenance could not expire).
@@ -178,7 +213,12 @@ class Store(Protocol):
         to ASCII) below the reason; if that is refused too, the job is FAILED with the reason
         alone. One round-trip when nothing is refused; a refused row costs about 2·log2(batch)
         more. ``Applied.replaced`` names the rows written that way. Any applied outcome clears the
-        job's suspect flag: the attempt ended without taking its worker down."""
+        job's suspect flag: the attempt ended without taking its worker down.
+
+        SNOOZED makes the job ready after retry_delay with a 'snoozed' attempt that is added to
+        forgiven_attempts (it counts neither against max_attempts nor towards the backoff);
+        CANCELLED ends the job 'cancelled' with a 'cancelled' attempt. A record's progress and
+        metadata, when not None, replace the job's."""
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int

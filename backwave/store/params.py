@@ -22,7 +22,7 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import Applied, NewJob, OutcomeRecord, Store, StoreError
+from .contract import Applied, Heartbeat, NewJob, OutcomeRecord, ProgressReport, Store, StoreError
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 # -- leases and claims ---------------------------------------------------------------------------
@@ -57,6 +57,32 @@ def known_params(known: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
     return {"known_ids": [job_id for job_id, _ in pairs], "known_attempts": [attempt for _, attempt in pairs]}
 
 
+def heartbeat_params(lease_id: uuid.UUID, duration: float, progress: Sequence[ProgressReport]) -> dict[str, Any]:
+    """The parameters of the heartbeat: the reports as one JSON array. A report that cannot be
+    encoded (it slipped past the attempt's own check) is dropped here: progress is never worth
+    the lease."""
+    rows = []
+    for report in progress:
+        row = {"job_id": report.job_id, "attempt": report.attempt, "progress": report.progress, "metadata": report.metadata}
+        try:
+            encoded = json.dumps(row, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            continue
+        if not _JSON_NUL.search(encoded):
+            rows.append(row)
+    return {"lease_id": lease_id, "duration": lease_seconds(duration), "progress": json.dumps(rows)}
+
+
+def heartbeat_from_row(row: tuple) -> Heartbeat:
+    held, cancels, _reported = row
+    return Heartbeat(held=bool(held), cancels={int(job_id): by for job_id, by in (cancels or {}).items()})
+
+
+def is_refused_heartbeat(error: StoreError) -> bool:
+    """Whether the heartbeat was refused for the reports it carried (SQLSTATE class 22)."""
+    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement == "heartbeat"
+
+
 # -- enqueue ---------------------------------------------------------------------------------------
 
 
@@ -75,6 +101,7 @@ def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
             "backoff_max": float(job.backoff_max),
             "backend": job.backend,
             "tags": list(job.tags),
+            "timeout": None if job.timeout is None else float(job.timeout),
             "trace_context": dict(job.trace_context) if job.trace_context else None,
         }
         for job in jobs
@@ -134,6 +161,8 @@ def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
         "error_class": error_class_text(o.error_class),
         "traceback": clean_text(o.traceback),
         "duration": float(o.duration),
+        "progress": o.progress,
+        "metadata": o.metadata,
     }
 
 

@@ -48,9 +48,13 @@ from psycopg.conninfo import conninfo_to_dict
 from backwave.core.jobs import ClaimedJob
 from backwave.core.options import store_timeouts
 
-from .contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError
+from .contract import (
+    Applied, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError,
+    TransientStoreError,
+)
 from .params import (
-    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, heartbeat_from_row, heartbeat_params, insert_jobs_params, is_refused_heartbeat, known_params,
+    lease_seconds, outcome_batch, write_isolating, write_then_claim,
 )
 from .queries import QUERIES
 from .storable import clean_text
@@ -239,6 +243,16 @@ class PostgresStore:
         """Push the lease's expiry to now + duration. False when it is gone or already lapsed."""
         return bool(self._execute("renew_lease", {"lease_id": lease_id, "duration": lease_seconds(duration)}))
 
+    def heartbeat(self, *, lease_id: uuid.UUID, duration: float, progress: Sequence[ProgressReport] = ()) -> Heartbeat:
+        params = heartbeat_params(lease_id, duration, progress)
+        try:
+            rows = self._execute("heartbeat", params)
+        except StoreError as error:
+            if not (progress and is_refused_heartbeat(error)):
+                raise
+            rows = self._execute("heartbeat", heartbeat_params(lease_id, duration, ()))
+        return heartbeat_from_row(rows[0])
+
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Hand the lease's running jobs back (ready, attempt refunded) and delete it."""
         return [row[0] for row in self._execute("release_lease", {"lease_id": lease_id})]
@@ -369,6 +383,7 @@ class PostgresStore:
                 "name": d.name, "task_path": d.task_path, "cron": d.cron, "args": list(d.args), "kwargs": dict(d.kwargs),
                 "queue": d.queue, "priority": d.priority, "max_attempts": d.max_attempts, "backoff_base": d.backoff_base,
                 "backoff_max": d.backoff_max, "backend": d.backend, "tags": list(d.tags), "enabled": d.enabled,
+                "timeout": d.timeout,
             }
             for d in schedules
         ]
@@ -507,11 +522,13 @@ def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, A
 
 def _claimed_job(row: tuple) -> ClaimedJob:
     (job_id, task_path, queue, priority, payload, attempt, max_attempts, backoff_base, backoff_max,
-     backend, enqueued_at, started_at, attempted_at, previous_worker_ids, forgiven_attempts, suspect, trace_context) = row
+     backend, enqueued_at, started_at, attempted_at, previous_worker_ids, forgiven_attempts, suspect, trace_context, timeout,
+     cancel_requested_by) = row
     return ClaimedJob(
         id=job_id, task_path=task_path, queue=queue, priority=priority, payload=payload, attempt=attempt,
         max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max, backend=backend,
         enqueued_at=enqueued_at, started_at=started_at, attempted_at=attempted_at,
         previous_worker_ids=tuple(previous_worker_ids) if previous_worker_ids else (),
-        forgiven_attempts=forgiven_attempts, suspect=suspect, trace_context=trace_context,
+        forgiven_attempts=forgiven_attempts, suspect=suspect, trace_context=trace_context, timeout=timeout,
+        cancel_requested_by=cancel_requested_by,
     )

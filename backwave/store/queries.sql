@@ -46,6 +46,38 @@ WHERE id = %(lease_id)s AND expires_at > now()
 RETURNING id
 
 
+-- name: heartbeat
+-- renew_lease, plus what rides on the heartbeat (never a statement per job): the progress and
+-- metadata the pump's handlers reported since the last one, and the cancels requested of jobs
+-- running under the lease (the safety net under the NOTIFY that cancel_jobs sends).
+-- Locking order as everywhere: the lease row first. "(SELECT count(*) FROM renewed) > 0" is an
+-- InitPlan, so the lease UPDATE finishes before "reported" touches a job row, and a lease that
+-- lapsed writes nothing (its jobs are maintenance's). The job rows are fenced like outcomes
+-- (this lease, still running, this attempt). The cancels are read through the partial index
+-- backwave_job_running_lease: one probe of the lease's running jobs.
+WITH renewed AS MATERIALIZED (
+    UPDATE backwave_lease
+    SET renewed_at = now(), expires_at = now() + make_interval(secs => %(duration)s)
+    WHERE id = %(lease_id)s AND expires_at > now()
+    RETURNING id
+), reported AS (
+    UPDATE backwave_job AS j
+    SET progress = coalesce(p.progress, j.progress),
+        metadata = coalesce(p.metadata, j.metadata)
+    FROM jsonb_to_recordset(%(progress)s::jsonb) AS p(job_id bigint, attempt int, progress jsonb, metadata jsonb)
+    WHERE j.id = p.job_id AND j.attempts = p.attempt
+      AND j.lease_id = %(lease_id)s AND j.state = 'running'
+      AND (SELECT count(*) FROM renewed) > 0
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM renewed) > 0 AS held,
+       (SELECT jsonb_object_agg(j.id::text, j.cancel_requested_by)
+        FROM backwave_job AS j
+        WHERE j.lease_id = %(lease_id)s AND j.state = 'running' AND j.cancel_requested_at IS NOT NULL
+          AND (SELECT count(*) FROM renewed) > 0) AS cancels,
+       (SELECT count(*) FROM reported) AS reported
+
+
 -- name: release_lease
 -- The DELETE runs first and takes the lease row before any job row: the "(SELECT count(*) FROM
 -- gone) >= 0" gate is always true, but as an InitPlan it makes the DELETE finish before the
@@ -159,7 +191,8 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
+              j.cancel_requested_at, j.cancel_requested_by
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -167,7 +200,10 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect, c.trace_context
+       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
+       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
+       -- the driver cancels it instead of running it.
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -259,7 +295,8 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
+              j.cancel_requested_at, j.cancel_requested_by
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -267,7 +304,10 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect, c.trace_context
+       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
+       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
+       -- the driver cancels it instead of running it.
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -286,7 +326,12 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- the lease row gone: nothing applies, and the jobs are expiry's (ready again or failed).
 --
 -- RETRY and FAILED both log a 'failed' attempt; only RETRY makes the job ready again, due
--- retry_delay seconds after now() by the database clock. Any outcome clears suspect: the attempt
+-- retry_delay seconds after now() by the database clock. SNOOZED is ready again the same way
+-- but is no failure: it logs a 'snoozed' attempt and adds it to forgiven_attempts, so it counts
+-- neither against max_attempts nor towards the backoff (attempt numbers still go up: the log
+-- keeps every try). CANCELLED ends the job like FAILED, with a 'cancelled' attempt. Progress and
+-- metadata, when the attempt reported any, replace what the row holds (a value the attempt did
+-- not set, NULL, keeps the last one). Any outcome clears suspect: the attempt
 -- ended without taking its worker down (see expire_leases). Attempt rows are inserted from the
 -- UPDATE's RETURNING, so only applied outcomes are logged; the unique (job_id, number)
 -- constraint would turn a double apply into an error rather than a second row.
@@ -300,21 +345,26 @@ WITH lease AS MATERIALIZED (
     -- comes boxed as {"v": value} so that a task returning None stores JSON null, a value,
     -- while the other kinds (box absent) store SQL NULL.
     SELECT b.job_id, b.attempt, b.kind, b.retry_delay, b.boxed -> 'v' AS return_value,
-           b.error_class, b.traceback, b.duration
+           b.error_class, b.traceback, b.duration, b.progress, b.metadata
     FROM jsonb_to_recordset(%(outcomes)s::jsonb)
          AS b(job_id bigint, attempt int, kind text, retry_delay float8, boxed jsonb,
-              error_class text, traceback text, duration float8)
+              error_class text, traceback text, duration float8, progress jsonb, metadata jsonb)
 ), applied AS (
     UPDATE backwave_job AS j
     SET state = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
                             WHEN 'retry' THEN 'ready'
+                            WHEN 'snoozed' THEN 'ready'
                             WHEN 'failed' THEN 'failed'
+                            WHEN 'cancelled' THEN 'cancelled'
                             WHEN 'quarantined' THEN 'quarantined' END,
-        run_at = CASE WHEN o.kind = 'retry'
+        run_at = CASE WHEN o.kind IN ('retry', 'snoozed')
                       THEN now() + make_interval(secs => greatest(coalesce(o.retry_delay, 0), 0))
                       ELSE j.run_at END,
-        finished_at = CASE WHEN o.kind = 'retry' THEN NULL ELSE now() END,
+        finished_at = CASE WHEN o.kind IN ('retry', 'snoozed') THEN NULL ELSE now() END,
+        forgiven_attempts = j.forgiven_attempts + CASE WHEN o.kind = 'snoozed' THEN 1 ELSE 0 END,
         return_value = o.return_value,
+        progress = coalesce(o.progress, j.progress),
+        metadata = coalesce(o.metadata, j.metadata),
         lease_id = NULL,
         suspect = false
     FROM outcome AS o
@@ -337,6 +387,8 @@ INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, fini
 SELECT a.id, a.attempt,
        CASE a.kind WHEN 'succeeded' THEN 'succeeded'
                    WHEN 'quarantined' THEN 'quarantined'
+                   WHEN 'cancelled' THEN 'cancelled'
+                   WHEN 'snoozed' THEN 'snoozed'
                    ELSE 'failed' END,
        a.worker_id,
        a.last_attempted_at,
@@ -400,9 +452,10 @@ WITH lapsed AS MATERIALIZED (
     DELETE FROM backwave_lease AS l
     USING lapsed
     WHERE l.id = lapsed.id
-    RETURNING l.id, l.worker_id, l.expires_at
+    RETURNING l.id, l.worker_id, l.expires_at, l.renewed_at
 ), stranded AS MATERIALIZED (
-    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at
+    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at,
+           gone.renewed_at AS lease_renewed_at
     FROM backwave_job AS j
     JOIN gone ON j.lease_id = gone.id
     WHERE j.state = 'running'
@@ -421,11 +474,14 @@ WITH lapsed AS MATERIALIZED (
     FROM stranded AS s
     WHERE j.id = s.id
     RETURNING j.id, j.state, j.attempts, j.max_attempts, j.forgiven_attempts, j.worker_id,
-              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at
+              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at, s.lease_renewed_at
 ), logged AS (
+    -- lease_renewed_at: the last moment the attempt is known to have been running (a job
+    -- claimed after that renewal: its claim), where finished_at is when the lapse was noticed.
     INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
-                                  error_class, traceback)
+                                  lease_renewed_at, error_class, traceback)
     SELECT r.id, r.attempts, 'lapsed', r.worker_id, r.last_attempted_at, now(),
+           greatest(r.lease_renewed_at, r.last_attempted_at),
            'backwave.results.LeaseLapsed',
            'backwave.results.LeaseLapsed: the lease of worker ' || r.lease_worker_id
                || ' expired at ' || r.lease_expired_at::text
@@ -461,14 +517,14 @@ WITH declared AS (
     FROM jsonb_to_recordset(%(schedules)s::jsonb)
          AS d(name text, task_path text, cron text, args jsonb, kwargs jsonb, queue text,
               priority smallint, max_attempts int, backoff_base float8, backoff_max float8,
-              backend text, tags varchar[], enabled boolean)
+              backend text, tags varchar[], enabled boolean, timeout float8)
 ), written AS (
     INSERT INTO backwave_schedule AS s (name, task_path, cron, args, kwargs, queue, priority,
                                         max_attempts, backoff_base, backoff_max, backend, tags,
-                                        enabled, last_slot, next_run, created_at, updated_at)
+                                        enabled, last_slot, next_run, created_at, updated_at, timeout)
     SELECT d.name, d.task_path, d.cron, d.args, d.kwargs, d.queue, d.priority, d.max_attempts,
            d.backoff_base, d.backoff_max, d.backend, coalesce(d.tags, '{}'::varchar[]), d.enabled,
-           NULL, NULL, now(), now()
+           NULL, NULL, now(), now(), d.timeout
     FROM declared AS d
     ON CONFLICT (name) DO UPDATE
     SET task_path = excluded.task_path,
@@ -482,6 +538,7 @@ WITH declared AS (
         backoff_max = excluded.backoff_max,
         backend = excluded.backend,
         tags = excluded.tags,
+        timeout = excluded.timeout,
         enabled = excluded.enabled,
         next_run = CASE WHEN s.cron = excluded.cron AND s.enabled AND excluded.enabled
                         THEN s.next_run END,
@@ -528,7 +585,7 @@ WITH due AS (
          AS d(schedule_id bigint, cron text, slot timestamptz, next_run timestamptz)
 ), locked AS MATERIALIZED (
     SELECT s.id, s.task_path, s.args, s.kwargs, s.queue, s.priority, s.max_attempts,
-           s.backoff_base, s.backoff_max, s.backend, s.tags, s.last_slot, d.slot, d.next_run
+           s.backoff_base, s.backoff_max, s.backend, s.tags, s.timeout, s.last_slot, d.slot, d.next_run
     FROM backwave_schedule AS s
     JOIN due AS d ON d.schedule_id = s.id
     WHERE s.enabled AND s.cron = d.cron
@@ -537,10 +594,10 @@ WITH due AS (
 ), minted AS (
     INSERT INTO backwave_job (task_path, payload, queue, priority, run_at, max_attempts,
                               backoff_base, backoff_max, backend, tags, state, attempts,
-                              enqueued_at, worker_id, schedule_id, schedule_slot)
+                              enqueued_at, worker_id, schedule_id, schedule_slot, timeout)
     SELECT l.task_path, jsonb_build_object('args', l.args, 'kwargs', l.kwargs), l.queue,
            l.priority, l.slot, l.max_attempts, l.backoff_base, l.backoff_max, l.backend, l.tags,
-           'ready', 0, now(), '', l.id, l.slot
+           'ready', 0, now(), '', l.id, l.slot, l.timeout
     FROM locked AS l
     WHERE l.slot IS NOT NULL AND (l.last_slot IS NULL OR l.slot > l.last_slot)
     ON CONFLICT (schedule_id, schedule_slot) WHERE schedule_id IS NOT NULL DO NOTHING
@@ -694,20 +751,20 @@ RETURNING j.id, s.attempts
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id, trace_context
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, timeout
     )
     SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
            n.backoff_base, n.backoff_max, n.backend,
            coalesce(n.tags, '{}'::varchar[]),
-           'ready', 0, now(), '', n.trace_context
+           'ready', 0, now(), '', n.trace_context, n.timeout
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
                  max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
-                 trace_context jsonb)
+                 trace_context jsonb, timeout float8)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, trace_context, position)
+              backend, tags, trace_context, timeout, position)
     ORDER BY n.position
     RETURNING id, queue
 ), hinted AS (
@@ -746,8 +803,9 @@ SELECT EXISTS (
 -- the locked rows that are in an allowed state; nobody else can change them in between.
 -- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments.
 -- Parameters: the selection's, then the allowed states (text[]).
+-- The task path comes back for the admin's history (LogEntry's object_repr).
 WITH target AS MATERIALIZED (
-    SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j
 ), changed AS (
@@ -757,8 +815,27 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id
 )
-SELECT t.id, t.state, c.id IS NOT NULL
+SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
+ORDER BY t.id
+
+
+-- name: purge_selected_jobs
+-- manage.py backwave_jobs purge: deletes the selected jobs that are finished (their attempts go
+-- with them, ON DELETE CASCADE), locking in id order like act_on_jobs; a job that is ready or
+-- running is reported and left alone. Parameters: the selection's, then the finished states.
+WITH target AS MATERIALIZED (
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), deleted AS (
+    DELETE FROM backwave_job AS j
+    USING target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id
+)
+SELECT t.id, t.state, d.id IS NOT NULL, t.task_path
+FROM target AS t LEFT JOIN deleted AS d ON d.id = t.id
 ORDER BY t.id
 
 
@@ -769,12 +846,44 @@ ORDER BY t.id
 -- counted, so they are left out here as they are everywhere the limit is checked. Attempt
 -- numbers keep counting up, so the attempt log keeps every earlier try.
 state = 'ready', run_at = now(), finished_at = NULL, return_value = NULL,
-max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1)
+max_attempts = greatest(j.max_attempts, j.attempts - j.forgiven_attempts + 1),
+cancel_requested_at = NULL, cancel_requested_by = ''
 
 
 -- name: cancel_job_assignments
 -- "Cancel", for act_on_jobs.
 state = 'cancelled', finished_at = now()
+
+
+-- name: cancel_jobs
+-- "Cancel", from the admin, backwave.cancel() and manage.py backwave_cancel. Locks the selected
+-- rows in id order, as act_on_jobs does (so it cannot deadlock with the other job actions), and
+-- acts on those in an allowed state: a ready (due or scheduled) job is cancelled at once; a
+-- running one gets a cancel request, and the worker holding it is told with a NOTIFY on the
+-- hint channel ('cancel:<id>:<who>': queue names cannot hold a ':', so no pump mistakes it for
+-- a queue's hint); its heartbeat re-reads the request should the NOTIFY be lost. The first
+-- request's author stays: a second click changes nothing. Parameters: the selection's, who
+-- cancels (text), the allowed states (text[]), then who cancels again (for the NOTIFY).
+WITH target AS MATERIALIZED (
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), changed AS (
+    UPDATE backwave_job AS j
+    SET state = CASE WHEN t.state = 'ready' THEN 'cancelled' ELSE j.state END,
+        finished_at = CASE WHEN t.state = 'ready' THEN now() ELSE j.finished_at END,
+        cancel_requested_by = CASE WHEN j.cancel_requested_at IS NULL THEN %s ELSE j.cancel_requested_by END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    FROM target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id, t.state
+), notified AS (
+    SELECT count(pg_notify('backwave_hint', 'cancel:' || c.id::text || ':' || %s)) AS sent
+    FROM changed AS c WHERE c.state = 'running'
+)
+SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
+FROM target AS t LEFT JOIN changed AS c ON c.id = t.id CROSS JOIN notified
+ORDER BY t.id
 
 
 -- name: set_schedules_enabled
@@ -815,14 +924,18 @@ SET concurrency_limit = CASE WHEN %(set_limit)s THEN EXCLUDED.concurrency_limit 
 -- The planner's statistics of backwave_job (its row estimate, and the null fraction, distinct
 -- count and most common values of the columns the admin filters on), with the Queue rows'
 -- names: one read, never a scan of the job table.
+-- For tags, an array column, the planner keeps its most common elements instead (the tag
+-- filter's choices); they come back as the row's values and frequencies too.
 SELECT c.reltuples::float8,
-       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
+       s.attname, s.null_frac, s.n_distinct,
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elems ELSE s.most_common_vals END::text::text[],
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elem_freqs ELSE s.most_common_freqs END,
        ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_stats AS s
        ON s.schemaname = n.nspname AND s.tablename = c.relname
-      AND s.attname IN ('state', 'queue', 'task_path')
+      AND s.attname IN ('state', 'queue', 'task_path', 'tags')
 WHERE c.oid = 'backwave_job'::regclass
 
 
@@ -914,6 +1027,22 @@ FROM backwave_lease AS l
 JOIN backwave_job AS j ON j.lease_id = l.id AND j.state = 'running'
 WHERE l.worker_id = ANY(%(worker_ids)s::text[])
 GROUP BY l.worker_id
+
+
+-- name: admin_jobs_page_details
+-- What the Jobs list shows beside each row of its page, for the page's ids only: the latest
+-- attempt's error (the tail of its traceback, where the exception's message is) and duration
+-- (through the unique (job_id, number) index: one probe per job), how long a running job has
+-- run so far by the database clock, and whether the job's pump still has a row to link to.
+SELECT j.id, a.error_class, right(a.traceback, %(tail)s::int), extract(epoch FROM a.finished_at - a.started_at),
+       CASE WHEN j.state = 'running' THEN extract(epoch FROM statement_timestamp() - j.last_attempted_at) END,
+       EXISTS (SELECT FROM backwave_pump AS p WHERE p.worker_id = j.worker_id)
+FROM backwave_job AS j
+LEFT JOIN LATERAL (
+    SELECT a.error_class, a.traceback, a.started_at, a.finished_at FROM backwave_attempt AS a
+    WHERE a.job_id = j.id ORDER BY a.number DESC LIMIT 1
+) AS a ON true
+WHERE j.id = ANY(%(ids)s::bigint[])
 
 
 -- name: available_connections

@@ -128,6 +128,7 @@ class BackWaveBackend(BaseTaskBackend):
             backoff_max=defaults["DEFAULT_BACKOFF_MAX"] if backoff_max is None else backoff_max,
             backend=self.alias,
             tags=tuple(getattr(task, "tags", ())),
+            timeout=getattr(task, "timeout", None),
             trace_context=trace_context,
         )
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -42,7 +42,24 @@ STATUS_BY_STATE = {
     "cancelled": TaskResultStatus.FAILED,
     "quarantined": TaskResultStatus.FAILED,
 }
-ERROR_ATTEMPT_STATES = frozenset({"failed", "quarantined", "lapsed"})
+ERROR_ATTEMPT_STATES = frozenset({"failed", "quarantined", "lapsed", "cancelled"})
+CANCELLED_ERROR = "backwave.Cancelled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackWaveTaskResult(TaskResult):
+    """Django's TaskResult plus what a running handler reported (Django's proposed metadata API):
+    ``progress``, its last ``context.set_progress()``, and ``metadata``, as of the worker's last
+    heartbeat (or the attempt's end). ``refresh()`` reloads them too."""
+
+    progress: Any = None
+    metadata: dict = field(default_factory=dict)
+
+    def refresh(self):
+        TaskResult.refresh(self)
+        refreshed = self.task.get_backend().get_result(self.id)
+        object.__setattr__(self, "progress", getattr(refreshed, "progress", None))
+        object.__setattr__(self, "metadata", getattr(refreshed, "metadata", {}))
 _TASK_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 
@@ -125,6 +142,7 @@ def resolve_task(job) -> Task:
     changes = {"queue_name": job.queue, "priority": job.priority, "backend": job.backend}
     if isinstance(task, BackWaveTask):
         changes |= {
+            "timeout": job.timeout,
             "max_attempts": job.max_attempts,
             "backoff_base": job.backoff_base,
             "backoff_max": job.backoff_max,
@@ -153,8 +171,11 @@ def task_error(*, state: str, error_class: str, traceback: str) -> TaskError:
     return TaskError(exception_class_path=error_class, traceback=traceback)
 
 
-def _build(*, task, job_id, status, args, kwargs, backend, enqueued_at, started_at, last_attempted_at, finished_at, errors, worker_ids, return_value) -> TaskResult:
-    result = TaskResult(
+def _build(
+    *, task, job_id, status, args, kwargs, backend, enqueued_at, started_at, last_attempted_at, finished_at, errors, worker_ids, return_value,
+    progress=None, metadata=None,
+) -> TaskResult:
+    result = BackWaveTaskResult(
         task=task,
         id=str(job_id),
         status=status,
@@ -167,6 +188,8 @@ def _build(*, task, job_id, status, args, kwargs, backend, enqueued_at, started_
         backend=backend,
         errors=errors,
         worker_ids=worker_ids,
+        progress=progress,
+        metadata=metadata if isinstance(metadata, dict) else {},
     )
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", return_value)
@@ -196,10 +219,20 @@ def task_result_from_job(job, attempts: Iterable, task: Task | None = None) -> T
             task_error(state=attempt.state, error_class=attempt.error_class, traceback=attempt.traceback)
             for attempt in attempts
             if attempt.state in ERROR_ATTEMPT_STATES
-        ],
+        ] + _cancel_before_start(job, attempts),
         worker_ids=worker_ids,
         return_value=job.return_value,
+        progress=getattr(job, "progress", None),
+        metadata=getattr(job, "metadata", None),
     )
+
+
+def _cancel_before_start(job, attempts: list) -> list[TaskError]:
+    """A job cancelled before any attempt of it ended cancelled: the error that names who did."""
+    if job.state != "cancelled" or any(attempt.state == "cancelled" for attempt in attempts):
+        return []
+    who = getattr(job, "cancel_requested_by", "") or "an operator"
+    return [TaskError(exception_class_path=CANCELLED_ERROR, traceback=f"{CANCELLED_ERROR}: cancelled by {who} before it ran.\n")]
 
 
 def task_result_for_attempt(

@@ -12,9 +12,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -37,10 +37,22 @@ class BackWaveTask(Task):
     backoff_base: float | None = None  # None: DEFAULT_BACKOFF_BASE
     backoff_max: float | None = None  # None: DEFAULT_BACKOFF_MAX
     tags: tuple[str, ...] = ()
+    # Attempt control (see README "Attempt control"). timeout: seconds one attempt may run (None:
+    # no limit), also per enqueue through .using(timeout=...). retry_on: only these exceptions
+    # are retried (empty: all); discard_on: these fail the job at once. backoff(attempt, exc):
+    # seconds (or a timedelta) before the next attempt, None for no more; as Django's proposed
+    # retry API, .using() cannot change retry_on, discard_on or backoff.
+    timeout: float | None = None
+    retry_on: tuple[type[BaseException], ...] = ()
+    discard_on: tuple[type[BaseException], ...] = ()
+    backoff: Callable[[int, BaseException], float | timedelta | None] | None = None
 
     def __post_init__(self):
-        if isinstance(self.tags, list):
-            object.__setattr__(self, "tags", tuple(self.tags))
+        for name in ("tags", "retry_on", "discard_on"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+            elif name != "tags" and isinstance(getattr(self, name), type):
+                object.__setattr__(self, name, (getattr(self, name),))  # retry_on=ValueError
         # Not super(): a slots dataclass is a new class, so the zero-argument form breaks before 3.14.
         Task.__post_init__(self)
 
@@ -55,6 +67,7 @@ class BackWaveTask(Task):
         backoff_base=None,
         backoff_max=None,
         tags=None,
+        timeout=None,
     ):
         """A copy of the task with other defaults: Django's options plus BackWave's."""
         options = {
@@ -66,6 +79,7 @@ class BackWaveTask(Task):
             "backoff_base": backoff_base,
             "backoff_max": backoff_max,
             "tags": tags,
+            "timeout": timeout,
         }
         return replace(self, **{name: value for name, value in options.items() if value is not None})
 
@@ -128,6 +142,7 @@ def validate_backwave_options(task) -> None:
         value = getattr(task, name, None)
         if value is not None and not _is_seconds(value):
             raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 (or None for the default), got {value!r}.")
+    validate_control_options(task)
     tags = getattr(task, "tags", ())
     if isinstance(tags, str) or not isinstance(tags, tuple):
         raise InvalidTask(f"tags of task {path!r} must be a list or tuple of strings, got {tags!r}" + (f"; did you mean ({tags!r},)?" if isinstance(tags, str) else "."))
@@ -136,6 +151,24 @@ def validate_backwave_options(task) -> None:
     for tag in tags:
         if not isinstance(tag, str) or not 1 <= len(tag) <= MAX_TAG_LENGTH or "\x00" in tag:
             raise InvalidTask(f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters, got {tag!r}.")
+
+
+MAX_TIMEOUT = 7 * 86_400.0  # a week, as for worker intervals: longer is a unit mistake
+
+
+def validate_control_options(task) -> None:
+    """Check ``timeout``, ``retry_on``, ``discard_on`` and ``backoff``."""
+    path = task.module_path
+    timeout = getattr(task, "timeout", None)
+    if timeout is not None and not (_is_seconds(timeout) and 0 < timeout <= MAX_TIMEOUT):
+        raise InvalidTask(f"timeout of task {path!r} must be a number of seconds above 0 and at most {MAX_TIMEOUT:,.0f} (a week), or None for no limit, got {timeout!r}.")
+    for name in ("retry_on", "discard_on"):
+        kinds = getattr(task, name, ())
+        if not isinstance(kinds, tuple) or not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in kinds):
+            raise InvalidTask(f"{name} of task {path!r} must be an exception class or a tuple of them, got {kinds!r}.")
+    backoff = getattr(task, "backoff", None)
+    if backoff is not None and not callable(backoff):
+        raise InvalidTask(f"backoff of task {path!r} must be a callable backoff(attempt, exception) returning seconds or None, got {backoff!r}.")
 
 
 # --- many at once -----------------------------------------------------------------------------

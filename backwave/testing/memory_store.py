@@ -32,14 +32,21 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob
 
-from backwave.store.contract import Applied, DueSchedule, NewJob, OutcomeRecord, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError
+from backwave.store.contract import (
+    Applied, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth, ScheduleDefinition, ScheduleSlot, StoreError,
+)
 from backwave.store.params import (
-    applied_from_rows, claim_statement, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, heartbeat_params, insert_jobs_params, known_params, lease_seconds, outcome_batch, write_isolating, write_then_claim,
 )
 from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 
-_TERMINAL_STATE = {"succeeded": "succeeded", "retry": "ready", "failed": "failed", "quarantined": "quarantined"}
-_ATTEMPT_STATE = {"succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed"}
+_TERMINAL_STATE = {
+    "succeeded": "succeeded", "retry": "ready", "snoozed": "ready", "failed": "failed", "cancelled": "cancelled", "quarantined": "quarantined",
+}
+_ATTEMPT_STATE = {
+    "succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed", "cancelled": "cancelled", "snoozed": "snoozed",
+}
+_AGAIN = ("retry", "snoozed")  # the kinds that make the job ready again
 _MAX_PRIORITY = 100
 _LOG2_10 = math.log2(10)
 _FINISHED = ("succeeded", "failed", "cancelled", "quarantined")
@@ -78,11 +85,24 @@ class JobRow:
     return_value_json: str | None = None
     schedule_id: int | None = None
     schedule_slot: datetime | None = None
+    timeout: float | None = None
+    cancel_requested_at: datetime | None = None
+    cancel_requested_by: str = ""
+    progress_json: str | None = None
+    metadata_json: str | None = None
     trace_context: dict | None = None
 
     @property
     def pk(self) -> int:
         return self.id
+
+    @property
+    def progress(self) -> Any:
+        return None if self.progress_json is None else json.loads(self.progress_json)
+
+    @property
+    def metadata(self) -> Any:
+        return None if self.metadata_json is None else json.loads(self.metadata_json)
 
     @property
     def payload(self) -> Any:
@@ -121,6 +141,7 @@ class AttemptRow:
     worker_id: str
     started_at: datetime | None
     finished_at: datetime
+    lease_renewed_at: datetime | None = None
     error_class: str = ""
     traceback: str = ""
     return_value_json: str | None = None
@@ -149,6 +170,7 @@ class ScheduleRow:
     tags: list[str]
     enabled: bool
     created_at: datetime
+    timeout: float | None = None
     updated_at: datetime
     last_slot: datetime | None = None
     next_run: datetime | None = None
@@ -261,6 +283,33 @@ class InMemoryStore:
             lease.expires_at = now + timedelta(seconds=duration)
             return True
 
+    def heartbeat(self, *, lease_id: uuid.UUID, duration: float, progress: Sequence[ProgressReport] = ()) -> Heartbeat:
+        """renew_lease, writing the reports' progress to their jobs and reading the cancels."""
+        params = heartbeat_params(lease_id, duration, progress)
+        try:
+            reports = jsonb_input(params["progress"], "heartbeat")
+        except StoreError as refused:
+            if not (refused.sqlstate or "").startswith("22"):
+                raise
+            reports = []  # PostgresStore sends it again without them
+        if any(_jsonb_refusal(report) for report in reports):
+            reports = []
+        with self._operation() as (db, now):
+            lease = db.leases.get(lease_id)
+            if lease is None or not lease.expires_at > now:
+                return Heartbeat(held=False)
+            lease.renewed_at = now
+            lease.expires_at = now + timedelta(seconds=params["duration"])
+            for report in reports:
+                job = db.jobs.get(report["job_id"])
+                if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == report["attempt"]:
+                    _report(job, report)
+            cancels = {
+                job.id: job.cancel_requested_by for job in db.jobs.values()
+                if job.lease_id == lease_id and job.state == "running" and job.cancel_requested_at is not None
+            }
+            return Heartbeat(held=True, cancels=cancels)
+
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Hand the lease's running jobs back (ready, attempt refunded) and delete it."""
         with self._operation() as (db, now):
@@ -299,6 +348,7 @@ class InMemoryStore:
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
                     job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
+                    lease_renewed_at=max(lease.renewed_at, job.last_attempted_at) if job.last_attempted_at else lease.renewed_at,
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
             return len(released)
@@ -391,7 +441,8 @@ class InMemoryStore:
                     id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
                     payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
                     run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], trace_context=row["trace_context"],
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], timeout=row["timeout"],
+                    trace_context=row["trace_context"],
                 )
                 ids.append(db.last_id)
             return ids
@@ -412,7 +463,7 @@ class InMemoryStore:
                 fields = dict(
                     task_path=d.task_path, cron=d.cron, args=json.loads(json.dumps(list(d.args))), kwargs=json.loads(json.dumps(dict(d.kwargs))),
                     queue=d.queue, priority=d.priority, max_attempts=d.max_attempts, backoff_base=d.backoff_base,
-                    backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled,
+                    backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled, timeout=d.timeout,
                 )
                 row = by_name.get(d.name)
                 if row is None:
@@ -459,7 +510,7 @@ class InMemoryStore:
                     id=db.last_id, task_path=row.task_path, queue=row.queue, priority=row.priority,
                     payload_json=json.dumps({"args": row.args, "kwargs": row.kwargs}), state="ready", backend=row.backend,
                     tags=list(row.tags), run_at=s.slot, enqueued_at=now, max_attempts=row.max_attempts,
-                    backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot,
+                    backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot, timeout=row.timeout,
                 )
                 taken.add((row.id, s.slot))
                 minted.append(db.last_id)
@@ -588,7 +639,8 @@ class InMemoryStore:
                 attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
                 backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
                 started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
-                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, trace_context=job.trace_context,
+                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, trace_context=job.trace_context, timeout=job.timeout,
+                cancel_requested_by=job.cancel_requested_by if job.cancel_requested_at is not None else None,
             ))
         return claimed
 
@@ -596,8 +648,9 @@ class InMemoryStore:
     def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]]) -> set[int]:
         # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
         for row in rows:
-            if row["boxed"] is not None and (refusal := _jsonb_refusal(row["boxed"])):
-                raise _refused(*refusal)
+            for value in (row["boxed"], row.get("progress"), row.get("metadata")):
+                if value is not None and (refusal := _jsonb_refusal(value)):
+                    raise _refused(*refusal)
         if not _live(db, lease_id, now):
             return set()
         # The fence: this lease's token, still running, at this attempt. Checked for the whole
@@ -612,7 +665,7 @@ class InMemoryStore:
                         sqlstate="23505", statement="write_outcomes_many",
                     )
                 kind = row["kind"]
-                run_at = _later(now, row["retry_delay"]) if kind == "retry" else job.run_at
+                run_at = _later(now, row["retry_delay"]) if kind in _AGAIN else job.run_at
                 finished_at = _later(job.last_attempted_at or now, row["duration"])
                 applied.append((job, row, run_at, finished_at))
         for job, row, run_at, finished_at in applied:
@@ -620,8 +673,10 @@ class InMemoryStore:
             value = None if row["boxed"] is None else json.dumps(row["boxed"].get("v"))
             job.state = _TERMINAL_STATE[kind]
             job.run_at = run_at
-            job.finished_at = None if kind == "retry" else now
+            job.finished_at = None if kind in _AGAIN else now
+            job.forgiven_attempts += 1 if kind == "snoozed" else 0
             job.return_value_json = value
+            _report(job, row)
             job.lease_id = None
             job.suspect = False  # the attempt ended without taking its worker down
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
@@ -655,6 +710,14 @@ class _Operation:
 def _live(db: MemoryDatabase, lease_id: uuid.UUID, now: datetime) -> bool:
     lease = db.leases.get(lease_id)
     return lease is not None and lease.expires_at > now
+
+
+def _report(job: JobRow, row: dict[str, Any]) -> None:
+    """An attempt's progress and metadata onto its job; None keeps what the row holds."""
+    if row.get("progress") is not None:
+        job.progress_json = json.dumps(row["progress"])
+    if row.get("metadata") is not None:
+        job.metadata_json = json.dumps(row["metadata"])
 
 
 def _refund(job: JobRow, now: datetime) -> None:

@@ -16,7 +16,7 @@ and the same store calls. What differs is the shell around it:
   rolled back alone, and the test's transaction stays usable.
 * Time is a ``VirtualClock``. Nothing happens between calls: ``drain()`` delivers what is due
   now (and wakes the driver with a Wake-Up Hint, as an enqueue's NOTIFY would); ``advance()``
-  only moves the clock. After a long advance the driver may find its lease presumed lapsed and
+  only moves the clock (inside a task: the handler took that long, so its time limit can pass). After a long advance the driver may find its lease presumed lapsed and
   open a new one, exactly as a pump that slept that long would; nothing is held between calls,
   so nothing is lost by it.
 * Store errors are raised in the test (a worker would retry a transient one on a later tick).
@@ -46,7 +46,7 @@ from backwave.core.driver import NodeDriver, State
 from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
-from backwave.shell.execution import AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
+from backwave.shell.execution import AttemptControls, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from backwave.shell.executor import Executor, lease_ids_from
 from backwave.tasking.registry import TaskRegistry
 
@@ -72,6 +72,8 @@ class DrainResult:
     retried: int = 0  # failed attempts whose job will run again after its backoff
     failed: int = 0  # failed attempts with no attempts left: the job is dead
     quarantined: int = 0  # unroutable: unknown task or a payload that does not decode
+    snoozed: int = 0  # backwave.Snooze: the job runs again after its delay, the attempt not counted
+    cancelled: int = 0  # cancelled while it ran (backwave.cancel, the admin)
     attempts: tuple[AttemptReport, ...] = ()
 
     @property
@@ -85,6 +87,8 @@ _KIND_FIELD = {
     OutcomeKind.RETRY: "retried",
     OutcomeKind.FAILED: "failed",
     OutcomeKind.QUARANTINED: "quarantined",
+    OutcomeKind.SNOOZED: "snoozed",
+    OutcomeKind.CANCELLED: "cancelled",
 }
 
 
@@ -125,6 +129,7 @@ class DeterministicPump:
         self._counts: dict[str, int] = {}
         self._busy = False
         self._first = self._stop_after = 0
+        self.controls = AttemptControls()  # the running attempt's, as a pump's (see _run_channel)
         # Store errors are not caught (no on_fault): the test sees them.
         self._executor = Executor(
             self.store,
@@ -137,6 +142,8 @@ class DeterministicPump:
             time_zone=timezone.get_default_timezone,
             new_lease_id=lease_ids_from(self._random),
             on_applied=self._applied,
+            progress=self.controls.reports,
+            stop_attempt=lambda command: self.controls.stop(command.job_id, command.attempt, command.reason),
         )
 
     # ---- the public API ---------------------------------------------------------------------
@@ -180,7 +187,12 @@ class DeterministicPump:
         self._process(ev.Started(now=self.clock.monotonic()))
 
     def advance(self, seconds: float) -> None:
-        """Move the virtual clock forward; ``drain()`` then runs what came due."""
+        """Move the virtual clock forward; ``drain()`` then runs what came due.
+
+        Called from inside a task it says "this handler ran that long": a time limit passed
+        meanwhile ends the attempt (TimeLimitExceeded, retried under the task's rules) before its
+        report is heard, its context's ``should_stop()`` turns true, and a heartbeat due
+        meanwhile is sent (bringing back a cancel requested during the run)."""
         self.clock.advance(seconds)
 
     def close(self) -> None:
@@ -201,6 +213,14 @@ class DeterministicPump:
 
     def _run_channel(self) -> None:
         while self._channel:
+            now = self.clock.monotonic()
+            wake = self.driver.next_wakeup()
+            if wake is not None and wake <= now:
+                # A handler moved the clock (pump.clock.advance() inside a task: "this took that
+                # long"): what came due meanwhile, a time limit above all, happens before its
+                # report is heard, as a worker's pump thread would have ticked while it ran.
+                self._process(ev.Tick(now=now))
+                continue
             self._process(self._channel.popleft())
             if len(self.attempts) > self._stop_after:
                 raise PumpStuck(
@@ -217,6 +237,8 @@ class DeterministicPump:
             worker_id=self.worker_id,
             max_traceback_chars=conf.get_setting("MAX_TRACEBACK_CHARS"),
             max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
+            controls=self.controls,
+            clock=self.clock.monotonic,
         )
         if is_async(job, self.registry):
             from asgiref.sync import async_to_sync
@@ -227,7 +249,8 @@ class DeterministicPump:
         self.attempts.append(report)
         self._channel.append(
             ev.JobFinished(
-                now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), report=report
+                now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(),
+                delay=report.delay, report=report,
             )
         )
 

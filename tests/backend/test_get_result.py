@@ -80,7 +80,10 @@ def test_cancelled_and_quarantined_jobs_are_failed(backend, make_job, state):
         Attempt.objects.create(job=job, number=1, state="quarantined", worker_id="w1", error_class="backwave.shell.execution.Unroutable", traceback="no task")
     result = backend.get_result(str(job.pk))
     assert result.status == TaskResultStatus.FAILED
-    assert len(result.errors) == (state == "quarantined")
+    # Django has no cancelled status: a cancel shows as the error that names who cancelled.
+    assert [error.exception_class_path for error in result.errors] == (
+        ["backwave.shell.execution.Unroutable"] if state == "quarantined" else ["backwave.Cancelled"]
+    )
 
 
 @pytest.mark.django_db

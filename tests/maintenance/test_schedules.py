@@ -127,6 +127,16 @@ def test_a_due_slot_becomes_one_job_like_an_enqueued_one(store):
     assert mint_due(store) == []
 
 
+def test_a_minted_job_carries_its_tasks_time_limit(store):
+    registry = TaskRegistry([worker_tasks.overruns_first_attempt])
+    sync_schedules(store, {"limited": {"task": worker_tasks.overruns_first_attempt.module_path, "cron": "*/5 * * * *"}}, registry)
+    assert Schedule.objects.get().timeout == 0.5
+    mint_due(store)
+    due_in_the_past("limited", minutes=10)
+    (job_id,) = mint_due(store)
+    assert Job.objects.get(id=job_id).timeout == 0.5
+
+
 def test_after_downtime_only_the_latest_missed_slot_is_minted_once(store):
     sync_schedules(store, {"minutely": {"task": NOOP, "cron": "* * * * *"}}, REGISTRY)
     mint_due(store)

@@ -41,12 +41,12 @@ class LeaseWatchingStore:
         with self.lock:
             self.leases.append(lease_id)
 
-    def renew_lease(self, *, lease_id, duration):
-        held = self.inner.renew_lease(lease_id=lease_id, duration=duration)
-        if held:
+    def heartbeat(self, *, lease_id, duration, progress=()):
+        beat = self.inner.heartbeat(lease_id=lease_id, duration=duration, progress=progress)
+        if beat.held:
             with self.lock:
                 self.renewed.append(lease_id)
-        return held
+        return beat
 
     def claim_jobs(self, **kwargs):
         jobs = self.inner.claim_jobs(**kwargs)

@@ -159,3 +159,55 @@ def hangs_until_released(context):
 def records_start(context):
     STARTED.append((int(context.task_result.id), context.attempt))
     return context.attempt
+
+
+# --- attempt control (tests/shell/test_attempt_control_e2e.py) ------------------------------------
+
+
+@task(queue_name="e2e", takes_context=True, timeout=0.5, max_attempts=2, backoff_base=0.01, backoff_max=0.01)
+def overruns_first_attempt(context):
+    """Attempt 1 ignores its time limit for a while (keeps its thread); attempt 2 returns at once."""
+    if context.attempt == 1:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.01)  # does not look at should_stop(): ended by the worker at the limit
+        return "too late"
+    return {"attempt": context.attempt, "worker_ids": context.task_result.worker_ids}
+
+
+# The retry waits 1 to 2 s: longer than the hard limit, so the replacement process runs it.
+@task(queue_name="e2e", takes_context=True, timeout=0.5, max_attempts=2, backoff_base=2.0, backoff_max=2.0)
+def hangs_on_first_attempt(context):
+    """Attempt 1 never returns (until its process goes); attempt 2 says which process ran it."""
+    if context.attempt == 1:
+        threading.Event().wait(3600)
+    return os.getpid()
+
+
+@task(queue_name="e2e", takes_context=True)
+def runs_until_cancelled(context, steps=100_000):
+    """Reports progress each step and returns once its context says stop (a cancel)."""
+    for step in range(steps):
+        if context.should_stop():
+            return {"stopped_at": step, "cancelled": context.cancelled}
+        if step % 10 == 0:
+            context.set_progress({"step": step})
+            context.metadata["last_step"] = step
+        time.sleep(0.01)
+    return "ran to the end"
+
+
+@task(queue_name="e2e", takes_context=True, max_attempts=1)
+def snoozes_once(context):
+    import backwave
+
+    if context.attempt == 1:
+        raise backwave.Snooze(0.2)
+    return context.attempt
+
+
+@task(queue_name="e2e", max_attempts=5)
+def discards():
+    import backwave
+
+    raise backwave.Discard("the customer is gone")

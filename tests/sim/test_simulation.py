@@ -10,7 +10,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from dataclasses import fields, replace
 
 from backwave.core import driver as driver_module
@@ -19,11 +18,10 @@ from backwave.testing import memory_store as memory
 from backwave.testing.simulation import CLASSIC, Config, SimulationFailure, handlers, replay_command, run_seed, world
 from backwave.testing.simulation.__main__ import _parser, main
 
-CI_SEEDS = range(0, 250)  # about ten seconds; a hunt runs thousands by hand
+CI_SEEDS = range(0, 250)  # a fixed count, not a time budget (about ten seconds on an idle machine); a hunt runs thousands by hand
 
 
 def test_a_fixed_budget_of_seeds_keeps_every_invariant():
-    started = time.perf_counter()
     failures = []
     for seed in CI_SEEDS:
         try:
@@ -31,7 +29,6 @@ def test_a_fixed_budget_of_seeds_keeps_every_invariant():
         except SimulationFailure as failure:
             failures.append(str(failure))
     assert not failures, f"{len(failures)} of {len(CI_SEEDS)} seeds failed:\n\n" + "\n\n".join(failures[:3])
-    assert time.perf_counter() - started < 60, "the budget should stay small: trim CI_SEEDS"
 
 
 def test_a_budget_of_seeds_with_lost_replies_keeps_every_invariant():

@@ -85,6 +85,9 @@ class PostgresRows:
         """An operator's change of state that leaves every other column (the lease token too) alone."""
         Job.objects.filter(pk=pk).update(state=state)
 
+    def request_cancel(self, pk: int, by: str) -> None:
+        Job.objects.filter(pk=pk).update(cancel_requested_at=self.now(), cancel_requested_by=by)
+
     def lease(self, lease_id: uuid.UUID) -> Lease | None:
         return Lease.objects.filter(pk=lease_id).first()
 
@@ -209,6 +212,10 @@ class MemoryRows:
     def set_state(self, pk: int, state: str) -> None:
         self.database.jobs[pk].state = state
 
+    def request_cancel(self, pk: int, by: str) -> None:
+        job = self.database.jobs[pk]
+        job.cancel_requested_at, job.cancel_requested_by = self.now(), by
+
     def lease(self, lease_id: uuid.UUID):
         return self.database.leases.get(lease_id)
 
@@ -267,5 +274,5 @@ class MemoryRows:
 _JOB_COLUMNS = (
     "task_path", "queue", "priority", "payload", "state", "backend", "tags", "run_at", "enqueued_at", "started_at",
     "last_attempted_at", "finished_at", "attempts", "max_attempts", "backoff_base", "backoff_max", "lease_id", "worker_id",
-    "forgiven_attempts", "suspect",
+    "forgiven_attempts", "suspect", "timeout",
 )

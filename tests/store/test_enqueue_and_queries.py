@@ -52,10 +52,11 @@ def test_every_statement_the_store_uses_is_loaded():
         "write_outcomes_many", "release_jobs_many", "expire_leases",
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
-        "set_transaction_settings", "enqueue_many", "has_due_jobs",
+        "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",
         # the operator's statements (backwave/store/operator.py), on Django's connection
-        "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "set_schedules_enabled", "upsert_queues",
+        "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "cancel_jobs", "set_schedules_enabled", "upsert_queues",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
+        "purge_selected_jobs", "admin_jobs_page_details",
         "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())

@@ -111,3 +111,20 @@ def test_the_outcome_write_finds_each_job_by_its_primary_key(backlog):
     job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
     assert [(n["Node Type"], n.get("Index Name")) for n in job_reads] == [("Index Scan", "backwave_job_pkey")], job_reads
     assert "job_id" in job_reads[0]["Index Cond"]
+
+
+def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
+    """The heartbeat runs on every pump every few seconds with 25,000 rows about: its cancels and
+    its progress writes reach the lease's jobs through backwave_job_running_lease (or by primary
+    key), never a scan of the table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_id FROM backwave_job WHERE state = 'running' LIMIT 1")
+        (lease_id,) = cursor.fetchone()
+    progress = json.dumps([{"job_id": 1, "attempt": 1, "progress": 5, "metadata": None}])
+    nodes = explain("heartbeat", {"lease_id": lease_id, "duration": 60.0, "progress": progress})
+    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert job_scans, nodes
+    assert all(n.get("Index Name") in ("backwave_job_running_lease", "backwave_job_pkey") for n in job_scans), [
+        (n["Node Type"], n.get("Index Name")) for n in job_scans
+    ]
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes if n.get("Relation Name") == "backwave_job")

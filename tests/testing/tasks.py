@@ -88,3 +88,58 @@ def remote_add(a, b):
 @task(max_attempts=1)
 def returns_nan():
     return {"score": float("nan")}
+
+
+# --- attempt control: a task moves the test pump's clock to say "this took that long" -----------
+
+PUMP = {}  # the test puts its pump here: PUMP["pump"] = pump
+
+
+@task(takes_context=True, timeout=10.0, max_attempts=2, backoff_base=1.0, backoff_max=1.0)
+def slow_first_time(context):
+    if context.attempt == 1:
+        PUMP["pump"].advance(11)  # ran past its 10 s limit
+        PUMP["saw_stop"] = context.should_stop()
+        return "too late"
+    return context.attempt
+
+
+@task(takes_context=True, max_attempts=1)
+def snoozes(context, seconds):
+    import backwave
+
+    if context.attempt == 1:
+        raise backwave.Snooze(seconds)
+    context.set_progress({"done": True})
+    return context.attempt
+
+
+@task(takes_context=True)
+def cancels_itself(context):
+    import backwave
+
+    backwave.cancel(context.task_result.id, by="test")
+    PUMP["pump"].advance(1300)  # past a heartbeat (a third of the test lease), which brings the cancel back
+    return "finished anyway"
+
+
+class Gone(Exception):
+    pass
+
+
+class Busy(Exception):
+    pass
+
+
+@task(max_attempts=5, discard_on=(Gone,), retry_on=(Busy, Gone), backoff=lambda attempt, exc: 7.0 if attempt < 3 else None)
+def ruled(kind):
+    raise {"gone": Gone, "busy": Busy, "other": KeyError}[kind](kind)
+
+
+def _broken_backoff(attempt, exc):
+    raise SystemExit("the backoff itself is broken")
+
+
+@task(max_attempts=2, backoff_base=1.0, backoff_max=1.0, backoff=_broken_backoff)
+def broken_backoff():
+    raise ValueError("fails")

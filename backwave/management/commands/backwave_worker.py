@@ -24,7 +24,7 @@ from backwave.checks import TAG as BACKWAVE_CHECKS
 from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, store_timeouts, validate_groups
 from backwave.databases import database_problem, place_groups, write_queue_settings
 from backwave.tasking.registry import TaskRegistry
-from backwave.shell.supervisor import Supervisor
+from backwave.shell.supervisor import REPLACE_ME, SUPERVISED_ENV, Supervisor
 from backwave.shell.worker import Worker
 
 if TYPE_CHECKING:
@@ -58,6 +58,12 @@ class Command(BaseCommand):
         parser.add_argument("--lease-duration", type=float, help="Seconds a lease lives without renewal.")
         parser.add_argument("--maintenance-interval", type=float)
         parser.add_argument("--drain-timeout", type=float, help="Seconds running jobs get to finish after SIGTERM.")
+        parser.add_argument("--cancel-grace", type=float, help="Seconds a cancelled running job's handler gets to stop before its attempt ends cancelled without it.")
+        parser.add_argument(
+            "--hard-time-limits", type=float, default=None, metavar="SECONDS",
+            help="A worker process whose handler still runs SECONDS after it was told to stop (time limit, cancel) drains and "
+            "is replaced by a fresh one (a Python thread cannot be killed); runs the worker under a supervisor, as --processes does.",
+        )
         parser.add_argument("--until-idle", action="store_true", help="Drain and exit once no due job is left (for scripts and tests).")
         parser.add_argument("--processes", type=int, default=1, help="Run this many worker processes under a supervisor (CPU-bound tasks).")
         parser.add_argument("--no-hints", action="store_true", help="Do not LISTEN for wake-up hints: poll only.")
@@ -71,12 +77,15 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if options["verbosity"] >= 2:
             logging.getLogger("backwave").setLevel(logging.DEBUG)
-        if options["processes"] != 1:
+        # --hard-time-limits supervises even one process: a supervisor must replace it.
+        if options["processes"] != 1 or (options["hard_time_limits"] is not None and not os.environ.get(SUPERVISED_ENV)):
             if options["health_port"]:
                 raise CommandError(
                     f"--health-port {options['health_port']} serves one worker process, and --processes {options['processes']} "
                     "would start several on that one port. Run one worker per process manager entry to give each its own port."
                 )
+            if options["hard_time_limits"] is not None and not options["hard_time_limits"] > 0:
+                raise CommandError(f"--hard-time-limits must be a number of seconds above 0, got {options['hard_time_limits']!r}")
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
@@ -98,12 +107,17 @@ class Command(BaseCommand):
                 hints=None if options["no_hints"] else {database: _hint_listener(database) for database in databases},
                 health_port=options["health_port"],
                 health_host=options["health_host"],
+                hard_time_limit=options["hard_time_limits"],
             )
         except (WorkerGroupConfigError, ValueError) as error:
             raise CommandError(str(error)) from error
         except OSError as error:  # the health port is taken or the address is not ours
             raise CommandError(f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}") from error
         code = worker.run(until_idle=options["until_idle"])
+        if worker.replacing:
+            # The handler past its hard limit is still running: leave without waiting for it.
+            logging.shutdown()
+            os._exit(REPLACE_ME)
         if worker.stragglers:
             # Jobs given back at the drain deadline are still running on handler threads, and
             # the interpreter would wait for them at exit. Their rows are already released.
@@ -136,6 +150,7 @@ class Command(BaseCommand):
             "lease_duration": options["lease_duration"],
             "maintenance_interval": options["maintenance_interval"],
             "drain_timeout": options["drain_timeout"],
+            "cancel_grace": options["cancel_grace"],
         }
         overrides = {key: value for key, value in overrides.items() if value is not None}
         if options["queues"]:

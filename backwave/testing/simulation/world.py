@@ -141,6 +141,10 @@ class OwnedDriver:
         return getattr(self._driver, name)
 
 
+# The share of handlers that end with backwave.Snooze instead of succeeding.
+SNOOZE_RATE = 0.02
+
+
 class World(Faults):
     """One seed's run. ``run()`` returns normally or raises SimulationBug."""
 
@@ -148,6 +152,9 @@ class World(Faults):
         self.scenario = scenario
         self.config = config
         self.rng = rng
+        # Snoozes draw from a stream of their own, seeded once from the scenario: every draw of
+        # ``rng`` stays where it was, so a recorded seed replays the interleaving it always did.
+        self.snooze_rng = random.Random(f"snooze:{scenario!r}")
         self.log = logbook
         self.t = 0.0
         self.options = scenario.options
@@ -344,6 +351,8 @@ class World(Faults):
         if isinstance(command, cmd.ExecuteJob):
             self._start_job(pump, command.job)
             return
+        if isinstance(command, cmd.StopAttempt):
+            return  # simulated handlers do not look at their context: they run to their end
         batch = pump.executor.take(command, pump.pending)  # a write and the claim after it go as one
         pump.busy = True
         self.at(self.t + self._latency(), self._statement, pump, batch, pump.node.incarnation)
@@ -442,9 +451,16 @@ class World(Faults):
         if report.result == "crash":
             self._exit_process(pump, job)
             return
+        result, delay = report.result, None
+        if result == "succeeded" and self.snooze_rng.random() < SNOOZE_RATE:
+            # backwave.Snooze: ready again after the delay, the attempt left out of max_attempts
+            # (the invariants' attempt count holds it to that).
+            result, delay = "snoozed", self.snooze_rng.uniform(0.0, 0.5)
         with self.on_thread(f"worker thread of {pump.name}"):
             # Pump._finished: the report rides on the JobFinished, and on the outcome after it.
-            self._post(pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=report.result, jitter=self.rng.random(), report=report)
+            self._post(
+                pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=result, jitter=self.rng.random(), delay=delay, report=report,
+            )
 
     def _send_task_finished(self, pump: SimPump, outcome, lease: uuid.UUID) -> None:
         """Django's task_finished, where backwave/shell/execution.send_finished sends it: on the
