@@ -436,7 +436,7 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
-_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace"}
+_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace", "outcome_linger"}
 
 # The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
 IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
@@ -483,6 +483,9 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
         value = raw[key]
         if key == "heartbeat_interval" and value is None:
             options[key] = None
+            continue
+        if key == "outcome_linger" and isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            options[key] = 0.0  # write each outcome at once; the range is checked with the intervals
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a positive number of seconds, got {value!r}")

@@ -165,7 +165,7 @@ def outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tup
         encoded = json.dumps(rows, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         encoded = None
-    if encoded is None or _JSON_NUL.search(encoded):
+    if encoded is None or has_json_nul(encoded):
         rows = []
         for outcome in outcomes:
             problem = _row_problem(outcome)
@@ -199,7 +199,7 @@ def _row_problem(outcome: OutcomeRecord) -> str | None:
         if outcome.kind is OutcomeKind.SUCCEEDED:
             return f"its return value cannot be stored: {result_problem(outcome.return_value) or error}"
         return f"its outcome cannot be encoded as JSON: {error}"
-    if _JSON_NUL.search(encoded):
+    if has_json_nul(encoded):
         return f"its return value cannot be stored: {result_problem(outcome.return_value) or 'it holds a NUL character'}"
     return None
 
@@ -213,6 +213,12 @@ def _encodable(replacement: OutcomeRecord) -> OutcomeRecord:
 
 # A \u0000 escape in JSON text, not preceded by an escaped backslash of the string's own.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def has_json_nul(encoded: str) -> bool:
+    """Whether JSON text holds a NUL escape (which jsonb refuses). The plain substring test
+    first: it is one C scan, where the regex alone cost ~80 us per batch, on every batch."""
+    return "\\u0000" in encoded and _JSON_NUL.search(encoded) is not None
 
 
 

@@ -332,7 +332,7 @@ class PostgresStore:
                 if len(statements) == 1:
                     ((refused, sql, params),) = statements
                     cursor = conn.execute(sql, params)
-                    return [cursor.fetchall() if cursor.description is not None else []]
+                    return [_rows(cursor)]
                 cursors: list[psycopg.Cursor] = []
                 try:
                     with conn.pipeline():
@@ -354,7 +354,7 @@ class PostgresStore:
                         # when it is the last, as behind the settings, the connection is kept.
                         self._drop_connection()
                     raise
-                results = [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
+                results = [_rows(cursor) for cursor in cursors]
                 return results[1:] if head is not None else results
         except StoreError as error:
             if refused is not None:
@@ -519,6 +519,17 @@ class PostgresStore:
                 detail = f" [{refusal}], and retrying will not help: check the connection settings" if refusal else ""
                 raise StoreError(f"cannot connect to PostgreSQL{detail}: {exc}".strip()) from exc
         return self._conn
+
+
+def _rows(cursor: psycopg.Cursor) -> list[tuple]:
+    """The statement's rows, or [] when it returns none. Read from the result's status, not
+    ``cursor.description``, which builds a Column object per column on every call (about a
+    fifth of a round-trip's client CPU for the 16-column claim)."""
+    result = cursor.pgresult
+    return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
+
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _milliseconds(name: str, seconds: float | None) -> str | None:

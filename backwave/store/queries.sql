@@ -370,7 +370,13 @@ WITH lease AS MATERIALIZED (
     FROM outcome AS o
     WHERE j.id = o.job_id
       AND j.lease_id = %(lease_id)s
-      AND j.state = 'running'
+      -- A sub-select, not the literal: with "j.state = 'running'" the planner may read the
+      -- partial indexes on running rows (backwave_job_running_lease, _running_queue), which it
+      -- believes hold a handful of rows; they also hold a dead entry for every job finished since
+      -- the last VACUUM (under this lease, or in the queue), so each write would walk all of them
+      -- and slow down as a run goes on. The planner cannot match a parameter to those indexes'
+      -- predicate, which leaves one primary-key probe per outcome.
+      AND j.state = (SELECT 'running')
       AND j.attempts = o.attempt
       AND EXISTS (SELECT FROM lease)
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,

@@ -146,6 +146,27 @@ def test_the_charts_live_tail_starts_at_the_watermark(attempts):
     assert scan["Index Name"] == "backwave_attempt_pkey" and re.search(r"id > (\$\d|\(InitPlan \d+\))", scan.get("Index Cond", "")), scan
 
 
+def test_the_outcome_write_finds_each_job_by_its_primary_key(backlog):
+    """The write's fence names the lease and the running state, which the partial indexes on
+    running rows also do; those hold a dead entry for every job finished since the last VACUUM,
+    so reading them would make every write walk a run's whole history. One primary-key probe per
+    outcome, and nothing else read from the job table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' ORDER BY lease_id, id LIMIT 16")
+        rows = cursor.fetchall()
+    lease_id = rows[0][0]
+    outcomes = [
+        {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0.0, "boxed": {"v": 1},
+         "error_class": "", "traceback": "", "duration": 0.001}
+        for lease, job_id, attempt in rows if lease == lease_id
+    ]
+    nodes = explain("write_outcomes_many", {"lease_id": lease_id, "outcomes": json.dumps(outcomes), "observed": "[]"})
+
+    job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert [(n["Node Type"], n.get("Index Name")) for n in job_reads] == [("Index Scan", "backwave_job_pkey")], job_reads
+    assert "job_id" in job_reads[0]["Index Cond"]
+
+
 def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
     """The heartbeat runs on every pump every few seconds with 25,000 rows about: its cancels and
     its progress writes reach the lease's jobs through backwave_job_running_lease (or by primary
