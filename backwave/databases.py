@@ -154,7 +154,23 @@ def apply_queue_settings(settings_queues, *, database: str | None = None) -> int
 
 def write_queue_settings(database: str, claimed: Iterable[str] = ()) -> int:
     """A worker's start-up, once per database it serves: BACKWAVE["QUEUES"] for the queues that
-    live in ``database`` or that its pumps claim there (``claimed``), into that database's rows."""
+    live in ``database`` or that its pumps claim there (``claimed``), into that database's rows.
+    The admission limits (key_concurrency_limit, rate_limit) are the settings' alone: each queue
+    claimed gets them as the settings say, cleared when they say nothing (a plain claim leaves
+    a queue whose row carries one alone, so a stale one would stop the queue)."""
     settings_queues = conf.get_setting("QUEUES")
-    here = set(queues_in(database, settings_queues)) | set(claimed)
-    return apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+    claimed = set(claimed)
+    here = set(queues_in(database, settings_queues)) | claimed
+    written = apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+    admitted = conf.admitted_queue_names(settings_queues)
+    with connections[database].cursor() as cursor:
+        for name in sorted(here & (admitted | claimed)):
+            key_limit, rate_limit, rate_period = conf.admission_limits(settings_queues.get(name, {}))
+            if name in admitted or _has_admission_row(cursor, name):
+                operator.set_queue_admission(cursor, name, key_concurrency_limit=key_limit, rate_limit=rate_limit, rate_period=rate_period)
+    return written
+
+
+def _has_admission_row(cursor, name: str) -> bool:
+    """Whether the queue's row carries an admission limit (start-up only: one read per queue)."""
+    return operator.queue_has_admission(cursor, name)

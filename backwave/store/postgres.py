@@ -223,6 +223,7 @@ class PostgresStore:
         from backwave import conf
 
         kwargs.setdefault("synchronous_commit", conf.get_setting("WORKER_SYNCHRONOUS_COMMIT"))
+        kwargs.setdefault("admitted_queues", conf.admitted_queue_names())
         if "statement_timeout" not in kwargs or "lock_timeout" not in kwargs:
             timeouts = store_timeouts(
                 (), statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")

@@ -1169,3 +1169,8 @@ SET key_concurrency_limit = EXCLUDED.key_concurrency_limit,
     updated_at = EXCLUDED.updated_at
 WHERE (backwave_queue.key_concurrency_limit, backwave_queue.rate_limit, backwave_queue.rate_period)
       IS DISTINCT FROM (EXCLUDED.key_concurrency_limit, EXCLUDED.rate_limit, EXCLUDED.rate_period)
+
+
+-- name: queue_has_admission
+SELECT EXISTS (SELECT FROM backwave_queue
+               WHERE name = %(name)s AND (key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL))

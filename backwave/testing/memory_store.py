@@ -25,7 +25,7 @@ import json
 import math
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -78,6 +78,17 @@ class JobRow:
     return_value_json: str | None = None
     schedule_id: int | None = None
     schedule_slot: datetime | None = None
+    limit_key: str | None = None
+    unique_key: str | None = None
+    unique_states: list[str] | None = None
+    unique_replace: list[str] | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The trigger backwave_job_release_unique_key (migration 0008): a job leaving the states
+        # its uniqueness covers lets go of its key for good.
+        object.__setattr__(self, name, value)
+        if name == "state" and getattr(self, "unique_key", None) is not None and value not in (self.unique_states or ()):
+            object.__setattr__(self, "unique_key", None)
 
     @property
     def pk(self) -> int:
@@ -177,15 +188,42 @@ class PumpRow:
         return self.worker_id
 
 
-def _room(db, queue: str, limit: int) -> int:
-    """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it."""
+def _room(db, queue: str, limit: int, *, admitted: bool = False, now: datetime | None = None) -> int:
+    """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it (and
+    claim_jobs_admitted's, with its rate window: ``admitted``)."""
     concurrency_limit, paused = db.queues.get(queue, (None, False))
+    key_limit, rate_limit, rate_period = db.admission.get(queue, (None, None, None))
     if paused:
         return 0
-    if concurrency_limit is None:
-        return limit
-    running = sum(1 for job in db.jobs.values() if job.state == "running" and job.queue == queue)
-    return max(0, min(limit, concurrency_limit - running))
+    if not admitted and (key_limit is not None or rate_limit is not None):
+        return 0  # claimed only through claim_jobs_admitted
+    room = limit
+    if concurrency_limit is not None:
+        running = sum(1 for job in db.jobs.values() if job.state == "running" and job.queue == queue)
+        room = min(room, concurrency_limit - running)
+    if admitted and rate_limit is not None:
+        start, used = db.rate_windows.get(queue, (None, 0))
+        room = min(room, rate_limit - (used if start == rate_window_start(now, rate_period) else 0))
+    return max(0, room)
+
+
+def rate_window_start(now: datetime, period: float) -> datetime:
+    """The start of the rate window ``now`` falls in: windows of ``period`` seconds aligned to
+    the epoch, as to_timestamp(floor(extract(epoch FROM now()) / period) * period)."""
+    return datetime.fromtimestamp(math.floor(now.timestamp() / period) * period, UTC)
+
+
+def _stored_unique_key(row: dict[str, Any], now: datetime) -> str | None:
+    """The key enqueue_unique_many stores: task path, key, and the period's window number."""
+    if row.get("unique_key") is None:
+        return None
+    key = f"{row['task_path']}:{row['unique_key']}"
+    period = row.get("unique_period")
+    if period is not None:
+        # float8::text: 3600 reads "3600", 0.5 "0.5".
+        text = str(int(period)) if float(period).is_integer() else repr(float(period))
+        key += f"@{text}s#{math.floor(now.timestamp() / period)}"
+    return key
 
 
 @dataclass(slots=True)
@@ -200,6 +238,10 @@ class MemoryDatabase:
     pumps: dict[str, PumpRow] = field(default_factory=dict)
     # The Queue table: name -> (concurrency_limit or None, paused).
     queues: dict[str, tuple[int | None, bool]] = field(default_factory=dict)
+    # Its admission columns: name -> (key_concurrency_limit, rate_limit, rate_period), and the
+    # rate limit's current window: name -> (rate_window_start, rate_window_used).
+    admission: dict[str, tuple[int | None, int | None, float | None]] = field(default_factory=dict)
+    rate_windows: dict[str, tuple[datetime, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_id: int = 0
     last_schedule_id: int = 0
@@ -227,7 +269,10 @@ class MemoryDatabase:
 class InMemoryStore:
     """The Storage Contract over a MemoryDatabase (a fresh one unless ``database`` is given)."""
 
-    def __init__(self, database: MemoryDatabase | None = None, *, now: Callable[[], datetime] | None = None):
+    def __init__(
+        self, database: MemoryDatabase | None = None, *, now: Callable[[], datetime] | None = None, admitted_queues: Iterable[str] = ()
+    ):
+        self.admitted_queues = frozenset(admitted_queues)
         if database is None:
             database = MemoryDatabase(now=now or wall_clock)
         elif now is not None:
@@ -306,11 +351,11 @@ class InMemoryStore:
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
         """Take up to ``limit`` due ready jobs of ``queues`` under a live lease, in claim order."""
-        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit, admitted=self.admitted_queues)
         if claim is None:
             return []
         with self._operation() as (db, now):
-            return self._claim(db, now, claim[1])
+            return self._claim(db, now, claim)
 
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids.
@@ -328,7 +373,7 @@ class InMemoryStore:
             rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
                 applied = self._write(db, now, lease_id, rows)
-                return applied_from_rows([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim[1])
+                return applied_from_rows([(job_id,) for job_id in applied], replaced), self._claim(db, now, claim)
 
         return write_then_claim(
             self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
@@ -382,16 +427,33 @@ class InMemoryStore:
             if row["max_attempts"] < 1:
                 raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_max_attempts_positive"')
         with self._operation() as (db, now):
+            # enqueue_unique_many's ON CONFLICT: the job holding a key is found, never a second one made.
+            holders = {job.unique_key: job for job in db.jobs.values() if job.unique_key is not None}
             ids = []
             for row in rows:
-                db.last_id += 1
                 run_at = datetime.fromisoformat(row["run_at"]) if row["run_at"] is not None else now
-                db.jobs[db.last_id] = JobRow(
+                key = _stored_unique_key(row, now)
+                if key is not None and key in holders:
+                    held = holders[key]
+                    replace = row.get("unique_replace") or ()
+                    if held.state == "ready" and "args" in replace:
+                        held.payload_json = json.dumps(row["payload"])
+                    if held.state == "ready" and "run_at" in replace:
+                        held.run_at = max(held.run_at, run_at)
+                    ids.append(held.id)
+                    continue
+                db.last_id += 1
+                job = db.jobs[db.last_id] = JobRow(
                     id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
                     payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
                     run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"],
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], limit_key=row.get("limit_key"),
+                    unique_states=list(row["unique_states"]) if key is not None else None,
+                    unique_replace=list(row["unique_replace"]) if key is not None else None,
+                    unique_key=key,
                 )
+                if key is not None:
+                    holders[key] = job
                 ids.append(db.last_id)
             return ids
 
@@ -542,14 +604,29 @@ class InMemoryStore:
         return _Operation(self.database)
 
     @staticmethod
-    def _claim(db: MemoryDatabase, now: datetime, params: dict[str, Any]) -> list[ClaimedJob]:
+    def _claim(db: MemoryDatabase, now: datetime, claim: tuple[str, dict[str, Any]]) -> list[ClaimedJob]:
+        name, params = claim
+        admitted = name == "claim_jobs_admitted"
         lease_id = params["lease_id"]
         if not _live(db, lease_id, now):  # the lease CTE: no claim under a lapsed or missing lease
             return []
         order = [params["queue"]] if "queue" in params else list(params["queues"])
         position = {queue: index for index, queue in enumerate(order)}
-        room = {queue: _room(db, queue, params["limit"]) for queue in order}
-        due = [job for job in db.jobs.values() if job.state == "ready" and job.queue in position and job.run_at <= now]
+        room = {queue: _room(db, queue, params["limit"], admitted=admitted, now=now) for queue in order}
+        key_limits = {queue: db.admission.get(queue, (None,))[0] if admitted else None for queue in order}
+        running_keys: dict[tuple[str, str], int] = {}
+        for job in db.jobs.values():
+            if job.state == "running" and job.limit_key is not None:
+                running_keys[job.queue, job.limit_key] = running_keys.get((job.queue, job.limit_key), 0) + 1
+
+        def saturated(job: JobRow) -> bool:
+            key_limit = key_limits[job.queue]
+            return key_limit is not None and job.limit_key is not None and running_keys.get((job.queue, job.limit_key), 0) >= key_limit
+
+        due = [
+            job for job in db.jobs.values()
+            if job.state == "ready" and job.queue in position and job.run_at <= now and not saturated(job)
+        ]
 
         def claim_order(job: JobRow) -> tuple:
             return (position[job.queue], -job.priority, job.run_at, job.id)
@@ -561,7 +638,31 @@ class InMemoryStore:
         # Queue order first (a Strict policy's), then priority, run_at, id; each queue up to its
         # room (paused: none; limited: the limit less what runs), the suspect merged into its
         # queue's pick before the cut; handed back best first.
-        candidates = sorted([job for job in due if not job.suspect] + suspects, key=claim_order)
+        ordinary = sorted((job for job in due if not job.suspect), key=claim_order)
+        if admitted:
+            # claim_jobs_admitted's "candidates": per queue the first room (four times the room
+            # under a per-key limit) of the unsaturated rows, then "within_key": each key cut to
+            # its limit less what runs.
+            fetched: dict[str, int] = {}
+            window = []
+            for job in ordinary:
+                cap = room[job.queue] * (4 if key_limits[job.queue] is not None else 1)
+                if fetched.get(job.queue, 0) < cap:
+                    fetched[job.queue] = fetched.get(job.queue, 0) + 1
+                    window.append(job)
+            taken: dict[tuple[str, str], int] = {}
+            kept = []
+            for job in sorted(window + suspects, key=claim_order):
+                key_limit = key_limits[job.queue]
+                if key_limit is not None and job.limit_key is not None:
+                    slot = (job.queue, job.limit_key)
+                    if taken.get(slot, 0) >= key_limit - running_keys.get(slot, 0):
+                        continue
+                    taken[slot] = taken.get(slot, 0) + 1
+                kept.append(job)
+            candidates = kept
+        else:
+            candidates = sorted(ordinary + suspects, key=claim_order)
         picked = []
         for job in candidates:
             if len(picked) == params["limit"]:
@@ -569,6 +670,14 @@ class InMemoryStore:
             if room[job.queue] > 0:
                 room[job.queue] -= 1
                 picked.append(job)
+        if admitted:
+            # "debited": the rate windows of the queues that started jobs.
+            for queue in {job.queue for job in picked}:
+                _, rate_limit, rate_period = db.admission.get(queue, (None, None, None))
+                if rate_limit is not None:
+                    start = rate_window_start(now, rate_period)
+                    held, used = db.rate_windows.get(queue, (None, 0))
+                    db.rate_windows[queue] = (start, (used if held == start else 0) + sum(1 for job in picked if job.queue == queue))
         picked.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         claimed = []
         for job in picked:

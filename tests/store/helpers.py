@@ -64,6 +64,23 @@ class PostgresRows:
     def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
         Queue.objects.update_or_create(name=name, defaults={"concurrency_limit": concurrency_limit, "paused": paused})
 
+    def set_admission(self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None) -> None:
+        Queue.objects.update_or_create(
+            name=name, defaults={"key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit, "rate_period": rate_period}
+        )
+
+    def rate_window(self, name: str) -> tuple:
+        queue = Queue.objects.get(name=name)
+        return queue.rate_window_start, queue.rate_window_used
+
+    def age_rate_window(self, name: str) -> None:
+        """Move the queue's rate window one period into the past, as if that period had passed."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_queue SET rate_window_start = rate_window_start - make_interval(secs => rate_period) WHERE name = %s",
+                [name],
+            )
+
     def make_jobs(self, count: int, **fields) -> list[Job]:
         """Insert ``count`` ready jobs with one statement; returns them in id order."""
         jobs = Job.objects.bulk_create(JobFactory.build_batch(count, **fields))
@@ -184,6 +201,16 @@ class MemoryRows:
     def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
         with self.database.lock:
             self.database.queues[name] = (concurrency_limit, paused)
+
+    def set_admission(self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None) -> None:
+        self.database.admission[name] = (key_concurrency_limit, rate_limit, rate_period)
+
+    def rate_window(self, name: str) -> tuple:
+        return self.database.rate_windows.get(name, (None, 0))
+
+    def age_rate_window(self, name: str) -> None:
+        start, used = self.database.rate_windows[name]
+        self.database.rate_windows[name] = (start - timedelta(seconds=self.database.admission[name][2]), used)
 
     def make_jobs(self, count: int, **fields):
         built = JobFactory.build_batch(count, **fields)

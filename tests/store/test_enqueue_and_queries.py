@@ -53,9 +53,12 @@ def test_every_statement_the_store_uses_is_loaded():
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs",
+        # admission: unique enqueues, the claim of queues under a per-key or rate limit
+        "enqueue_unique_many", "claim_jobs_admitted", "lock_admitted_queues",
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "set_schedules_enabled", "upsert_queues",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
+        "set_queue_admission", "queue_has_admission",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 
