@@ -114,7 +114,8 @@ class DeterministicPump:
         self.registry = _registry(tasks)
         self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database)
         self.clock = VirtualClock()
-        self.store = DjangoConnectionStore(database, clock=self.clock)
+        # The queues under a per-key or rate limit, claimed as a worker claims them.
+        self.store = DjangoConnectionStore(database, clock=self.clock, admitted_queues=conf.admitted_queue_names())
         self.driver = NodeDriver(self.options)
         self.worker_id = worker_id
         self.attempts: list[AttemptReport] = []  # every attempt this pump ran, in order

@@ -88,3 +88,11 @@ def remote_add(a, b):
 @task(max_attempts=1)
 def returns_nan():
     return {"score": float("nan")}
+
+
+@task(queue_name="emails", limit_by="customer")
+def running_beside(customer):
+    """How many jobs of this customer run right now, this one included (per-key limit tests)."""
+    from backwave.models import Job
+
+    return Job.objects.filter(state="running", limit_key=customer).count()
