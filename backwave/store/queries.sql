@@ -1100,7 +1100,8 @@ SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
          WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c)
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       q.key_concurrency_limit, q.rate_limit, q.rate_period
 FROM names AS n
 LEFT JOIN backwave_queue AS q ON q.name = n.name
 ORDER BY n.name
