@@ -162,12 +162,20 @@ class World(Faults):
         self._heap: list = []
         self._seq = 0
 
+    @property
+    def admitted_queues(self) -> frozenset[str]:
+        """The queues under a per-key or rate limit: every pump knows them, as every worker does."""
+        return frozenset(self.scenario.key_limits) | frozenset(self.scenario.rate_limits)
+
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
         for database in self.databases:
             for queue, limit in self.scenario.concurrency_limits.items():
                 database.queues[queue] = (limit, False)
+            for queue in self.admitted_queues:
+                rate = self.scenario.rate_limits.get(queue, (None, None))
+                database.admission[queue] = (self.scenario.key_limits.get(queue), *rate)
         for node in self.nodes:
             self._boot(node)
         for spec in self.scenario.jobs:
@@ -251,7 +259,7 @@ class World(Faults):
         name = f"n{node.index}.{node.incarnation}{on}p{index}.{len(self.pumps)}"
         driver = NodeDriver(self.options)
         owned = OwnedDriver(driver, self, name) if self.config.thread_checks else driver
-        pump = SimPump(name, node, owned, InMemoryStore(self.databases[database]), database)
+        pump = SimPump(name, node, owned, InMemoryStore(self.databases[database], admitted_queues=self.admitted_queues), database)
         pump.executor = Executor(
             pump.store,
             options=self.options,
@@ -470,7 +478,8 @@ class World(Faults):
         database = self.databases[spec.database]
         (job_id,) = InMemoryStore(database).enqueue_many([
             NewJob(task_path=spec.task_path, payload={"args": [], "kwargs": {}}, queue=spec.queue, priority=spec.priority, run_at=run_at,
-                   max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max)
+                   max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max,
+                   limit_key=spec.limit_key)
         ])
         self.invariants.enqueued[job_id] = database
         if spec.task_path == CRASH_TASK:
