@@ -220,11 +220,7 @@ def _queues(value) -> str | None:
         unknown = set(spec) - set(QUEUE_KEYS)
         if unknown:
             key = sorted(unknown, key=str)[0]
-            from difflib import get_close_matches
-
-            text = str(key)
-            plain_limit = "limit" in text and not any(word in text for word in ("rate", "key", "period"))
-            close = ["concurrency_limit"] if plain_limit else get_close_matches(text, QUEUE_KEYS, n=1)
+            close = _queue_key_guess(str(key))
             hint = f"Did you mean {close[0]!r}? " if close else ""
             return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: {', '.join(QUEUE_KEYS)}.")
         for name in ("concurrency_limit", "key_concurrency_limit", "rate_limit"):
@@ -239,6 +235,14 @@ def _queues(value) -> str | None:
         if "paused" in spec and not isinstance(spec["paused"], bool):
             return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
     return None
+
+
+def _queue_key_guess(text: str) -> list[str]:
+    """The QUEUES key a misspelt one most likely meant: by the words it has, else by spelling."""
+    words = [("period", "rate_period"), ("rate", "rate_limit"), ("key", "key_concurrency_limit"), ("limit", "concurrency_limit"), ("paus", "paused")]
+    from difflib import get_close_matches
+
+    return next(([key] for word, key in words if word in text.lower()), None) or get_close_matches(text, QUEUE_KEYS, n=1)
 
 
 # BACKWAVE["QUEUES"] keys: concurrency_limit and paused are written when named (the admin may

@@ -187,3 +187,23 @@ def test_eight_parallel_transactions_make_one_job():
 def test_bad_uniqueness_is_refused_at_definition(unique, message):
     with pytest.raises(InvalidTask, match=message.replace("(", r"\(").replace(")", r"\)")):
         sample_tasks.sync_order.using(unique=unique)
+
+
+@pytest.mark.django_db
+def test_the_limit_key_comes_from_the_named_argument_or_an_explicit_key():
+    by_argument = sample_tasks.call_api.enqueue("acme", n=1)
+    explicit = sample_tasks.call_api.using(limit_by=None).enqueue("acme")
+    assert Job.objects.get(pk=by_argument.id).limit_key == "acme"
+    assert Job.objects.get(pk=sample_tasks.call_api.enqueue(customer_id=42).id).limit_key == "42"
+    assert Job.objects.get(pk=explicit.id).limit_key == "acme"  # using(limit_by=None) keeps the task's
+
+
+@pytest.mark.django_db
+def test_a_limit_key_that_cannot_be_a_key_is_refused_at_enqueue_and_nothing_is_written():
+    with pytest.raises(InvalidTask, match="must be a string or an integer"):
+        sample_tasks.call_api.enqueue({"id": 1})
+    with pytest.raises(InvalidTask, match="sets both limit_by"):
+        sample_tasks.call_api.using(limit_key="x")
+    with pytest.raises(InvalidTask, match="Did you mean 'customer_id'"):
+        sample_tasks.call_api.using(limit_by="customer")
+    assert not Job.objects.exists()
