@@ -213,6 +213,17 @@ def _check_argument_names(task, option: str, names: Sequence[str]) -> None:
             raise InvalidTask(f"{option} of task {task.module_path!r} names {name!r}, which is not a parameter of {task.func.__name__}({', '.join(known)}).{hint}")
 
 
+def _is_key_text(value, max_length: int) -> bool:
+    """A string PostgreSQL's text holds (no NUL, no lone surrogate) of 1 to max_length characters."""
+    if not isinstance(value, str) or not 1 <= len(value) <= max_length or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _validate_unique(task) -> None:
     unique = getattr(task, "unique", None)
     if unique is None:
@@ -224,7 +235,7 @@ def _validate_unique(task) -> None:
         if isinstance(unique.by, str) or not isinstance(unique.by, tuple) or not unique.by:
             raise InvalidTask(f"Unique.by of task {path!r} must be a non-empty tuple of parameter names (or None for all arguments), got {unique.by!r}" + (f"; did you mean ({unique.by!r},)?" if isinstance(unique.by, str) else "."))
         _check_argument_names(task, "Unique.by", unique.by)
-    if unique.key is not None and (not isinstance(unique.key, str) or not 1 <= len(unique.key) <= MAX_KEY_LENGTH or "\x00" in unique.key):
+    if unique.key is not None and not _is_key_text(unique.key, MAX_KEY_LENGTH):
         raise InvalidTask(f"Unique.key of task {path!r} must be a string of 1 to {MAX_KEY_LENGTH} characters, got {unique.key!r}.")
     if unique.period is not None and (not _is_seconds(unique.period) or unique.period <= 0):
         raise InvalidTask(f"Unique.period of task {path!r} must be a number of seconds above 0 (or None: no period), got {unique.period!r}.")
@@ -245,7 +256,7 @@ def _validate_limit_key(task) -> None:
         raise InvalidTask(f"task {path!r} sets both limit_by ({limit_by!r}) and limit_key ({limit_key!r}); the key comes from one of them.")
     if limit_by is not None:
         _check_argument_names(task, "limit_by", [limit_by])
-    if limit_key is not None and (not isinstance(limit_key, str) or not 1 <= len(limit_key) <= MAX_LIMIT_KEY_LENGTH or "\x00" in limit_key):
+    if limit_key is not None and not _is_key_text(limit_key, MAX_LIMIT_KEY_LENGTH):
         raise InvalidTask(f"limit_key of task {path!r} must be a string of 1 to {MAX_LIMIT_KEY_LENGTH} characters, got {limit_key!r}.")
 
 
@@ -284,9 +295,11 @@ def unique_key(task, args, kwargs) -> str | None:
         if missing:
             raise InvalidTask(f"Unique.by of task {task.module_path!r} names {missing[0]!r}, which this call does not pass.")
         named = {name: named[name] for name in unique.by}
-    text = json.dumps(named, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    if len(text) > MAX_KEY_LENGTH or "\x00" in text:
-        return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    # ASCII: any character an argument holds (a NUL, a lone surrogate) becomes an escape that
+    # text can store, so the key never fails the INSERT.
+    text = json.dumps(named, sort_keys=True, separators=(",", ":"))
+    if len(text) > MAX_KEY_LENGTH:
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     return text
 
 
@@ -305,7 +318,7 @@ def limit_key(task, args, kwargs) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise InvalidTask(f"limit_by of task {task.module_path!r}: argument {name!r} must be a string or an integer to key a limit by, got {value!r:.100}.")
     text = str(value)
-    if not 1 <= len(text) <= MAX_LIMIT_KEY_LENGTH or "\x00" in text:
+    if not _is_key_text(text, MAX_LIMIT_KEY_LENGTH):
         raise InvalidTask(f"limit_by of task {task.module_path!r}: argument {name!r} gives the key {text!r:.100}; a key is 1 to {MAX_LIMIT_KEY_LENGTH} characters without NUL.")
     return text
 

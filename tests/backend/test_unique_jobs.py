@@ -207,3 +207,14 @@ def test_a_limit_key_that_cannot_be_a_key_is_refused_at_enqueue_and_nothing_is_w
     with pytest.raises(InvalidTask, match="Did you mean 'customer_id'"):
         sample_tasks.call_api.using(limit_by="customer")
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_keys_from_arguments_store_whatever_the_arguments_hold():
+    odd = 'caf\u00e9 "quoted" \\ \u4e2d'  # what a payload can hold
+    first = sample_tasks.sync_order.enqueue(odd)
+    assert sample_tasks.sync_order.enqueue(odd).id == first.id
+    long = sample_tasks.sync_order.enqueue("x" * 1000)
+    assert Job.objects.get(pk=long.id).unique_key.startswith("tests.backend.sample_tasks.sync_order:sha256:")
+    with pytest.raises(InvalidTask, match="Unique.key"):
+        sample_tasks.sync_order.using(unique=Unique(key="\ud800"))
