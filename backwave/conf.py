@@ -223,15 +223,15 @@ def _queues(value) -> str | None:
             close = _queue_key_guess(str(key))
             hint = f"Did you mean {close[0]!r}? " if close else ""
             return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: {', '.join(QUEUE_KEYS)}.")
-        for name in ("concurrency_limit", "key_concurrency_limit", "rate_limit"):
+        for name in ("concurrency_limit", "key_concurrency_limit", "rate_limit", "key_rate_limit"):
             limit = spec.get(name)
             if limit is not None and not is_concurrency_limit(limit):
                 return Sentence(f"{where}[{name!r}] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}.")
         period = spec.get("rate_period")
         if period is not None and (isinstance(period, bool) or not isinstance(period, (int, float)) or not math.isfinite(period) or period <= 0):
             return Sentence(f"{where}['rate_period'] must be a number of seconds above 0 (the rate limit's window), got {period!r}.")
-        if period is not None and spec.get("rate_limit") is None:
-            return Sentence(f"{where} sets 'rate_period' ({period!r}) without 'rate_limit'; set both, e.g. {{'rate_limit': 50, 'rate_period': 1}}.")
+        if period is not None and spec.get("rate_limit") is None and spec.get("key_rate_limit") is None:
+            return Sentence(f"{where} sets 'rate_period' ({period!r}) without 'rate_limit' or 'key_rate_limit'; set both, e.g. {{'rate_limit': 50, 'rate_period': 1}}.")
         if "paused" in spec and not isinstance(spec["paused"], bool):
             return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
     return None
@@ -239,7 +239,7 @@ def _queues(value) -> str | None:
 
 def _queue_key_guess(text: str) -> list[str]:
     """The QUEUES key a misspelt one most likely meant: by the words it has, else by spelling."""
-    words = [("period", "rate_period"), ("rate", "rate_limit"), ("key", "key_concurrency_limit"), ("limit", "concurrency_limit"), ("paus", "paused")]
+    words = [("period", "rate_period"), ("key_rate", "key_rate_limit"), ("rate", "rate_limit"), ("key", "key_concurrency_limit"), ("limit", "concurrency_limit"), ("paus", "paused")]
     from difflib import get_close_matches
 
     return next(([key] for word, key in words if word in text.lower()), None) or get_close_matches(text, QUEUE_KEYS, n=1)
@@ -247,22 +247,26 @@ def _queue_key_guess(text: str) -> list[str]:
 
 # BACKWAVE["QUEUES"] keys: concurrency_limit and paused are written when named (the admin may
 # change them); the admission keys are the settings' alone (see admission_limits).
-QUEUE_KEYS = ("concurrency_limit", "paused", "key_concurrency_limit", "rate_limit", "rate_period")
+QUEUE_KEYS = ("concurrency_limit", "paused", "key_concurrency_limit", "rate_limit", "key_rate_limit", "rate_period")
 DEFAULT_RATE_PERIOD = 1.0
 
 
-def admission_limits(spec: Mapping) -> tuple[int | None, int | None, float | None]:
-    """(key_concurrency_limit, rate_limit, rate_period) of a validated QUEUES entry."""
-    rate_limit = spec.get("rate_limit")
-    period = spec.get("rate_period")
-    return spec.get("key_concurrency_limit"), rate_limit, (float(period or DEFAULT_RATE_PERIOD) if rate_limit is not None else None)
+def admission_limits(spec: Mapping) -> dict[str, Any]:
+    """The Queue row's admission columns for a validated QUEUES entry (None: no such limit)."""
+    rated = spec.get("rate_limit") is not None or spec.get("key_rate_limit") is not None
+    return {
+        "key_concurrency_limit": spec.get("key_concurrency_limit"),
+        "rate_limit": spec.get("rate_limit"),
+        "key_rate_limit": spec.get("key_rate_limit"),
+        "rate_period": float(spec.get("rate_period") or DEFAULT_RATE_PERIOD) if rated else None,
+    }
 
 
 def admitted_queue_names(settings_queues: Mapping[str, Mapping] | None = None) -> frozenset[str]:
     """The queues under a per-key concurrency or rate limit: claimed with claim_jobs_admitted."""
     if settings_queues is None:
         settings_queues = get_setting("QUEUES")
-    return frozenset(name for name, spec in settings_queues.items() if any(value is not None for value in admission_limits(spec)[:2]))
+    return frozenset(name for name, spec in settings_queues.items() if any(value is not None for value in admission_limits(spec).values()))
 
 
 # Each validator returns None for a good value, else what is allowed ("an integer >= 1"), or a

@@ -165,9 +165,8 @@ def write_queue_settings(database: str, claimed: Iterable[str] = ()) -> int:
     admitted = conf.admitted_queue_names(settings_queues)
     with connections[database].cursor() as cursor:
         for name in sorted(here & (admitted | claimed)):
-            key_limit, rate_limit, rate_period = conf.admission_limits(settings_queues.get(name, {}))
             if name in admitted or _has_admission_row(cursor, name):
-                operator.set_queue_admission(cursor, name, key_concurrency_limit=key_limit, rate_limit=rate_limit, rate_period=rate_period)
+                operator.set_queue_admission(cursor, name, **conf.admission_limits(settings_queues.get(name, {})))
     return written
 
 

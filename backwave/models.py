@@ -68,6 +68,9 @@ class Queue(models.Model):
     rate_limit = models.PositiveIntegerField(
         null=True, blank=True, help_text="At most this many job starts per rate period across every worker; empty: unlimited.",
     )
+    key_rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="At most this many job starts per rate period for each limit key; empty: unlimited.",
+    )
     rate_period = models.FloatField(null=True, blank=True, help_text="Seconds of one rate window (windows are aligned to the database clock).")
     # The rate limit's current window, debited by the claim that starts jobs in it.
     rate_window_start = models.DateTimeField(null=True, blank=True)
@@ -87,8 +90,8 @@ class Queue(models.Model):
                 name="backwave_queue_key_limit_positive",
             ),
             models.CheckConstraint(
-                condition=models.Q(rate_limit__isnull=True, rate_period__isnull=True)
-                | models.Q(rate_limit__gte=1, rate_period__gt=0),
+                condition=models.Q(rate_limit__isnull=True, key_rate_limit__isnull=True, rate_period__isnull=True)
+                | (models.Q(rate_period__gt=0) & (models.Q(rate_limit__gte=1) | models.Q(key_rate_limit__gte=1))),
                 name="backwave_queue_rate_limit_valid",
             ),
         ]
@@ -99,6 +102,27 @@ class Queue(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class KeyRateWindow(models.Model):
+    """A limit key's current rate window in a queue under a per-key rate limit: the claim that
+    starts the key's jobs debits it (see claim_jobs_admitted). One row per key and queue with
+    starts in the current window: the claim moves a row on in place, and deletes the rows of
+    windows that have passed."""
+
+    queue = models.CharField(max_length=64)
+    limit_key = models.CharField(max_length=255)
+    window_start = models.DateTimeField()
+    used = models.IntegerField()
+
+    class Meta:
+        db_table = "backwave_key_rate_window"  # the name queries.sql uses
+        constraints = [models.UniqueConstraint(fields=["queue", "limit_key"], name="backwave_key_rate_window_key")]
+        # The claim reads the keys used up in the current window: only this window's rows.
+        indexes = [models.Index(fields=["queue", "window_start"], name="backwave_key_rate_window_now")]
+
+    def __str__(self):
+        return f"{self.queue}/{self.limit_key}: {self.used} since {self.window_start}"
 
 
 class Schedule(models.Model):

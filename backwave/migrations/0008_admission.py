@@ -72,9 +72,35 @@ class Migration(migrations.Migration):
             model_name='queue',
             constraint=models.CheckConstraint(condition=models.Q(('key_concurrency_limit__isnull', True), ('key_concurrency_limit__gte', 1), _connector='OR'), name='backwave_queue_key_limit_positive'),
         ),
+        migrations.AddField(
+            model_name='queue',
+            name='key_rate_limit',
+            field=models.PositiveIntegerField(blank=True, help_text='At most this many job starts per rate period for each limit key; empty: unlimited.', null=True),
+        ),
         migrations.AddConstraint(
             model_name='queue',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_limit__isnull', True), ('rate_period__isnull', True)), models.Q(('rate_limit__gte', 1), ('rate_period__gt', 0)), _connector='OR'), name='backwave_queue_rate_limit_valid'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('key_rate_limit__isnull', True), ('rate_limit__isnull', True), ('rate_period__isnull', True)), models.Q(('rate_period__gt', 0), models.Q(('rate_limit__gte', 1), ('key_rate_limit__gte', 1), _connector='OR')), _connector='OR'), name='backwave_queue_rate_limit_valid'),
+        ),
+        migrations.CreateModel(
+            name='KeyRateWindow',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('queue', models.CharField(max_length=64)),
+                ('limit_key', models.CharField(max_length=255)),
+                ('window_start', models.DateTimeField()),
+                ('used', models.IntegerField()),
+            ],
+            options={
+                'db_table': 'backwave_key_rate_window',
+            },
+        ),
+        migrations.AddIndex(
+            model_name='keyratewindow',
+            index=models.Index(fields=['queue', 'window_start'], name='backwave_key_rate_window_now'),
+        ),
+        migrations.AddConstraint(
+            model_name='keyratewindow',
+            constraint=models.UniqueConstraint(fields=('queue', 'limit_key'), name='backwave_key_rate_window_key'),
         ),
         # A unique job's key holds only while its state is covered: moving to any other state clears
         # it for good (a later move back, a retry, must not collide with a newer job of that key).

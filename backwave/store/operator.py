@@ -61,11 +61,16 @@ def upsert_queues(cursor, names: Iterable[str], *, paused: bool = UNSET, concurr
     return len(names)
 
 
-def set_queue_admission(cursor, name: str, *, key_concurrency_limit: int | None, rate_limit: int | None, rate_period: float | None) -> None:
+def set_queue_admission(
+    cursor, name: str, *, key_concurrency_limit: int | None, rate_limit: int | None, key_rate_limit: int | None, rate_period: float | None
+) -> None:
     """Write a queue's admission limits (BACKWAVE["QUEUES"], validated by conf), creating its row."""
     cursor.execute(
         QUERIES["set_queue_admission"],
-        {"name": validate_queue_name(name), "key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit, "rate_period": rate_period},
+        {
+            "name": validate_queue_name(name), "key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit,
+            "key_rate_limit": key_rate_limit, "rate_period": rate_period,
+        },
     )
 
 

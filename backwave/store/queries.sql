@@ -115,7 +115,8 @@ WITH lease AS MATERIALIZED (
     -- claim_jobs_admitted: here it has no room, so a worker that does not know of the limit
     -- claims nothing from it rather than overrun it.
     SELECT coalesce((SELECT CASE WHEN q.paused THEN 0
-                                 WHEN q.key_concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL THEN 0
+                                 WHEN q.key_concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL
+                                      OR q.key_rate_limit IS NOT NULL THEN 0
                                  WHEN q.concurrency_limit IS NULL THEN %(limit)s
                                  ELSE greatest(0, least(%(limit)s, q.concurrency_limit - (
                                      SELECT count(*) FROM backwave_job AS r
@@ -206,7 +207,8 @@ WITH lease AS MATERIALIZED (
     -- limited: what is left).
     SELECT q.name, q.position,
            coalesce((SELECT CASE WHEN qs.paused THEN 0
-                                 WHEN qs.key_concurrency_limit IS NOT NULL OR qs.rate_limit IS NOT NULL THEN 0
+                                 WHEN qs.key_concurrency_limit IS NOT NULL OR qs.rate_limit IS NOT NULL
+                                      OR qs.key_rate_limit IS NOT NULL THEN 0
                                  WHEN qs.concurrency_limit IS NULL THEN %(limit)s
                                  ELSE greatest(0, least(%(limit)s, qs.concurrency_limit - (
                                      SELECT count(*) FROM backwave_job AS r
@@ -280,7 +282,7 @@ ORDER BY c.priority DESC, c.run_at, c.id
 
 -- name: claim_jobs_admitted
 -- The claim for queues under an admission limit (BACKWAVE["QUEUES"]: key_concurrency_limit,
--- rate_limit), chosen by the store only when one of the queues it claims has one, so the plain
+-- rate_limit, key_rate_limit), chosen by the store only when one of the queues it claims has one, so the plain
 -- claims above stay as they are. Otherwise claim_jobs_many_queues (queue order, the LATERAL
 -- per queue, suspects, the lease CTE, the CTE fence, FOR NO KEY UPDATE), plus:
 --
@@ -294,6 +296,13 @@ ORDER BY c.priority DESC, c.run_at, c.id
 -- room is what is left of it, and "debited" adds this claim's starts in the same statement (no
 -- statement per job). In any aligned window the limit holds exactly; a sliding window across
 -- a boundary can see up to twice it (as any fixed-window limiter).
+--
+-- Per-key rate limit: the same windows per limit_key, one backwave_key_rate_window row per key
+-- that started jobs in the current window. Keys whose row is used up are "saturated" (read
+-- through the (queue, window_start) index: this window's rows only), the others are cut to what
+-- is left of theirs, and "key_debited" upserts the claimed keys' rows, moving a row from a past
+-- window on in place; "key_expired" deletes the rows of past windows of the keys not claimed, so
+-- the table holds no more than the keys active in a window.
 --
 -- Per-key concurrency: at most key_concurrency_limit running jobs per limit_key in the queue.
 -- "saturated" lists the keys already at the limit, from the partial index of running keyed
@@ -309,7 +318,8 @@ WITH lease AS MATERIALIZED (
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
 ), rooms AS MATERIALIZED (
-    SELECT q.name, q.position, qs.key_concurrency_limit AS key_limit, qs.rate_limit, w.window_start,
+    SELECT q.name, q.position, qs.key_concurrency_limit AS key_limit, qs.key_rate_limit AS key_rate,
+           qs.rate_limit, w.window_start,
            CASE WHEN qs.paused THEN 0
                 ELSE greatest(0, least(
                     %(limit)s,
@@ -319,11 +329,16 @@ WITH lease AS MATERIALIZED (
                     qs.rate_limit - CASE WHEN qs.rate_window_start = w.window_start
                                          THEN qs.rate_window_used ELSE 0 END))
            END AS n,
-           CASE WHEN qs.key_concurrency_limit IS NOT NULL THEN ARRAY(
+           CASE WHEN qs.key_concurrency_limit IS NOT NULL OR qs.key_rate_limit IS NOT NULL THEN ARRAY(
                SELECT r.limit_key FROM backwave_job AS r
-               WHERE r.state = 'running' AND r.queue = q.name AND r.limit_key IS NOT NULL
+               WHERE qs.key_concurrency_limit IS NOT NULL
+                 AND r.state = 'running' AND r.queue = q.name AND r.limit_key IS NOT NULL
                GROUP BY r.limit_key
-               HAVING count(*) >= qs.key_concurrency_limit) END AS saturated
+               HAVING count(*) >= qs.key_concurrency_limit
+               UNION ALL
+               SELECT k.limit_key FROM backwave_key_rate_window AS k
+               WHERE qs.key_rate_limit IS NOT NULL
+                 AND k.queue = q.name AND k.window_start = w.window_start AND k.used >= qs.key_rate_limit) END AS saturated
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
     -- least() and greatest() skip NULLs: a queue without a row, or without a limit, keeps the room.
     LEFT JOIN backwave_queue AS qs ON qs.name = q.name
@@ -348,7 +363,7 @@ WITH lease AS MATERIALIZED (
     ORDER BY q.position, c.priority DESC, c.run_at, c.id
     LIMIT 1
 ), candidates AS MATERIALIZED (
-    SELECT c.id, q.position, c.priority, c.run_at, c.limit_key, q.n, q.key_limit, q.name AS queue
+    SELECT c.id, q.position, c.priority, c.run_at, c.limit_key, q.n, q.key_limit, q.key_rate, q.window_start, q.name AS queue
     FROM rooms AS q
     CROSS JOIN LATERAL (
         SELECT s.id, s.priority, s.run_at, s.limit_key FROM suspect AS s WHERE s.position = q.position
@@ -359,24 +374,30 @@ WITH lease AS MATERIALIZED (
             WHERE j.state = 'ready' AND NOT j.suspect AND j.queue = q.name AND j.run_at <= now()
               AND (j.limit_key IS NULL OR q.saturated IS NULL OR j.limit_key <> ALL(q.saturated))
             ORDER BY j.priority DESC, j.run_at, j.id
-            LIMIT CASE WHEN q.key_limit IS NULL THEN q.n ELSE q.n * 4 END
+            LIMIT CASE WHEN q.key_limit IS NULL AND q.key_rate IS NULL THEN q.n ELSE q.n * 4 END
             FOR NO KEY UPDATE SKIP LOCKED
         ) AS o
     ) AS c
     WHERE EXISTS (SELECT FROM lease)
 ), within_key AS MATERIALIZED (
     -- Each key cut to its room: the limit less what runs now (one probe of the running-key
-    -- index per key among the candidates).
+    -- index per key among the candidates), and what is left of its rate window (one probe).
     SELECT k.*
     FROM (
         SELECT c.*, row_number() OVER (PARTITION BY c.position, c.limit_key
                                        ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
         FROM candidates AS c
     ) AS k
-    WHERE k.limit_key IS NULL OR k.key_limit IS NULL
-       OR k.key_rank <= k.key_limit - (SELECT count(*) FROM backwave_job AS r
+    WHERE k.limit_key IS NULL OR (k.key_limit IS NULL AND k.key_rate IS NULL)
+       OR k.key_rank <= least(
+              CASE WHEN k.key_limit IS NOT NULL
+                   THEN k.key_limit - (SELECT count(*) FROM backwave_job AS r
                                        WHERE r.state = 'running' AND r.queue = k.queue
-                                         AND r.limit_key = k.limit_key)
+                                         AND r.limit_key = k.limit_key) END,
+              CASE WHEN k.key_rate IS NOT NULL
+                   THEN k.key_rate - coalesce((SELECT w.used FROM backwave_key_rate_window AS w
+                                               WHERE w.queue = k.queue AND w.limit_key = k.limit_key
+                                                 AND w.window_start = k.window_start), 0) END)
 ), picked AS MATERIALIZED (
     SELECT t.id
     FROM (
@@ -399,7 +420,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.limit_key
 ), debited AS (
     -- A data-modifying CTE runs whether or not it is referenced.
     UPDATE backwave_queue AS qs
@@ -408,6 +429,22 @@ WITH lease AS MATERIALIZED (
     FROM (SELECT c.queue, count(*) AS started FROM claimed AS c GROUP BY c.queue) AS d
     JOIN rooms AS r ON r.name = d.queue
     WHERE qs.name = d.queue AND qs.rate_limit IS NOT NULL
+), key_debited AS (
+    INSERT INTO backwave_key_rate_window AS w (queue, limit_key, window_start, used)
+    SELECT c.queue, c.limit_key, r.window_start, count(*)
+    FROM claimed AS c
+    JOIN rooms AS r ON r.name = c.queue
+    WHERE r.key_rate IS NOT NULL AND c.limit_key IS NOT NULL
+    GROUP BY c.queue, c.limit_key, r.window_start
+    ON CONFLICT (queue, limit_key) DO UPDATE
+    SET used = CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used + EXCLUDED.used ELSE EXCLUDED.used END,
+        window_start = EXCLUDED.window_start
+), key_expired AS (
+    -- Rows disjoint from key_debited's (a statement must not change one row twice).
+    DELETE FROM backwave_key_rate_window AS w
+    USING rooms AS r
+    WHERE r.key_rate IS NOT NULL AND w.queue = r.name AND w.window_start < r.window_start
+      AND NOT EXISTS (SELECT FROM claimed AS c WHERE c.queue = w.queue AND c.limit_key = w.limit_key)
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -789,7 +826,8 @@ FOR NO KEY UPDATE
 -- limit, in name order, so claimers of each such queue take turns (see claim_jobs_admitted).
 SELECT name FROM backwave_queue
 WHERE name = ANY(%(queues)s)
-  AND (concurrency_limit IS NOT NULL OR key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL)
+  AND (concurrency_limit IS NOT NULL OR key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL
+       OR key_rate_limit IS NOT NULL)
   AND NOT paused
 ORDER BY name
 FOR NO KEY UPDATE
@@ -1101,7 +1139,7 @@ SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false
          WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
          WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
-       q.key_concurrency_limit, q.rate_limit, q.rate_period
+       q.key_concurrency_limit, q.rate_limit, q.rate_period, q.key_rate_limit
 FROM names AS n
 LEFT JOIN backwave_queue AS q ON q.name = n.name
 ORDER BY n.name
@@ -1161,17 +1199,19 @@ SELECT current_setting('max_connections')::int - current_setting('superuser_rese
 -- name: set_queue_admission
 -- A worker's start-up write of a queue's admission limits from BACKWAVE["QUEUES"] (the settings
 -- are their only source: a limit left out is cleared). Rows already as given are not written.
-INSERT INTO backwave_queue (name, key_concurrency_limit, rate_limit, rate_period, paused, updated_at)
-VALUES (%(name)s, %(key_concurrency_limit)s, %(rate_limit)s, %(rate_period)s, false, statement_timestamp())
+INSERT INTO backwave_queue (name, key_concurrency_limit, rate_limit, key_rate_limit, rate_period, paused, updated_at)
+VALUES (%(name)s, %(key_concurrency_limit)s, %(rate_limit)s, %(key_rate_limit)s, %(rate_period)s, false, statement_timestamp())
 ON CONFLICT (name) DO UPDATE
 SET key_concurrency_limit = EXCLUDED.key_concurrency_limit,
     rate_limit = EXCLUDED.rate_limit,
+    key_rate_limit = EXCLUDED.key_rate_limit,
     rate_period = EXCLUDED.rate_period,
     updated_at = EXCLUDED.updated_at
-WHERE (backwave_queue.key_concurrency_limit, backwave_queue.rate_limit, backwave_queue.rate_period)
-      IS DISTINCT FROM (EXCLUDED.key_concurrency_limit, EXCLUDED.rate_limit, EXCLUDED.rate_period)
+WHERE (backwave_queue.key_concurrency_limit, backwave_queue.rate_limit, backwave_queue.key_rate_limit, backwave_queue.rate_period)
+      IS DISTINCT FROM (EXCLUDED.key_concurrency_limit, EXCLUDED.rate_limit, EXCLUDED.key_rate_limit, EXCLUDED.rate_period)
 
 
 -- name: queue_has_admission
 SELECT EXISTS (SELECT FROM backwave_queue
-               WHERE name = %(name)s AND (key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL))
+               WHERE name = %(name)s
+                 AND (key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR key_rate_limit IS NOT NULL))

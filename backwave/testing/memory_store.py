@@ -25,10 +25,11 @@ import json
 import math
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from backwave.core.jobs import ClaimedJob
 
@@ -188,14 +189,31 @@ class PumpRow:
         return self.worker_id
 
 
+class QueueAdmission(NamedTuple):
+    """A Queue row's admission columns."""
+
+    key_concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    key_rate_limit: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.key_concurrency_limit is not None or self.rate_limit is not None or self.key_rate_limit is not None
+
+
+NO_ADMISSION = QueueAdmission()
+
+
 def _room(db, queue: str, limit: int, *, admitted: bool = False, now: datetime | None = None) -> int:
     """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it (and
     claim_jobs_admitted's, with its rate window: ``admitted``)."""
     concurrency_limit, paused = db.queues.get(queue, (None, False))
-    key_limit, rate_limit, rate_period = db.admission.get(queue, (None, None, None))
+    admission = db.admission.get(queue, NO_ADMISSION)
+    rate_limit, rate_period = admission.rate_limit, admission.rate_period
     if paused:
         return 0
-    if not admitted and (key_limit is not None or rate_limit is not None):
+    if not admitted and admission.limited:
         return 0  # claimed only through claim_jobs_admitted
     room = limit
     if concurrency_limit is not None:
@@ -238,10 +256,11 @@ class MemoryDatabase:
     pumps: dict[str, PumpRow] = field(default_factory=dict)
     # The Queue table: name -> (concurrency_limit or None, paused).
     queues: dict[str, tuple[int | None, bool]] = field(default_factory=dict)
-    # Its admission columns: name -> (key_concurrency_limit, rate_limit, rate_period), and the
-    # rate limit's current window: name -> (rate_window_start, rate_window_used).
-    admission: dict[str, tuple[int | None, int | None, float | None]] = field(default_factory=dict)
+    # Its admission columns, and the rate limit's current window: name -> (rate_window_start,
+    # rate_window_used); backwave_key_rate_window: (queue, limit key) -> (window_start, used).
+    admission: dict[str, QueueAdmission] = field(default_factory=dict)
     rate_windows: dict[str, tuple[datetime, int]] = field(default_factory=dict)
+    key_rate_windows: dict[tuple[str, str], tuple[datetime, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_id: int = 0
     last_schedule_id: int = 0
@@ -613,15 +632,31 @@ class InMemoryStore:
         order = [params["queue"]] if "queue" in params else list(params["queues"])
         position = {queue: index for index, queue in enumerate(order)}
         room = {queue: _room(db, queue, params["limit"], admitted=admitted, now=now) for queue in order}
-        key_limits = {queue: db.admission.get(queue, (None,))[0] if admitted else None for queue in order}
+        admissions = {queue: db.admission.get(queue, NO_ADMISSION) if admitted else NO_ADMISSION for queue in order}
         running_keys: dict[tuple[str, str], int] = {}
         for job in db.jobs.values():
             if job.state == "running" and job.limit_key is not None:
                 running_keys[job.queue, job.limit_key] = running_keys.get((job.queue, job.limit_key), 0) + 1
+        windows = {
+            queue: rate_window_start(now, admission.rate_period) for queue, admission in admissions.items() if admission.rate_period is not None
+        }
+
+        def key_room(queue: str, key: str) -> int | None:
+            """What the key may still start: its concurrency room and what is left of its rate
+            window, the lesser (None: the key is not limited)."""
+            admission, rooms = admissions[queue], []
+            if admission.key_concurrency_limit is not None:
+                rooms.append(admission.key_concurrency_limit - running_keys.get((queue, key), 0))
+            if admission.key_rate_limit is not None:
+                start, used = db.key_rate_windows.get((queue, key), (None, 0))
+                rooms.append(admission.key_rate_limit - (used if start == windows[queue] else 0))
+            return min(rooms) if rooms else None
 
         def saturated(job: JobRow) -> bool:
-            key_limit = key_limits[job.queue]
-            return key_limit is not None and job.limit_key is not None and running_keys.get((job.queue, job.limit_key), 0) >= key_limit
+            if job.limit_key is None:
+                return False
+            room = key_room(job.queue, job.limit_key)
+            return room is not None and room <= 0
 
         due = [
             job for job in db.jobs.values()
@@ -646,17 +681,18 @@ class InMemoryStore:
             fetched: dict[str, int] = {}
             window = []
             for job in ordinary:
-                cap = room[job.queue] * (4 if key_limits[job.queue] is not None else 1)
+                keyed = admissions[job.queue].key_concurrency_limit is not None or admissions[job.queue].key_rate_limit is not None
+                cap = room[job.queue] * (4 if keyed else 1)
                 if fetched.get(job.queue, 0) < cap:
                     fetched[job.queue] = fetched.get(job.queue, 0) + 1
                     window.append(job)
             taken: dict[tuple[str, str], int] = {}
             kept = []
             for job in sorted(window + suspects, key=claim_order):
-                key_limit = key_limits[job.queue]
-                if key_limit is not None and job.limit_key is not None:
+                allowed = key_room(job.queue, job.limit_key) if job.limit_key is not None else None
+                if allowed is not None:
                     slot = (job.queue, job.limit_key)
-                    if taken.get(slot, 0) >= key_limit - running_keys.get(slot, 0):
+                    if taken.get(slot, 0) >= allowed:
                         continue
                     taken[slot] = taken.get(slot, 0) + 1
                 kept.append(job)
@@ -671,13 +707,24 @@ class InMemoryStore:
                 room[job.queue] -= 1
                 picked.append(job)
         if admitted:
-            # "debited": the rate windows of the queues that started jobs.
+            # "debited": the rate windows of the queues that started jobs; "key_debited" and
+            # "key_expired": the claimed keys' windows, and the past windows of the others.
             for queue in {job.queue for job in picked}:
-                _, rate_limit, rate_period = db.admission.get(queue, (None, None, None))
-                if rate_limit is not None:
-                    start = rate_window_start(now, rate_period)
+                if admissions[queue].rate_limit is not None:
+                    start = windows[queue]
                     held, used = db.rate_windows.get(queue, (None, 0))
                     db.rate_windows[queue] = (start, (used if held == start else 0) + sum(1 for job in picked if job.queue == queue))
+            for queue in order:
+                if admissions[queue].key_rate_limit is None:
+                    continue
+                start = windows[queue]
+                claimed_keys = Counter(job.limit_key for job in picked if job.queue == queue and job.limit_key is not None)
+                for key, started in claimed_keys.items():
+                    held, used = db.key_rate_windows.get((queue, key), (None, 0))
+                    db.key_rate_windows[queue, key] = (start, (used if held == start else 0) + started)
+                for slot, (held, _) in list(db.key_rate_windows.items()):
+                    if slot[0] == queue and held < start and slot[1] not in claimed_keys:
+                        del db.key_rate_windows[slot]
         picked.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         claimed = []
         for job in picked:

@@ -14,14 +14,14 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_queues_page_shows_per_key_and_rate_limits_in_the_same_queries(admin_client, django_assert_num_queries):
-    Queue.objects.create(name="api", key_concurrency_limit=2, rate_limit=50, rate_period=1.0)
+    Queue.objects.create(name="api", key_concurrency_limit=2, rate_limit=50, key_rate_limit=5, rate_period=1.0)
     with django_assert_num_queries(QUEUES_PAGE_QUERIES):
         response = admin_client.get(QUEUES)
     line = lines_by_name(response)["api"]
-    assert (line.key_concurrency_limit, line.rate_shown) == (2, "50 / 1 s")
+    assert (line.key_concurrency_limit, line.rate_shown) == (2, "50 / 1 s, 5 / 1 s per key")
     html = response.content.decode()
     assert '<td class="num key-limit">2</td>' in html
-    assert '<td class="num rate-limit">50 / 1 s</td>' in html
+    assert '<td class="num rate-limit">50 / 1 s, 5 / 1 s per key</td>' in html
 
 
 def test_a_jobs_page_shows_its_uniqueness_and_limit_keys(admin_client):

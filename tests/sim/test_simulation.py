@@ -216,7 +216,7 @@ def test_a_claim_that_ignores_per_key_limits_is_caught(monkeypatch):
 
     def without_key_limits(db, now, claim):
         saved = dict(db.admission)
-        db.admission.update({queue: (None, *rest) for queue, (_, *rest) in saved.items()})
+        db.admission.update({queue: admission._replace(key_concurrency_limit=None) for queue, admission in saved.items()})
         try:
             return real_claim(db, now, claim)
         finally:
@@ -308,3 +308,17 @@ def test_the_command_line_prints_each_failure_with_its_replay(monkeypatch, capsy
     out = capsys.readouterr().out
     assert "replay: python -m backwave.testing.simulation --seed 0 --quiesce-limit 20.0 --log" in out
     assert "2 failed" in out
+
+
+def test_a_claim_that_never_debits_the_key_rate_windows_is_caught(monkeypatch):
+    real_claim = memory.InMemoryStore._claim
+
+    def forgetting(db, now, claim):
+        try:
+            return real_claim(db, now, claim)
+        finally:
+            db.key_rate_windows.clear()
+
+    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(forgetting))
+    failure = first_failure()
+    assert "per-key rate limit" in failure.problem, failure.problem

@@ -98,3 +98,31 @@ def test_a_claimed_debounced_job_frees_its_key(store, rows, lease):
     assert rows.job(first).unique_key is None
     (second,) = store.enqueue_many([job])
     assert second != first
+
+
+def test_a_per_key_rate_limit_caps_each_keys_starts_per_window(make_store, rows, lease):
+    rows.set_admission(QUEUE, key_rate_limit=2, rate_period=3600)
+    store = make_store(admitted_queues=[QUEUE])
+    _jobs(store, ["a"] * 5 + ["b"] * 3 + [None])
+    first = store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=[QUEUE], limit=10)
+    assert _keys(rows, first) == ["None", "a", "a", "b", "b"]
+    assert rows.key_rate_windows(QUEUE) == {"a": 2, "b": 2}
+    for job in first:
+        rows.set_state(job.id, "succeeded")  # finished, but the window's starts stay used
+    assert store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=[QUEUE], limit=10) == []
+    rows.age_key_rate_windows(QUEUE)
+    again = store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=[QUEUE], limit=10)
+    assert _keys(rows, again) == ["a", "a", "b"]
+    assert rows.key_rate_windows(QUEUE) == {"a": 2, "b": 1}
+
+
+def test_past_key_windows_are_deleted_by_the_next_claim(make_store, rows, lease):
+    rows.set_admission(QUEUE, key_rate_limit=1, rate_period=3600)
+    store = make_store(admitted_queues=[QUEUE])
+    _jobs(store, ["a", "b"])
+    store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=[QUEUE], limit=10)
+    assert rows.key_rate_windows(QUEUE) == {"a": 1, "b": 1}
+    rows.age_key_rate_windows(QUEUE)
+    _jobs(store, ["a"])
+    store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=[QUEUE], limit=10)
+    assert rows.key_rate_windows(QUEUE) == {"a": 1}  # b's past window is gone; a's moved on

@@ -52,7 +52,7 @@ class Invariants:
         self.executing: dict[int, list[tuple[SimPump, uuid.UUID, int]]] = {}  # job -> (pump, lease, attempt) per live worker
         # Admission: every claim seen (job, attempt, when), and the starts per (queue, rate window).
         self.starts_seen: set[tuple[int, int, object]] = set()
-        self.starts: Counter[tuple[int, str, int]] = Counter()  # (database, queue, window)
+        self.starts: Counter[tuple] = Counter()  # (database, queue, limit key or None, window number)
 
     # ---- after every driver step --------------------------------------------------------------
 
@@ -118,7 +118,7 @@ class Invariants:
             if limit is not None and running > limit:
                 raise SimulationBug(f"{running} jobs of queue {queue} run at once; its concurrency limit is {limit}")
         for (queue, key), running in per_key.items():
-            limit = db.admission.get(queue, (None, None, None))[0]
+            limit = db.admission[queue].key_concurrency_limit if queue in db.admission else None
             if limit is not None and running > limit:
                 raise SimulationBug(f"{running} jobs of key {key!r} run at once in queue {queue}; its per-key limit is {limit}")
         decisive: Counter[int] = Counter()
@@ -134,17 +134,27 @@ class Invariants:
     def _count_start(self, db: MemoryDatabase, job) -> None:
         """A running job's claim, counted once against its queue's rate window (the window its
         start falls in, by the database clock); more starts in a window than the limit is a bug."""
-        _, rate_limit, period = db.admission.get(job.queue, (None, None, None))
-        if rate_limit is None:
+        admission = db.admission.get(job.queue)
+        if admission is None or admission.rate_period is None:
             return
         start = (job.id, job.attempts, job.last_attempted_at)
         if start in self.starts_seen:
             return
         self.starts_seen.add(start)
-        window = (id(db), job.queue, int(job.last_attempted_at.timestamp() // period))  # each database has its own queue rows
+        period = admission.rate_period
+        number = int(job.last_attempted_at.timestamp() // period)
+        window = (id(db), job.queue, None, number)  # each database has its own queue rows
         self.starts[window] += 1
-        if self.starts[window] > rate_limit:
-            raise SimulationBug(f"{self.starts[window]} jobs of queue {job.queue} started in one {period:g} s window; its rate limit is {rate_limit}")
+        if admission.rate_limit is not None and self.starts[window] > admission.rate_limit:
+            raise SimulationBug(f"{self.starts[window]} jobs of queue {job.queue} started in one {period:g} s window; its rate limit is {admission.rate_limit}")
+        if admission.key_rate_limit is not None and job.limit_key is not None:
+            key_window = (id(db), job.queue, job.limit_key, number)
+            self.starts[key_window] += 1
+            if self.starts[key_window] > admission.key_rate_limit:
+                raise SimulationBug(
+                    f"{self.starts[key_window]} jobs of key {job.limit_key!r} in queue {job.queue} started in one {period:g} s window;"
+                    f" its per-key rate limit is {admission.key_rate_limit}"
+                )
 
     def _check_not_charged_for_others(self, db: MemoryDatabase, job_id: int) -> None:
         """A job that just failed: if not one of its own handlers failed or crashed, and every

@@ -105,6 +105,7 @@ class Scenario:
     hang_rate: float = 0.0  # chance an attempt hangs for several leases
     key_limits: dict[str, int] = field(default_factory=dict)  # queues with a per-key concurrency limit
     rate_limits: dict[str, tuple[int, float]] = field(default_factory=dict)  # queues with (starts, per seconds)
+    key_rate_limits: dict[str, int] = field(default_factory=dict)  # queues with starts per key per rate window
 
     @classmethod
     def draw(cls, seed: int, config: Config, rng: random.Random) -> Scenario:
@@ -185,6 +186,7 @@ class Scenario:
             queues = sorted({job.queue for job in jobs})
             changes["key_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.4}
             changes["rate_limits"] = {q: (rng.randint(1, 4), rng.choice((0.5, 1.0, 2.0))) for q in queues if rng.random() < 0.3}
+            changes["key_rate_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.3}
             keys = ("k0", "k1", "k2")
             jobs = tuple(replace(job, limit_key=rng.choice(keys) if rng.random() < 0.7 else None) for job in jobs)
         return replace(self, jobs=jobs, **changes)

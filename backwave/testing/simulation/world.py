@@ -55,7 +55,7 @@ from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.shell.executor import Executor, lease_ids_from
 from backwave.store.contract import NewJob, StoreError
-from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
+from backwave.testing.memory_store import InMemoryStore, MemoryDatabase, QueueAdmission
 
 from .faults import Faults
 from .handlers import Report, run_handler
@@ -165,7 +165,7 @@ class World(Faults):
     @property
     def admitted_queues(self) -> frozenset[str]:
         """The queues under a per-key or rate limit: every pump knows them, as every worker does."""
-        return frozenset(self.scenario.key_limits) | frozenset(self.scenario.rate_limits)
+        return frozenset(self.scenario.key_limits) | frozenset(self.scenario.rate_limits) | frozenset(self.scenario.key_rate_limits)
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -174,8 +174,11 @@ class World(Faults):
             for queue, limit in self.scenario.concurrency_limits.items():
                 database.queues[queue] = (limit, False)
             for queue in self.admitted_queues:
-                rate = self.scenario.rate_limits.get(queue, (None, None))
-                database.admission[queue] = (self.scenario.key_limits.get(queue), *rate)
+                rate_limit, period = self.scenario.rate_limits.get(queue, (None, None))
+                key_rate = self.scenario.key_rate_limits.get(queue)
+                database.admission[queue] = QueueAdmission(
+                    self.scenario.key_limits.get(queue), rate_limit, period or (1.0 if key_rate else None), key_rate
+                )
         for node in self.nodes:
             self._boot(node)
         for spec in self.scenario.jobs:
