@@ -95,14 +95,20 @@ def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params)
 @pytest.fixture
 def keyed_backlog(backlog):
     """The backlog, each job under one of 100 limit keys, the running ones too; "default" under
-    a per-key and a rate limit."""
+    a per-key concurrency limit, a rate limit and a per-key rate limit."""
     with connection.cursor() as cursor:
         cursor.execute("UPDATE backwave_job SET limit_key = 'customer-' || (id % 100) WHERE state IN ('ready', 'running')")
         cursor.execute(
-            "INSERT INTO backwave_queue (name, paused, updated_at, key_concurrency_limit, rate_limit, rate_period, rate_window_used)"
-            " VALUES ('default', false, now(), 2, 1000, 1, 0)"
+            "INSERT INTO backwave_queue (name, paused, updated_at, key_concurrency_limit, rate_limit, key_rate_limit, rate_period, rate_window_used)"
+            " VALUES ('default', false, now(), 2, 1000, 10, 1, 0)"
+        )
+        # Key windows of many queues (the table holds every queue's active keys).
+        cursor.execute(
+            "INSERT INTO backwave_key_rate_window (queue, limit_key, window_start, used)"
+            " SELECT 'q' || (g % 50), 'customer-' || g, date_trunc('second', now()), 1 FROM generate_series(1, 20000) AS g"
         )
         cursor.execute("ANALYZE backwave_job")
+        cursor.execute("ANALYZE backwave_key_rate_window")
 
 
 @pytest.mark.parametrize("queues", [["default"], ["default", "emails", "reports"]])
@@ -124,6 +130,9 @@ def test_the_admitted_claim_reads_indexes_only(keyed_backlog, queues):
     }, used
     for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
         assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
+    # The per-key rate windows are read by key or by this window, never scanned whole.
+    windows = [n for n in nodes if n.get("Relation Name") == "backwave_key_rate_window" and "Scan" in n["Node Type"]]
+    assert windows and all(n["Node Type"] != "Seq Scan" for n in windows), [(n["Node Type"], n.get("Index Name")) for n in windows]
 
 
 def test_a_unique_enqueue_is_arbitrated_by_the_partial_unique_index(transactional_db):
