@@ -82,6 +82,14 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):
+    # "Authorization: Bearer <token>". None: only signed-in staff with backwave.view_job may read it.
+    "METRICS_TOKEN": None,
+    # The DATABASES alias whose connection a worker's wake-up hint listener (LISTEN) uses, per
+    # served database: {"default": "default_direct"}. For a database reached through a
+    # transaction-pooling PgBouncer, whose pooled sessions cannot hold a LISTEN: name an alias
+    # that reaches the same PostgreSQL database directly. Unlisted databases listen on their own.
+    "HINT_DATABASES": {},
 }
 
 # The defaults are Retention's own (backwave/core/options.py), so they are written down once.
@@ -130,6 +138,34 @@ def _list_of(kind: type, label: str) -> Callable[[Any], str | None]:
         return None
 
     return check
+
+
+MIN_METRICS_TOKEN_LENGTH = 24
+
+
+def _metrics_token(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < MIN_METRICS_TOKEN_LENGTH or value != value.strip() or not value.isprintable() or " " in value:
+        # A Sentence, so the message never repeats the value: it is meant to be a secret.
+        return Sentence(
+            f"['METRICS_TOKEN'] must be None or a secret of at least {MIN_METRICS_TOKEN_LENGTH} printable characters without"
+            f" spaces, such as secrets.token_urlsafe(32) read from the environment; got {type(value).__name__}"
+            + (f" ({len(value)} characters)." if isinstance(value, str) else ".")
+        )
+    return None
+
+
+def _hint_databases(value) -> str | None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return "a dict of DATABASES alias -> DATABASES alias, e.g. {'default': 'default_direct'}"
+    for served, direct in value.items():
+        for alias in (served, direct):
+            if alias not in settings.DATABASES:
+                suggestion = difflib.get_close_matches(alias, list(settings.DATABASES), n=1)
+                hint = f" Did you mean {suggestion[0]!r}?" if suggestion else ""
+                return Sentence(f"['HINT_DATABASES'] names {alias!r}, which is not an alias of DATABASES.{hint}")
+    return None
 
 
 def _alias(value) -> str | None:
@@ -287,6 +323,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "METRICS_TOKEN": _metrics_token,
+    "HINT_DATABASES": _hint_databases,
     "DATABASE": _alias,
 }
 

@@ -213,6 +213,10 @@ class Job(models.Model):
         Schedule, null=True, blank=True, on_delete=models.DB_SET_NULL, db_index=False, related_name="jobs"
     )
     schedule_slot = models.DateTimeField(null=True, blank=True, help_text="The schedule slot this job was minted for.")
+    trace_context = models.JSONField(
+        null=True, blank=True,
+        help_text="The W3C trace context of the enqueue (traceparent, tracestate): each attempt's span is its child.",
+    )
 
     # Unique jobs. unique_key is set only while the job is in one of unique_states: a trigger
     # (migration 0008) clears it for good when the job moves to a state its uniqueness does not

@@ -95,6 +95,8 @@ BACKWAVE = {
         if env.str("BACKWAVE_WORKER_SYNCHRONOUS_COMMIT", default="")
         else {}
     ),
+    # The bearer token Prometheus sends to /backwave/metrics; unset, only staff may read it.
+    **({"METRICS_TOKEN": env.str("BACKWAVE_METRICS_TOKEN")} if env.str("BACKWAVE_METRICS_TOKEN", default="") else {}),
     "WORKER_GROUPS": [
         {"name": "default", "queues": ["default", "emails", "reports"], "pool_size": 16},
     ],

@@ -50,3 +50,18 @@ else:
         settings_dict["TEST"] = {"NAME": f"test_{settings_dict['NAME']}_{os.getpid()}"}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Worker and shell subprocesses of the PgBouncer tests (tests/pgbouncer) connect through a
+# PgBouncer in transaction pooling mode, with the settings README's "Behind PgBouncer" gives; the
+# hint listener may LISTEN on a direct connection ("direct", the server itself).
+if os.environ.get("BACKWAVE_TEST_PGBOUNCER"):
+    import json
+
+    _bouncer = json.loads(os.environ["BACKWAVE_TEST_PGBOUNCER"])
+    _direct = copy.deepcopy(DATABASES["default"])
+    for _settings_dict in DATABASES.values():
+        _settings_dict.update(HOST="127.0.0.1", PORT=_bouncer["port"], DISABLE_SERVER_SIDE_CURSORS=True)
+        _settings_dict["OPTIONS"] = {**_settings_dict.get("OPTIONS", {}), **_bouncer["options"]}
+    if _bouncer["hints_direct"]:
+        DATABASES["direct"] = _direct
+        BACKWAVE["HINT_DATABASES"] = {"default": "direct"}

@@ -29,6 +29,9 @@ class ClaimedJob:
     # Earlier attempts that lapsed with their worker and were not counted (see expire_leases).
     forgiven_attempts: int = 0
     suspect: bool = False  # its last attempt lapsed with its worker: the only suspect of this pump
+    # The W3C trace context captured at enqueue (traceparent, tracestate), or None; the shell
+    # makes it the parent of the attempt's span. Opaque here.
+    trace_context: Any = field(default=None, compare=False, repr=False)
 
     @property
     def counted_attempt(self) -> int:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('backwave', '0005_forgiven_attempts_and_suspects'),
+        ('backwave', '0012_trace_context'),
     ]
 
     operations = [

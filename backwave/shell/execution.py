@@ -36,6 +36,7 @@ from backwave.store.contract import OutcomeRecord
 from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
 
 from backwave.tasking.registry import TaskRegistry
+from backwave.tracing import attempt_span
 from .scope import enter_attempt, leave_attempt
 
 logger = logging.getLogger("backwave.execution")
@@ -58,6 +59,9 @@ class AttemptReport:
     error_class: str = ""
     traceback: str = ""
     duration: float = 0.0
+    # The job's queue and task path as claimed: the worker's metrics label each outcome with them.
+    queue: str = ""
+    task_path: str = ""
     # For task_finished, sent once the outcome is written: the attempt's TaskResult (None for an
     # unroutable job, which never started) and the backend class it is sent from.
     task_result: TaskResult | None = field(default=None, compare=False, repr=False)
@@ -97,7 +101,7 @@ class _Attempt:
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result="failed", error_class=error_class, traceback=text, duration=duration,
-            task_result=self.result, sender=self.sender,
+            queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender,
         )
 
     def succeeded(self, encoded) -> AttemptReport:
@@ -106,7 +110,7 @@ class _Attempt:
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result="succeeded", return_value=encoded, duration=time.monotonic() - self.started,
-            task_result=self.result, sender=self.sender,
+            queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender,
         )
 
 
@@ -124,6 +128,8 @@ def _begin(job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_tracebac
             error_class=f"{Unroutable.__module__}.{Unroutable.__qualname__}",
             traceback=str(unroutable),
             duration=time.monotonic() - started,
+            queue=job.queue,
+            task_path=job.task_path,
         )
     sender = backend_class or registry.sender(task)
     return _Attempt(
@@ -138,7 +144,19 @@ def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
     return task is not None and iscoroutinefunction(task.func)
 
 
-def run_attempt(
+def run_attempt(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:
+    """``_run_attempt`` inside the attempt's OpenTelemetry span (a no-op without opentelemetry)."""
+    with attempt_span(job, worker_id) as span:
+        return span.finished(_run_attempt(job, worker_id=worker_id, **options))
+
+
+async def run_attempt_async(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:
+    """``_run_attempt_async`` inside the attempt's OpenTelemetry span."""
+    with attempt_span(job, worker_id) as span:
+        return span.finished(await _run_attempt_async(job, worker_id=worker_id, **options))
+
+
+def _run_attempt(
     job: ClaimedJob,
     *,
     registry: TaskRegistry,
@@ -168,7 +186,7 @@ def run_attempt(
     return attempt.succeeded(encoded)
 
 
-async def run_attempt_async(
+async def _run_attempt_async(
     job: ClaimedJob,
     *,
     registry: TaskRegistry,

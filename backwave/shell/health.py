@@ -10,8 +10,9 @@ working without halting: a wake-up hint listener's thread died, or a pump has ha
 complete for longer than its lease (stalled, whatever the reason). It is degraded when anything
 is (a degraded pump, a listener reconnecting: polling covers for it).
 
-The endpoint (``backwave_worker --health-port N``) answers any GET with a JSON body: 200 while the
-process is healthy or degraded, 503 once it is halted or unhealthy, which is what a load
+The endpoint (``backwave_worker --health-port N``) answers a GET of ``/metrics`` with the worker's
+Prometheus metrics (``backwave/shell/metrics.py``) and any other GET with a JSON body: 200 while
+the process is healthy or degraded, 503 once it is halted or unhealthy, which is what a load
 balancer's or an orchestrator's probe needs. It runs the standard library's HTTP server on a
 daemon thread and reads only in-memory state, so it answers even while the database is
 unreachable.
@@ -25,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
 
@@ -63,11 +65,16 @@ def process_status(group_statuses: Iterable[str], *, unhealthy: bool = False, de
     return DEGRADED if degraded else status
 
 
-class HealthServer:
-    """Serves ``snapshot()`` as JSON on ``host:port`` (port 0: any free port, see ``.port``)."""
+# A scrape's (body, content type) for the Accept header it sent.
+Metrics = Callable[[str | None], tuple[bytes, str]]
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1", port: int = 0):
-        handler = _handler_for(snapshot)
+
+class HealthServer:
+    """Serves ``snapshot()`` as JSON on ``host:port`` (port 0: any free port, see ``.port``), and
+    ``metrics`` (when given) on ``/metrics``."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1", port: int = 0, metrics: Metrics | None = None):
+        handler = _handler_for(snapshot, metrics)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self.host, self.port = self._server.server_address[:2]
@@ -82,18 +89,31 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler_for(snapshot: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+def _handler_for(snapshot: Callable[[], dict[str, Any]], metrics: Metrics | None) -> type[BaseHTTPRequestHandler]:
     class HealthHandler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the name http.server calls
+            if metrics is not None and urlsplit(self.path).path.rstrip("/") == "/metrics":
+                return self._metrics()
             try:
                 body = snapshot()
                 code = 503 if body["status"] in FAILING else 200
             except Exception as error:  # a bug here must not look like a healthy worker
                 logger.exception("The health snapshot failed")
                 body, code = {"status": "unknown", "error": str(error)}, 500
-            data = json.dumps(body, indent=2).encode()
+            self._send(code, json.dumps(body, indent=2).encode(), "application/json")
+
+        def _metrics(self):
+            try:
+                data, content_type = metrics(self.headers.get("Accept"))
+            except Exception:  # a scrape that fails says so; the worker goes on
+                logger.exception("The metrics scrape failed")
+                self._send(500, b"the metrics could not be collected; see the worker's log\n", "text/plain; charset=utf-8")
+                return
+            self._send(200, data, content_type)
+
+        def _send(self, code: int, data: bytes, content_type: str):
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Cache-Control", "no-store")
             self.end_headers()

@@ -68,6 +68,7 @@ from backwave.store.contract import PumpHealth, Store, StoreError, TransientStor
 
 from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptReport, is_async, run_attempt, run_attempt_async, send_finished
 from .executor import Executor
+from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
 from backwave.tasking.registry import TaskRegistry
 
@@ -209,6 +210,8 @@ class Pump:
         self.driver = NodeDriver(options)  # the pump thread's alone: others read ``snapshot``
         self.snapshot = PumpSnapshot.of(self.driver)
         self._unpublished = 0  # events handled since the snapshot was last published
+        self._tally = PumpTally()  # the pump thread's; the metrics read ``tally_snapshot``
+        self.tally_snapshot = self._tally.publish()
         self._hint_flag = _HintFlag()
         self.health = HEALTHY
         self.health_reason = ""
@@ -386,7 +389,10 @@ class Pump:
         had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
         self._unpublished += 1
         commands = self.driver.handle(event)
+        if isinstance(event, ev.LeasesExpired):
+            self._tally.expired(event.released)
         if had_lease and self.driver.state is State.OPENING:
+            self._tally.lost_lease()
             logger.warning(
                 "Pump %s gave up its lease (%s); %d job(s) it was running will run again elsewhere, and it opens a new lease",
                 self.worker_id,
@@ -398,6 +404,7 @@ class Pump:
 
     def _publish(self) -> None:
         self.snapshot = PumpSnapshot.of(self.driver)
+        self.tally_snapshot = self._tally.publish()
         self._unpublished = 0
 
     def _submit(self, job) -> None:
@@ -432,8 +439,11 @@ class Pump:
         )
 
     def _applied(self, outcome, written) -> None:
-        if outcome.report is not None:
-            send_finished(outcome.report, written)
+        report = outcome.report
+        if report is not None:
+            # Counted as stored: an outcome the store could not write is stored as a failure.
+            self._tally.applied(report.queue, report.task_path, outcome.kind if written is None else written.kind, report.duration)
+            send_finished(report, written)
 
     # ---- health -----------------------------------------------------------------------------------
 

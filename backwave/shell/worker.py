@@ -20,6 +20,7 @@ from backwave.store.contract import Store, StoreError
 from .execution import DEFAULT_MAX_RESULT_BYTES
 from .hints import HintListener
 from .health import HealthServer, group_status, overall_status, process_status
+from .metrics import exposition, worker_registry
 from .pump import HALTED, Pump
 from backwave.tasking.registry import TaskRegistry
 
@@ -55,7 +56,7 @@ class Worker:
         self.groups = [g for alias in dict.fromkeys(g.database for g in groups) for g in validate_groups(g for g in groups if g.database == alias)]
         self.databases = list(dict.fromkeys(g.database for g in self.groups))
         # The endpoint binds first, so a port in use fails the command before any thread starts.
-        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port)
+        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port, metrics=self.metrics)
         self.pumps = []
         numbered: dict[str, int] = {}
         for group in self.groups:
@@ -80,6 +81,11 @@ class Worker:
         self._done = threading.Event()
         self._store_factory = store_factory
         self._health_stores: dict[str, Store] = {}
+        self.metrics_registry = worker_registry(self)
+
+    def metrics(self, accept: str | None = None) -> tuple[bytes, str]:
+        """A Prometheus scrape of this worker: (body, content type) for the ``Accept`` header."""
+        return exposition(self.metrics_registry, accept)
 
     def run(self, *, install_signal_handlers: bool = True, until_idle: bool = False) -> int:
         """Start the pumps and block until they stop. Returns the process exit code."""

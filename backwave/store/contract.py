@@ -9,7 +9,7 @@ as an event, not a crash.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -49,6 +49,9 @@ class NewJob:
     backoff_max: float = 3600.0
     backend: str = "default"
     tags: Sequence[str] = field(default_factory=tuple)
+    # The enqueue's W3C trace context ({"traceparent": ..., "tracestate": ...}), or None: the
+    # attempt's span is its child (backwave/tracing.py).
+    trace_context: Mapping[str, str] | None = None
     # Per-key concurrency: the key the queue's key_concurrency_limit counts by.
     limit_key: str | None = None
     # Uniqueness (see enqueue_unique_many): the key (the task path is put in front), the period

@@ -122,3 +122,21 @@ def available_connections(cursor) -> int:
     """How many connections the server accepts from ordinary roles."""
     cursor.execute(QUERIES["available_connections"])
     return cursor.fetchone()[0]
+
+
+def metrics_without_jit(cursor) -> None:
+    """No JIT compilation for the rest of the caller's transaction (see queries.sql)."""
+    cursor.execute(QUERIES["metrics_without_jit"])
+
+
+def metrics_queues(cursor, *, names: Sequence[str], limit: int) -> list[tuple]:
+    """(name, paused, due, scheduled, running, failed, quarantined, seconds the oldest due job
+    has waited or None) per known queue and per one of ``names``; depths counted up to ``limit``."""
+    cursor.execute(QUERIES["metrics_queues"], {"names": list(names), "limit": limit})
+    return cursor.fetchall()
+
+
+def lapsed_leases(cursor) -> tuple[int, int]:
+    """(leases past their expiry not yet released, jobs still running under them)."""
+    cursor.execute(QUERIES["metrics_lapsed_leases"])
+    return tuple(cursor.fetchone())

@@ -80,6 +80,7 @@ def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
             "backoff_max": float(job.backoff_max),
             "backend": job.backend,
             "tags": list(job.tags),
+            "trace_context": dict(job.trace_context) if job.trace_context else None,
             # Only when set: jsonb_to_recordset reads a missing key as NULL, and plain batches
             # stay as short as they were.
             **({"limit_key": job.limit_key} if job.limit_key is not None else {}),

@@ -502,11 +502,11 @@ def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, A
 
 def _claimed_job(row: tuple) -> ClaimedJob:
     (job_id, task_path, queue, priority, payload, attempt, max_attempts, backoff_base, backoff_max,
-     backend, enqueued_at, started_at, attempted_at, previous_worker_ids, forgiven_attempts, suspect) = row
+     backend, enqueued_at, started_at, attempted_at, previous_worker_ids, forgiven_attempts, suspect, trace_context) = row
     return ClaimedJob(
         id=job_id, task_path=task_path, queue=queue, priority=priority, payload=payload, attempt=attempt,
         max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max, backend=backend,
         enqueued_at=enqueued_at, started_at=started_at, attempted_at=attempted_at,
         previous_worker_ids=tuple(previous_worker_ids) if previous_worker_ids else (),
-        forgiven_attempts=forgiven_attempts, suspect=suspect,
+        forgiven_attempts=forgiven_attempts, suspect=suspect, trace_context=trace_context,
     )

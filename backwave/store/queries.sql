@@ -164,7 +164,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -172,7 +172,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -267,7 +267,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context
 )
 SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
        c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
@@ -275,7 +275,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -420,7 +420,7 @@ WITH lease AS MATERIALIZED (
     WHERE j.id = picked.id
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.limit_key
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.limit_key
 ), debited AS (
     -- A data-modifying CTE runs whether or not it is referenced.
     UPDATE backwave_queue AS qs
@@ -452,7 +452,7 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
             THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
                        WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect
+       c.forgiven_attempts, c.suspect, c.trace_context
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -886,20 +886,20 @@ RETURNING j.id, s.attempts
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id, limit_key
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, limit_key
     )
     SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
            n.backoff_base, n.backoff_max, n.backend,
            coalesce(n.tags, '{}'::varchar[]),
-           'ready', 0, now(), '', n.limit_key
+           'ready', 0, now(), '', n.trace_context, n.limit_key
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
                  max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
-                 limit_key text)
+                 trace_context jsonb, limit_key text)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, limit_key, position)
+              backend, tags, trace_context, limit_key, position)
     ORDER BY n.position
     RETURNING id, queue
 ), hinted AS (
@@ -947,11 +947,12 @@ WITH input AS MATERIALIZED (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
                  max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
-                 limit_key text, unique_key text, unique_period float8, unique_states varchar[],
-                 unique_replace varchar[])
+                 trace_context jsonb, limit_key text, unique_key text, unique_period float8,
+                 unique_states varchar[], unique_replace varchar[])
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, limit_key, unique_key, unique_period, unique_states, unique_replace, position)
+              backend, tags, trace_context, limit_key, unique_key, unique_period, unique_states,
+              unique_replace, position)
 ), first AS (
     SELECT DISTINCT ON (coalesce(i.stored_key, i.new_id::text)) i.*
     FROM input AS i
@@ -959,12 +960,12 @@ WITH input AS MATERIALIZED (
 ), written AS (
     INSERT INTO backwave_job AS j (
         id, task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id, limit_key,
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, limit_key,
         unique_key, unique_states, unique_replace
     )
     SELECT f.new_id, f.task_path, f.payload, f.queue, f.priority, coalesce(f.run_at, now()), f.max_attempts,
            f.backoff_base, f.backoff_max, f.backend, coalesce(f.tags, '{}'::varchar[]),
-           'ready', 0, now(), '', f.limit_key,
+           'ready', 0, now(), '', f.trace_context, f.limit_key,
            f.stored_key, CASE WHEN f.stored_key IS NOT NULL THEN f.unique_states END,
            CASE WHEN f.stored_key IS NOT NULL THEN f.unique_replace END
     FROM first AS f
@@ -1215,3 +1216,97 @@ WHERE (backwave_queue.key_concurrency_limit, backwave_queue.rate_limit, backwave
 SELECT EXISTS (SELECT FROM backwave_queue
                WHERE name = %(name)s
                  AND (key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR key_rate_limit IS NOT NULL))
+
+
+-- name: metrics_without_jit
+-- Sent first, in the same transaction, by the metrics view: the planner prices metrics_queues by
+-- the capped counts it might read (LIMIT 10,001 per queue and priority), which on a large backlog
+-- passes jit_above_cost, and compiling it then took 1.4 s (with a million jobs) of a statement
+-- that runs in 40 ms. SET LOCAL: it ends with the transaction.
+SELECT set_config('jit', 'off', true)
+
+
+-- name: metrics_queues
+-- Per queue, for the metrics view: paused or not, its depths by state (each counted up to
+-- "limit" rows) and the age in seconds of its oldest due ready job (0 when none is due). One
+-- statement whose cost grows with queues x priorities in use, never with the backlog.
+--
+-- The claim index orders a queue by priority before run_at, so neither "the oldest due job" nor
+-- "the ready jobs due later" is a range of it. A loose index scan (levels) walks the distinct
+-- (queue, priority) pairs of ready rows, one probe each (at most 201 priorities per queue); under
+-- each pair run_at is in order, so the oldest row is its first entry and the due and the
+-- scheduled rows are two index ranges, counted through a LATERAL whose outer LIMIT stops the
+-- nested loop once "limit" rows are found. (A count over "queue = x AND run_at > now()" on the
+-- whole index walks every ready row of the queue; one over "run_at <= now()" can even turn into
+-- a sequential scan of the table, which the planner prefers when most rows are ready.) Running,
+-- failed and quarantined rows are counted through their partial indexes, as the admin does. The
+-- names are those queues, the failing ones (a loose scan of backwave_job_failed_queue), the
+-- running ones, the Queue rows and the configured ones passed in.
+WITH RECURSIVE levels(queue, priority) AS (
+    (SELECT j.queue, j.priority FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue, j.priority DESC LIMIT 1)
+    UNION ALL
+    SELECT following.queue, following.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority < l.priority
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT j.queue, j.priority FROM backwave_job AS j
+         WHERE j.state = 'ready' AND j.queue > l.queue
+         ORDER BY j.queue, j.priority DESC LIMIT 1)
+        LIMIT 1
+    ) AS following
+), failed_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('failed', 'quarantined') ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
+            ORDER BY j.queue LIMIT 1)
+    FROM failed_queues AS f WHERE f.name IS NOT NULL
+), names(name) AS (
+    SELECT queue FROM levels
+    UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
+    UNION SELECT q.name FROM backwave_queue AS q
+    UNION SELECT unnest(%(names)s::text[])
+)
+SELECT n.name, coalesce(q.paused, false),
+       (SELECT count(*) FROM (
+            SELECT FROM levels AS l
+            CROSS JOIN LATERAL (SELECT FROM backwave_job AS j
+                                WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND j.run_at <= statement_timestamp()
+                                LIMIT %(limit)s) AS d
+            WHERE l.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (
+            SELECT FROM levels AS l
+            CROSS JOIN LATERAL (SELECT FROM backwave_job AS j
+                                WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                                  AND j.run_at > statement_timestamp()
+                                LIMIT %(limit)s) AS d
+            WHERE l.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'running' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT extract(epoch FROM greatest(statement_timestamp() - min(oldest.run_at), interval '0'))::float8
+        FROM levels AS l
+        CROSS JOIN LATERAL (SELECT j.run_at FROM backwave_job AS j
+                            WHERE j.state = 'ready' AND j.queue = l.queue AND j.priority = l.priority
+                            ORDER BY j.queue, j.priority DESC, j.run_at LIMIT 1) AS oldest
+        WHERE l.queue = n.name)
+FROM names AS n
+LEFT JOIN backwave_queue AS q ON q.name = n.name
+ORDER BY n.name
+
+
+-- name: metrics_lapsed_leases
+-- Leases past their expiry that maintenance has not released yet (their pumps died, hung or
+-- lost the database), and how many jobs still run under them: a probe of the expiry index.
+SELECT count(*), coalesce(sum((SELECT count(*) FROM backwave_job AS j WHERE j.state = 'running' AND j.lease_id = l.id)), 0)::bigint
+FROM backwave_lease AS l
+WHERE l.expires_at <= statement_timestamp()

@@ -41,6 +41,7 @@ from .. import conf
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
 from ..store.contract import NewJob
 from ..store.enqueue import enqueue_jobs
+from ..tracing import enqueue_trace_context
 from .payload import encode_payload
 from .results import STATUS_BY_STATE, EnqueuedResult
 from .task import BackWaveTask, TaskCall, coerce_calls, limit_key, unique_key, validate_backwave_options, validate_django_options
@@ -113,7 +114,7 @@ class BackWaveBackend(BaseTaskBackend):
 
     # --- enqueue ------------------------------------------------------------------------------
 
-    def _new_job(self, task, args, kwargs, defaults: dict) -> NewJob:
+    def _new_job(self, task, args, kwargs, defaults: dict, trace_context=None) -> NewJob:
         payload = encode_payload(task, args, kwargs, max_bytes=defaults["MAX_PAYLOAD_BYTES"])
         max_attempts = getattr(task, "max_attempts", None)
         backoff_base = getattr(task, "backoff_base", None)
@@ -131,6 +132,7 @@ class BackWaveBackend(BaseTaskBackend):
             backoff_max=defaults["DEFAULT_BACKOFF_MAX"] if backoff_max is None else backoff_max,
             backend=self.alias,
             tags=tuple(getattr(task, "tags", ())),
+            trace_context=trace_context,
             limit_key=limit_key(task, payload["args"], payload["kwargs"]),
             unique_key=key,
             unique_period=unique.period if key is not None else None,
@@ -147,6 +149,7 @@ class BackWaveBackend(BaseTaskBackend):
     def _enqueue_calls(self, calls: Sequence[TaskCall]) -> list[TaskResult]:
         """Validate every call, then insert them all with one statement and announce them."""
         defaults = self._defaults()
+        trace_context = enqueue_trace_context()  # one for the batch: the same caller, the same span
         validated = set()
         jobs = []
         for call in calls:
@@ -155,7 +158,7 @@ class BackWaveBackend(BaseTaskBackend):
             if id(call.task) not in validated:
                 self.validate_task(call.task)
                 validated.add(id(call.task))
-            jobs.append(self._new_job(call.task, call.args, call.kwargs, defaults))
+            jobs.append(self._new_job(call.task, call.args, call.kwargs, defaults, trace_context))
         with connections[self.database].cursor() as cursor:
             inserted = enqueue_jobs(cursor, jobs)
         # A new job's row has the transaction's now() as enqueued_at, which the plain statement

@@ -79,6 +79,7 @@ class JobRow:
     return_value_json: str | None = None
     schedule_id: int | None = None
     schedule_slot: datetime | None = None
+    trace_context: dict | None = None
     limit_key: str | None = None
     unique_key: str | None = None
     unique_states: list[str] | None = None
@@ -466,7 +467,7 @@ class InMemoryStore:
                     id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
                     payload_json=json.dumps(row["payload"]), state="ready", backend=row["backend"], tags=list(row["tags"]),
                     run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], limit_key=row.get("limit_key"),
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], limit_key=row.get("limit_key"), trace_context=row["trace_context"],
                     unique_states=list(row["unique_states"]) if key is not None else None,
                     unique_replace=list(row["unique_replace"]) if key is not None else None,
                     unique_key=key,
@@ -743,7 +744,7 @@ class InMemoryStore:
                 attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
                 backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
                 started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
-                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect,
+                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, trace_context=job.trace_context,
             ))
         return claimed
 

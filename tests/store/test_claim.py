@@ -173,3 +173,16 @@ def test_concurrent_claimers_never_share_a_row_and_drain_the_queue(make_store, o
     assert set(claimed[0]) | set(claimed[1]) == ids
     assert claimed[0] and claimed[1], "both claimers should have got work"
     assert {job.attempts for pk, job in rows.jobs().items() if pk in ids} == {1}
+
+
+@pytest.mark.parametrize("queues", [["default"], ["default", "emails"]], ids=["one-queue", "two-queues"])
+def test_the_trace_context_stored_at_enqueue_comes_back_with_the_claim(store, lease, queues):
+    from backwave.store.contract import NewJob
+
+    context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "vendor=x"}
+    traced, untraced = store.enqueue_many([
+        NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}, trace_context=context),
+        NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}),
+    ])
+    claimed = {job.id: job.trace_context for job in claim(store, lease, queues=queues)}
+    assert claimed == {traced: context, untraced: None}

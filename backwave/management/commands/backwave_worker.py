@@ -70,6 +70,7 @@ class Command(BaseCommand):
             return self._supervise(options["processes"])
         try:
             groups = self._groups(options)
+            conf.get_setting("HINT_DATABASES")  # read before anything starts: a bad alias stops it here
             store_factory = store_factory_for(groups)
             databases = list(dict.fromkeys(group.database for group in groups))
             registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
@@ -174,7 +175,9 @@ def _hint_listener(database: str):
     from backwave.shell.hints import HintListener
     from backwave.store.postgres import django_conninfo
 
-    return HintListener(django_conninfo(settings.DATABASES[database]))
+    # Behind a transaction-pooling PgBouncer the LISTEN session goes straight to PostgreSQL.
+    listen_on = conf.get_setting("HINT_DATABASES").get(database, database)
+    return HintListener(django_conninfo(settings.DATABASES[listen_on]))
 
 
 def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], PostgresStore]:
