@@ -58,7 +58,7 @@ def test_every_statement_the_store_uses_is_loaded():
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "set_schedules_enabled", "upsert_queues",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
-        "metrics_queues", "metrics_lapsed_leases",
+        "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
         "set_queue_admission", "queue_has_admission",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
