@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,11 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to keep finished jobs per final state, and silent pumps' health rows; None keeps
     # them for ever. Keys left out keep their default (core.options.Retention).
     "RETENTION": {},
+    # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
+    # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
+    # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
+    # SafeExceptionReporterFilter does the same to settings. None or "" redacts nothing.
+    "REDACT_KEYS": r"pass(word|wd|phrase)?|secret|token|api[-_]?key|authori[sz]ation|credential|private[-_]?key|signature|cookie|session",
     # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):
     # "Authorization: Bearer <token>". None: only signed-in staff with backwave.view_job may read it.
     "METRICS_TOKEN": None,
@@ -138,6 +144,18 @@ def _list_of(kind: type, label: str) -> Callable[[Any], str | None]:
         return None
 
     return check
+
+
+def _pattern_or_none(value) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        return "a regular expression (a string), or None to redact nothing"
+    try:
+        re.compile(value)
+    except re.error as error:
+        return Sentence(f"['REDACT_KEYS'] is not a valid regular expression ({error}): {value!r}.")
+    return None
 
 
 MIN_METRICS_TOKEN_LENGTH = 24
@@ -323,6 +341,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "SCHEDULES": _schedules,
     "QUEUES": _queues,
     "RETENTION": _retention,
+    "REDACT_KEYS": _pattern_or_none,
     "METRICS_TOKEN": _metrics_token,
     "HINT_DATABASES": _hint_databases,
     "DATABASE": _alias,

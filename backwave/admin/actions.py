@@ -1,6 +1,7 @@
-"""What an operator can do to jobs, queues and schedules: one statement each.
+"""What an operator can do to jobs, queues and schedules: one statement each (a job action
+over everything a filter matches: one statement per bounded batch, see ``act_on_matching``).
 
-The admin's actions and ``manage.py backwave_queue`` call these; they never touch a row a worker
+The admin's actions, ``manage.py backwave_queue`` and ``manage.py backwave_jobs`` call these; they never touch a row a worker
 holds. Each turns its selection into the arguments of one statement of the store
 (``backwave/store/operator.py``, SQL in ``queries.sql``). Each job operation is one statement that first locks the selected rows in id order
 (``ORDER BY id FOR UPDATE``), then applies its rule ("failed or quarantined", "ready") to what it
@@ -14,30 +15,51 @@ the retention purge deleted meanwhile is skipped, and reported gone when it was 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 
-from ..models import Job, Queue
+from ..models import FINISHED_STATES, Job, Queue
 from ..queue_rules import validate_concurrency_limit
 from ..store import operator
 
 RETRYABLE_STATES = ("failed", "quarantined")
 CANCELLABLE_STATES = ("ready",)
+PURGEABLE_STATES = tuple(sorted(FINISHED_STATES))
+ALLOWED_STATES = {"retry": RETRYABLE_STATES, "cancel": CANCELLABLE_STATES, "purge": PURGEABLE_STATES}
+# Jobs one statement of a bulk action locks and changes: each batch commits on its own, so a
+# "retry all" over a million failed jobs never holds a million row locks, nor one long
+# transaction that blocks vacuum, and what it did so far stays done if the request dies.
+BATCH_SIZE = 500
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobActionResult:
     """What a job operation did: ids it changed, the states of those it refused, and the ids
-    asked for by id that no longer exist."""
+    asked for by id that no longer exist. ``changed_rows`` has (id, state before, task path)
+    of each changed job, for the admin's history."""
 
     changed: tuple[int, ...] = ()
     refused: Counter = field(default_factory=Counter)  # state when locked -> count
     gone: tuple[int, ...] = ()
+    changed_rows: tuple[tuple[int, str, str], ...] = ()
+    batches: int = 0
 
     @property
     def refused_running(self) -> int:
         return self.refused.get("running", 0)
+
+    def __add__(self, other: JobActionResult) -> JobActionResult:
+        return JobActionResult(
+            changed=self.changed + other.changed, refused=self.refused + other.refused, gone=self.gone + other.gone,
+            changed_rows=self.changed_rows + other.changed_rows, batches=self.batches + other.batches,
+        )
+
+
+# Called with each batch's result inside the batch's transaction (the admin writes its
+# LogEntry rows there, so the history and the change commit together).
+OnBatch = Callable[[JobActionResult], None]
 
 
 def _selection(queryset) -> tuple[str, tuple[str, tuple]]:
@@ -46,36 +68,72 @@ def _selection(queryset) -> tuple[str, tuple[str, tuple]]:
     return selection.db, selection.query.sql_with_params()
 
 
-def _job_action(queryset, action: str, allowed: tuple[str, ...], requested=()) -> JobActionResult:
-    using, selection = _selection(queryset)
-    with connections[using].cursor() as cursor:
-        rows = operator.act_on_jobs(cursor, action, selection, allowed)
-    changed = tuple(job_id for job_id, _state, done in rows if done)
-    refused = Counter(state for _job_id, state, done in rows if not done)
-    gone = tuple(sorted(set(requested) - {job_id for job_id, _state, _done in rows}))
-    return JobActionResult(changed=changed, refused=refused, gone=gone)
+def _run(using: str, action: str, selection, requested=(), on_batch: OnBatch | None = None) -> tuple[JobActionResult, int]:
+    """One statement of ``action`` on ``selection``, in its own transaction: (result, the
+    last id it locked, 0 when none)."""
+    allowed = ALLOWED_STATES[action]
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            rows = operator.act_on_jobs(cursor, action, selection, allowed)
+        result = JobActionResult(
+            changed=tuple(job_id for job_id, _state, done, _path in rows if done),
+            refused=Counter(state for _job_id, state, done, _path in rows if not done),
+            gone=tuple(sorted(set(requested) - {row[0] for row in rows})),
+            changed_rows=tuple((job_id, state, path) for job_id, state, done, path in rows if done),
+            batches=1,
+        )
+        if on_batch is not None and result.changed:
+            on_batch(result)
+    return result, (rows[-1][0] if rows else 0)
 
 
-def retry_jobs(queryset) -> JobActionResult:
+def act_on_matching(queryset, action: str, *, batch_size: int | None = None, on_batch: OnBatch | None = None) -> JobActionResult:
+    """``action`` (retry, cancel, purge) on every job ``queryset`` matches that is in a state
+    the action applies to, ``batch_size`` jobs per statement and transaction, in id order.
+
+    Each batch selects the next ids past the last one locked (keyset, so no batch re-reads
+    what an earlier one changed), and the loop ends on a batch that finds none: a batch cut
+    short by a job deleted meanwhile does not end it early."""
+    batch_size = BATCH_SIZE if batch_size is None else batch_size
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+    allowed = ALLOWED_STATES[action]
+    total = JobActionResult()
+    last = 0
+    while True:
+        batch = queryset.filter(state__in=allowed, id__gt=last).order_by("id").values("id")[:batch_size]
+        result, last = _run(batch.db, action, batch.query.sql_with_params(), on_batch=on_batch)
+        if not last:
+            return total
+        total += result
+
+
+def act_on_ids(ids, action: str, *, on_batch: OnBatch | None = None) -> JobActionResult:
+    """``action`` on jobs by id (what an operator ticked): one statement; the result names the
+    ids that no longer exist, and the state of each one it refused."""
+    ids = list(ids)
+    using, selection = _selection(Job.objects.filter(id__in=ids))
+    return _run(using, action, selection, requested=ids, on_batch=on_batch)[0]
+
+
+def retry_jobs(queryset, **options) -> JobActionResult:
     """Make failed and quarantined jobs of ``queryset`` ready now, with one more attempt."""
-    return _job_action(queryset, "retry", RETRYABLE_STATES)
+    return act_on_matching(queryset, "retry", **options)
 
 
-def cancel_jobs(queryset) -> JobActionResult:
+def cancel_jobs(queryset, **options) -> JobActionResult:
     """Cancel the ready (due or scheduled) jobs of ``queryset``; running ones are left alone."""
-    return _job_action(queryset, "cancel", CANCELLABLE_STATES)
+    return act_on_matching(queryset, "cancel", **options)
 
 
-def retry_job_ids(ids) -> JobActionResult:
+def retry_job_ids(ids, **options) -> JobActionResult:
     """retry_jobs() on jobs by id; the result names the ids that no longer exist."""
-    ids = list(ids)
-    return _job_action(Job.objects.filter(id__in=ids), "retry", RETRYABLE_STATES, requested=ids)
+    return act_on_ids(ids, "retry", **options)
 
 
-def cancel_job_ids(ids) -> JobActionResult:
+def cancel_job_ids(ids, **options) -> JobActionResult:
     """cancel_jobs() on jobs by id; the result names the ids that no longer exist."""
-    ids = list(ids)
-    return _job_action(Job.objects.filter(id__in=ids), "cancel", CANCELLABLE_STATES, requested=ids)
+    return act_on_ids(ids, "cancel", **options)
 
 
 # --- queues -------------------------------------------------------------------------------------

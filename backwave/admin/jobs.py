@@ -1,5 +1,7 @@
-"""The Jobs page: filters that never scan the job table, search by id or task path, every
-attempt on the detail page, and the retry and cancel actions."""
+"""The Jobs page: filters that never scan the job table, search by id, task, argument value or
+tag (backwave/job_search.py), each row's worker, timing and last error, every attempt on the
+detail page, and the retry and cancel actions (on ticked jobs, or on everything a filter
+matches, in bounded batches after a confirmation page), each recorded in the admin's history."""
 
 from __future__ import annotations
 
@@ -7,17 +9,30 @@ import json
 from functools import cache
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db import connections
+from django.db.models.fields import BLANK_CHOICE_DASH
 from django.db.models.functions import Now
-from django.urls import reverse
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.text import Truncator
 
-from .. import conf
-from ..models import Attempt, Job, JobState
-from . import actions, stats
-from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, parse_row_id, seconds_shown, timestamp
+from .. import conf, job_search
+from ..models import Attempt, Job, JobState, Pump
+from ..redaction import redact
+from ..store import operator
+from . import actions, stats, tracebacks
+from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, duration_text, parse_row_id, seconds_shown, timestamp
 
 GONE_SHOWN = 10  # ids listed in the "no longer exists" message before "and N more"
 RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} left alone: try again once {they} finish{es}."
@@ -121,14 +136,117 @@ class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
         return queryset.filter(task_path=self.value()) if self.value() else queryset
 
 
+class TagFilter(_StatisticsMixin, admin.SimpleListFilter):
+    """Tags the planner sees most often (its most common elements of ``tags``), and the one
+    asked for; served by the GIN index on tags."""
+
+    title = "tag"
+    parameter_name = "tag"
+
+    def lookups(self, request, model_admin):
+        tags = set(self.statistics(request).common_values("tags"))
+        if self.value():
+            tags.add(self.value())
+        return [(tag, tag) for tag in sorted(tags)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(job_search.tags_condition([self.value()])) if self.value() else queryset
+
+
+class WorkerFilter(admin.SimpleListFilter):
+    """The jobs of one pump (its worker id): where the Pumps page links its running jobs. Shown
+    only while set, so the operator sees it and can clear it."""
+
+    title = "worker"
+    parameter_name = "worker"
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value())] if self.value() else []
+
+    def queryset(self, request, queryset):
+        return queryset.filter(worker_id=self.value()) if self.value() else queryset
+
+
+# Characters of each traceback's tail read for the list's error column: the exception's message
+# is at the end, and a page of 50 rows never reads 50 whole tracebacks.
+ERROR_TAIL_CHARS = 2000
+ERROR_SHOWN_CHARS = 60
+
+
+class JobChangeList(ChangeList):
+    """Django's change list plus one query for the page's rows: each job's latest attempt (error
+    and duration), how long a running job has run, and whether its pump is still there."""
+
+    def get_results(self, request):
+        if getattr(request, "_backwave_filters_only", False):
+            # The bulk actions' page wants the filtered queryset, not a page of it.
+            self.result_list, self.result_count, self.full_result_count = [], 0, None
+            self.can_show_all, self.multi_page, self.paginator = False, False, None
+            return
+        super().get_results(request)
+        jobs = list(self.result_list)
+        if jobs:
+            with connections[self.result_list.db].cursor() as cursor:
+                details = operator.jobs_page_details(cursor, [job.pk for job in jobs], tail=ERROR_TAIL_CHARS)
+            for job in jobs:
+                error_class, tail, duration, running_for, pump_exists = details.get(job.pk, ("", "", None, None, False))
+                job.last_error_class = error_class or ""
+                job.last_error = tracebacks.error_message(error_class or "", tail or "") if error_class else ""
+                job.last_duration = duration
+                job.running_for = running_for
+                job.pump_exists = pump_exists
+        self.result_list = jobs
+
+
+HISTORY = {
+    # action -> (LogEntry flag, what it says)
+    "retry": (CHANGE, "Retried: ready to run now, with one more attempt"),
+    "cancel": (CHANGE, "Cancelled"),
+    "purge": (DELETION, "Purged with its attempts"),
+}
+
+
+def record_history(user, action: str, result: actions.JobActionResult, note: str = "") -> None:
+    """One LogEntry per job the action changed, naming who did it and the state it left: the
+    job's History page and the admin's "Recent actions" show it. One INSERT per batch."""
+    if user is None or not result.changed_rows:
+        return
+    content_type = ContentType.objects.get_for_model(Job)
+    flag, text = HISTORY[action]
+    LogEntry.objects.bulk_create([
+        LogEntry(
+            user_id=user.pk, content_type_id=content_type.pk, object_id=str(job_id),
+            object_repr=f"{task_path} #{job_id}"[:200], action_flag=flag,
+            change_message=f"{text}{note} (was {state}).",
+        )
+        for job_id, state, task_path in result.changed_rows
+    ])
+
+
+BULK_ACTIONS = {
+    # name -> (action, permission method, verb, past tense, which jobs it applies to)
+    "retry-all": ("retry", "has_retry_permission", "retry", "retried", "failed or quarantined"),
+    "cancel-all": ("cancel", "has_cancel_permission", "cancel", "cancelled", "ready or scheduled"),
+}
+
+
 @admin.register(Job)
 class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Jobs"
-    list_display = ("id", "task_name", "queue", "state_badge", "attempts_shown", "enqueued", "run_at_shown", "finished")
+    list_display = (
+        # Enqueued and run-at are on the job page (the id is in enqueue order; a scheduled job's
+        # badge says when it is due): the list keeps to what says where a job stands, so it
+        # fits a laptop's screen beside the filters.
+        "id", "task_name", "queue", "state_badge", "attempts_shown", "started_shown",
+        "duration_shown", "finished", "worker_shown", "error_shown",
+    )
     list_display_links = ("id", "task_name")
-    list_filter = (JobStateFilter, QueueFilter, TaskFilter)
+    list_filter = (JobStateFilter, QueueFilter, TaskFilter, TagFilter, WorkerFilter)
     search_fields = ("task_path",)
-    search_help_text = "A job id, or part of a task's import path."
+    search_help_text = (
+        "A job id; key=value for a keyword argument (customer.email=a@example.com inside a dict); arg:value for a "
+        "positional one; tag:name; or part of a task's import path. Terms combine; quote a value that holds a space."
+    )
     ordering = ("-id",)
     list_per_page = 50
     paginator = stats.EstimatedCountPaginator
@@ -137,15 +255,15 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     actions = ["retry_now", "cancel"]
     fieldsets = [
         (None, {"fields": [("task_path", "queue", "state"), ("priority", "backend", "tags", "schedule_link")]}),
-        ("Timing (database clock)", {"fields": [("enqueued", "run_at_shown", "started", "last_attempted", "finished")]}),
-        ("Retries and lease", {"fields": [("attempts", "max_attempts", "worker_id"), ("backoff_base", "backoff_max", "lease_id")]}),
+        ("Timing", {"fields": [("enqueued", "run_at_shown", "started", "last_attempted", "finished")]}),
+        ("Retries and lease", {"fields": [("attempts", "max_attempts", "worker_link"), ("backoff_base", "backoff_max", "lease_id")]}),
         ("Admission", {"fields": [("unique_key_shown", "unique_states_shown", "limit_key_shown")]}),
         ("Payload and result", {"fields": [("payload_json", "return_value_json")]}),
     ]
     readonly_fields = (
         "task_path", "queue", "state", "priority", "tags", "backend", "schedule_link", "enqueued", "run_at_shown",
         "started", "last_attempted", "finished", "attempts", "max_attempts", "backoff_base", "backoff_max",
-        "worker_id", "lease_id", "payload_json", "return_value_json",
+        "worker_link", "lease_id", "payload_json", "return_value_json",
         "unique_key_shown", "unique_states_shown", "limit_key_shown",
     )
 
@@ -159,22 +277,41 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     # --- list -----------------------------------------------------------------------------------
 
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
+
     def get_queryset(self, request):
         # The list shows no payload or result: skip reading (and de-toasting) them.
         queryset = super().get_queryset(request)
-        if request.resolver_match and request.resolver_match.url_name.endswith("_changelist"):
+        if request.resolver_match and request.resolver_match.url_name.endswith(("_changelist", "_bulk")):
             queryset = queryset.defer("payload", "return_value")
         return queryset
 
     def get_search_results(self, request, queryset, search_term):
-        """A number finds that job by id; anything else matches part of the task's path."""
-        term = search_term.strip().lstrip("#")
-        if not term:
+        """The search box: ids, argument values, tags, task paths (backwave/job_search.py)."""
+        if not search_term.strip():
             return queryset, False
-        if term.isascii() and term.isdigit():
-            job_id = parse_row_id(term)
-            return (queryset.filter(id=job_id) if job_id is not None else queryset.none()), False
-        return queryset.filter(task_path__icontains=term), False
+        try:
+            search = job_search.parse(search_term)
+        except job_search.SearchError as error:
+            if not getattr(request, "_backwave_search_reported", False):
+                messages.error(request, str(error))
+                request._backwave_search_reported = True
+            return queryset.none(), False
+        return search.apply(queryset), False
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), **self._bulk_links(request), **time_zone_context()}
+        return super().changelist_view(request, extra_context)
+
+    def _bulk_links(self, request) -> dict:
+        query = request.GET.urlencode()
+        links = {}
+        for name, (_action, permission, *_texts) in BULK_ACTIONS.items():
+            if getattr(self, permission)(request):
+                url = reverse(f"{self.admin_site.name}:backwave_job_bulk", args=[name])
+                links[f"{name.replace('-', '_')}_url"] = f"{url}?{query}" if query else url
+        return links
 
     @admin.display(description="task", ordering="task_path")
     def task_name(self, job):
@@ -185,7 +322,10 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         label = job.get_state_display()
         css = job.state
         if job.state == "ready" and job.run_at and job.run_at > timezone.now():
-            label, css = "Scheduled", "scheduled"
+            due = timezone.localtime(job.run_at)
+            return format_html(
+                '<span class="bw-badge bw-scheduled" title="due {} {}">Scheduled</span>', f"{due:%Y-%m-%d %H:%M:%S}", timezone.get_current_timezone_name()
+            )
         return format_html('<span class="bw-badge bw-{}">{}</span>', css, label)
 
     @admin.display(description="attempts")
@@ -200,11 +340,45 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def run_at_shown(self, job):
         return timestamp(job.run_at)
 
+    @admin.display(description="started", ordering="last_attempted_at")
+    def started_shown(self, job):
+        return timestamp(job.last_attempted_at)
+
+    @admin.display(description="duration")
+    def duration_shown(self, job):
+        running_for = getattr(job, "running_for", None)
+        if job.state == "running" and running_for is not None:
+            return format_html('<span class="bw-running-for" title="running for this long so far">{} …</span>', duration_text(running_for))
+        return duration_text(getattr(job, "last_duration", None))
+
     @admin.display(description="finished", ordering="finished_at")
     def finished(self, job):
         return timestamp(job.finished_at)
 
-    @admin.display(description="first started")
+    @admin.display(description="worker", ordering="worker_id")
+    def worker_shown(self, job):
+        return self._worker_html(job, getattr(job, "pump_exists", False), short=True)
+
+    @admin.display(description="last error")
+    def error_shown(self, job):
+        message = getattr(job, "last_error", "")
+        error_class = getattr(job, "last_error_class", "")
+        if not error_class:
+            return ""
+        short = error_class.rsplit(".", 1)[-1]
+        shown = Truncator(f"{short}: {message}" if message else short).chars(ERROR_SHOWN_CHARS)
+        return format_html('<span class="bw-error" title="{}">{}</span>', f"{error_class}: {message}", shown)
+
+    def _worker_html(self, job, pump_exists: bool, *, short: bool):
+        if not job.worker_id:
+            return "-"
+        shown = job.worker_id if not short else Truncator(job.worker_id).chars(18)
+        if pump_exists:
+            url = reverse(f"{self.admin_site.name}:backwave_pump_change", args=[job.worker_id])
+            return format_html('<a class="bw-worker" href="{}" title="the pump {}">{}</a>', url, job.worker_id, shown)
+        return format_html('<span class="bw-worker bw-muted" title="{}: this pump has stopped (no row left)">{}</span>', job.worker_id, shown)
+
+    @admin.display(description="started (first attempt)")
     def started(self, job):
         return timestamp(job.started_at)
 
@@ -214,6 +388,10 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     # --- detail ---------------------------------------------------------------------------------
 
+    @admin.display(description="worker")
+    def worker_link(self, job):
+        return self._worker_html(job, Pump.objects.filter(worker_id=job.worker_id).exists() if job.worker_id else False, short=False)
+
     @admin.display(description="schedule")
     def schedule_link(self, job):
         if job.schedule_id is None:
@@ -222,7 +400,6 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         slot = f" (slot {job.schedule_slot:%Y-%m-%d %H:%M:%S})" if job.schedule_slot else ""
         return format_html('<a href="{}">#{}</a>{}', url, job.schedule_id, slot)
 
-    @admin.display(description="payload")
     @admin.display(description="Uniqueness key")
     def unique_key_shown(self, job):
         # The trigger clears the key once the job leaves the states it covers.
@@ -236,25 +413,37 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def limit_key_shown(self, job):
         return job.limit_key or "—"
 
+    @admin.display(description="payload")
     def payload_json(self, job):
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(job.payload, indent=2, ensure_ascii=False))
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redact(job.payload), indent=2, ensure_ascii=False))
 
     @admin.display(description="return value")
     def return_value_json(self, job):
         if job.return_value is None:
             return "-"
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(job.return_value, indent=2, ensure_ascii=False))
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redact(job.return_value), indent=2, ensure_ascii=False))
+
+    def get_object(self, request, object_id, from_field=None):
+        job = super().get_object(request, object_id, from_field)
+        request._backwave_job = job  # the action choices depend on its state
+        return job
+
+    def get_action_choices(self, request, default_choices=BLANK_CHOICE_DASH, action_location=admin.ActionLocation.CHANGE_LIST):
+        choices = super().get_action_choices(request, default_choices, action_location=action_location)
+        job = getattr(request, "_backwave_job", None)
+        if action_location != admin.ActionLocation.CHANGE_FORM or job is None:
+            return choices
+        # The job page offers only what applies to the job as it is now.
+        applies = {"retry_now": job.state in actions.RETRYABLE_STATES, "cancel": job.state in actions.CANCELLABLE_STATES}
+        return [(name, text) for name, text in choices if applies.get(name, True)]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         attempts = []
         if (job_id := parse_row_id(object_id)) is not None:
-            for attempt in Attempt.objects.filter(job_id=job_id).order_by("number"):
-                duration = None
-                if attempt.started_at and attempt.finished_at:
-                    duration = (attempt.finished_at - attempt.started_at).total_seconds()
-                attempts.append({"attempt": attempt, "duration": duration, "duration_shown": seconds_shown(duration)})
+            attempts = [attempt_row(attempt) for attempt in Attempt.objects.filter(job_id=job_id).order_by("number")]
         extra_context = {
             **(extra_context or {}),
+            **time_zone_context(),
             "attempt_rows": attempts,
             "can_retry": self.has_retry_permission(request),
             "can_cancel": self.has_cancel_permission(request),
@@ -272,14 +461,105 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             return None
         return [parse_row_id(text) for text in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
 
+    def _act(self, request, queryset, action: str):
+        ids = self._ticked_job_ids(request)
+        on_batch = lambda result: record_history(request.user, action, result)  # noqa: E731
+        if ids is None:
+            return actions.act_on_matching(queryset, action, on_batch=on_batch)
+        return actions.act_on_ids(ids, action, on_batch=on_batch)
+
     @admin.action(description="Retry now (failed or quarantined jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
-        ids = self._ticked_job_ids(request)
-        result = actions.retry_jobs(queryset) if ids is None else actions.retry_job_ids(ids)
-        report_job_action(request, result, done="retried", allowed="failed or quarantined")
+        report_job_action(request, self._act(request, queryset, "retry"), done="retried", allowed="failed or quarantined")
 
     @admin.action(description="Cancel (ready or scheduled jobs)", permissions=["cancel"], location=BOTH_LOCATIONS)
     def cancel(self, request, queryset):
-        ids = self._ticked_job_ids(request)
-        result = actions.cancel_jobs(queryset) if ids is None else actions.cancel_job_ids(ids)
-        report_job_action(request, result, done="cancelled", allowed="ready or scheduled")
+        report_job_action(request, self._act(request, queryset, "cancel"), done="cancelled", allowed="ready or scheduled")
+
+    # --- retry all / cancel all matching the filters ------------------------------------------
+
+    def get_urls(self):
+        bulk = path("bulk/<str:name>/", self.admin_site.admin_view(self.bulk_view), name="backwave_job_bulk")
+        return [bulk, *super().get_urls()]
+
+    def bulk_view(self, request, name):
+        """Retry (or cancel) every job the changelist's filters and search match: a GET shows how
+        many and asks; the POST acts in batches of actions.BATCH_SIZE and returns to the list."""
+        if name not in BULK_ACTIONS:
+            raise PermissionDenied
+        action, permission, verb, done, states = BULK_ACTIONS[name]
+        if not getattr(self, permission)(request):
+            raise PermissionDenied
+        query = request.GET.copy()
+        for internal in ("p", "o", "e"):  # page, ordering and Django's error flag select nothing
+            query.pop(internal, None)
+        changelist_url = reverse(f"{self.admin_site.name}:backwave_job_changelist")
+        back = f"{changelist_url}?{query.urlencode()}" if query else changelist_url
+        request._backwave_filters_only = True
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            messages.error(request, "Those filters select nothing: choose them again on the jobs list.")
+            return HttpResponseRedirect(changelist_url)
+        matching = changelist.queryset.filter(state__in=actions.ALLOWED_STATES[action])
+        if request.method == "POST":
+            described = describe_filters(query)
+            note = f" by “{verb} all matching” ({described})" if described else f" by “{verb} all”"
+            result = actions.act_on_matching(
+                changelist.queryset, action, on_batch=lambda batch: record_history(request.user, action, batch, note)
+            )
+            report_job_action(request, result, done=done, allowed=states)
+            if result.batches > 1:
+                messages.info(request, f"Done in {result.batches} batches of up to {actions.BATCH_SIZE:,} jobs, each committed on its own.")
+            return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{verb.capitalize()} all matching jobs?",
+            "subtitle": None,
+            "opts": self.opts,
+            "verb": verb,
+            "states": states,
+            "count": matching.count(),
+            "filters": describe_filters(query),
+            "back_url": back,
+            "batch_size": actions.BATCH_SIZE,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/backwave/job/bulk_confirmation.html", context)
+
+
+def describe_filters(query) -> str:
+    """The changelist's query string as an operator reads it: state=failed, queue=emails, search “x”."""
+    parts = []
+    for key, values in query.lists():
+        for value in values:
+            parts.append(f"search “{value}”" if key == "q" else f"{key}={value}")
+    return ", ".join(parts)
+
+
+def time_zone_context() -> dict:
+    """The zone the page's times are rendered in (Django's current one), for the note that
+    names it and for local_times.js, which can show them in the browser's zone instead."""
+    return {"server_time_zone": timezone.get_current_timezone_name(), "uses_tz": settings.USE_TZ}
+
+
+def attempt_row(attempt: Attempt) -> dict:
+    """What the attempts table shows of one attempt: when it really ran, its error message, its
+    traceback with the machinery's frames folded, its return value with secrets hidden."""
+    lapsed = attempt.state == "lapsed"
+    ran_until = attempt.lease_renewed_at if lapsed and attempt.lease_renewed_at else attempt.finished_at
+    duration = None
+    if attempt.started_at and ran_until:
+        duration = max((ran_until - attempt.started_at).total_seconds(), 0.0)
+    rendered = tracebacks.render(attempt.traceback) if attempt.traceback else None
+    return {
+        "attempt": attempt,
+        "lapsed": lapsed,
+        "ran_until": ran_until,
+        "duration": duration,
+        "duration_shown": ("≥ " if lapsed else "") + seconds_shown(duration) if duration is not None else "-",
+        "error_message": tracebacks.error_message(attempt.error_class, attempt.traceback) if attempt.error_class else "",
+        "traceback_html": rendered.html if rendered else "",
+        "hidden_frames": rendered.hidden_frames if rendered else 0,
+        "return_value": json.dumps(redact(attempt.return_value), ensure_ascii=False) if attempt.state == "succeeded" else None,
+    }

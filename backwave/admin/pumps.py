@@ -9,9 +9,12 @@ each pump's running jobs live from the job table, in one aggregate query for the
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db import connections
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
@@ -84,7 +87,10 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         # The change page shows one pump, outside the change list: its own single count.
         if not hasattr(pump, "live_in_flight"):
             count_in_flight([pump], pump._state.db)
-        return pump.live_in_flight
+        # The count links to those jobs: the Jobs list filtered by this pump's worker id.
+        url = reverse(f"{self.admin_site.name}:backwave_job_changelist")
+        query = urlencode({"state": "running", "worker": pump.worker_id})
+        return format_html('<a href="{}?{}" class="bw-pump-jobs" title="this pump\'s running jobs">{}</a>', url, query, pump.live_in_flight)
 
     @admin.display(description="reason")
     def reason_shown(self, pump):

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('backwave', '0012_trace_context'),
+        ('backwave', '0011_job_search'),
     ]
 
     operations = [

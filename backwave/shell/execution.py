@@ -29,6 +29,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from backwave.conf import DEFAULTS
+from backwave.redaction import redacted_text
 from backwave.core.events import JobResult
 from backwave.core.jobs import ClaimedJob
 from backwave.tasking.results import task_result_for_attempt
@@ -221,7 +222,8 @@ def route(job: ClaimedJob, registry: TaskRegistry):
         raise Unroutable(f"no task named {job.task_path!r} is registered in this worker")
     payload = job.payload
     if not isinstance(payload, dict) or set(payload) - {"args", "kwargs"}:
-        raise Unroutable(f"payload of job {job.id} is not an object with 'args' and 'kwargs': {payload!r:.200}")
+        # The text is logged and stored as the attempt's error: sensitive keys stay hidden.
+        raise Unroutable(f"payload of job {job.id} is not an object with 'args' and 'kwargs': {redacted_text(payload)}")
     args = payload.get("args", [])
     kwargs = payload.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):

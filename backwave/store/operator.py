@@ -22,15 +22,25 @@ UNSET: Any = object()
 JOB_ACTIONS = {"retry": "retry_job_assignments", "cancel": "cancel_job_assignments"}
 
 
-def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool]]:
-    """Run ``action`` (retry or cancel) on the selected jobs that are in an ``allowed`` state:
-    (id, state when locked, changed) per selected job that still exists, by id."""
-    if action not in JOB_ACTIONS:
-        raise ValueError(f"unknown job action {action!r}; use one of {', '.join(JOB_ACTIONS)}")
+def act_on_jobs(cursor, action: str, selection: tuple[str, Sequence], allowed: Sequence[str]) -> list[tuple[int, str, bool, str]]:
+    """Run ``action`` (retry, cancel or purge) on the selected jobs that are in an ``allowed``
+    state: (id, state when locked, changed, task path) per selected job that still exists, by id."""
+    if action not in JOB_ACTIONS and action != "purge":
+        raise ValueError(f"unknown job action {action!r}; use one of {', '.join([*JOB_ACTIONS, 'purge'])}")
     sql, params = selection
-    statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
+    if action == "purge":
+        statement = QUERIES["purge_selected_jobs"].format(selection=sql)
+    else:
+        statement = QUERIES["act_on_jobs"].format(selection=sql, assignments=QUERIES[JOB_ACTIONS[action]])
     cursor.execute(statement, [*params, list(allowed)])
     return cursor.fetchall()
+
+
+def jobs_page_details(cursor, job_ids: Sequence[int], *, tail: int) -> dict[int, tuple]:
+    """job id -> (latest attempt's error class, last ``tail`` characters of its traceback, its
+    duration in seconds, seconds running so far when running, whether its pump has a row)."""
+    cursor.execute(QUERIES["admin_jobs_page_details"], {"ids": list(job_ids), "tail": tail})
+    return {row[0]: row[1:] for row in cursor.fetchall()}
 
 
 def set_schedules_enabled(cursor, selection: tuple[str, Sequence], enabled: bool) -> int:

@@ -579,9 +579,10 @@ WITH lapsed AS MATERIALIZED (
     DELETE FROM backwave_lease AS l
     USING lapsed
     WHERE l.id = lapsed.id
-    RETURNING l.id, l.worker_id, l.expires_at
+    RETURNING l.id, l.worker_id, l.expires_at, l.renewed_at
 ), stranded AS MATERIALIZED (
-    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at
+    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at,
+           gone.renewed_at AS lease_renewed_at
     FROM backwave_job AS j
     JOIN gone ON j.lease_id = gone.id
     WHERE j.state = 'running'
@@ -600,11 +601,14 @@ WITH lapsed AS MATERIALIZED (
     FROM stranded AS s
     WHERE j.id = s.id
     RETURNING j.id, j.state, j.attempts, j.max_attempts, j.forgiven_attempts, j.worker_id,
-              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at
+              j.last_attempted_at, s.was_suspect, s.lease_worker_id, s.lease_expired_at, s.lease_renewed_at
 ), logged AS (
+    -- lease_renewed_at: the last moment the attempt is known to have been running (a job
+    -- claimed after that renewal: its claim), where finished_at is when the lapse was noticed.
     INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
-                                  error_class, traceback)
+                                  lease_renewed_at, error_class, traceback)
     SELECT r.id, r.attempts, 'lapsed', r.worker_id, r.last_attempted_at, now(),
+           greatest(r.lease_renewed_at, r.last_attempted_at),
            'backwave.results.LeaseLapsed',
            'backwave.results.LeaseLapsed: the lease of worker ' || r.lease_worker_id
                || ' expired at ' || r.lease_expired_at::text
@@ -1021,8 +1025,9 @@ SELECT EXISTS (
 -- the locked rows that are in an allowed state; nobody else can change them in between.
 -- "{assignments}" is the action's SET list: retry_job_assignments or cancel_job_assignments.
 -- Parameters: the selection's, then the allowed states (text[]).
+-- The task path comes back for the admin's history (LogEntry's object_repr).
 WITH target AS MATERIALIZED (
-    SELECT j.id, j.state FROM backwave_job AS j WHERE j.id IN ({selection})
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j
 ), changed AS (
@@ -1032,8 +1037,27 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id
 )
-SELECT t.id, t.state, c.id IS NOT NULL
+SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
+ORDER BY t.id
+
+
+-- name: purge_selected_jobs
+-- manage.py backwave_jobs purge: deletes the selected jobs that are finished (their attempts go
+-- with them, ON DELETE CASCADE), locking in id order like act_on_jobs; a job that is ready or
+-- running is reported and left alone. Parameters: the selection's, then the finished states.
+WITH target AS MATERIALIZED (
+    SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
+    ORDER BY j.id
+    FOR UPDATE OF j
+), deleted AS (
+    DELETE FROM backwave_job AS j
+    USING target AS t
+    WHERE j.id = t.id AND j.state = ANY(%s)
+    RETURNING j.id
+)
+SELECT t.id, t.state, d.id IS NOT NULL, t.task_path
+FROM target AS t LEFT JOIN deleted AS d ON d.id = t.id
 ORDER BY t.id
 
 
@@ -1090,14 +1114,18 @@ SET concurrency_limit = CASE WHEN %(set_limit)s THEN EXCLUDED.concurrency_limit 
 -- The planner's statistics of backwave_job (its row estimate, and the null fraction, distinct
 -- count and most common values of the columns the admin filters on), with the Queue rows'
 -- names: one read, never a scan of the job table.
+-- For tags, an array column, the planner keeps its most common elements instead (the tag
+-- filter's choices); they come back as the row's values and frequencies too.
 SELECT c.reltuples::float8,
-       s.attname, s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs,
+       s.attname, s.null_frac, s.n_distinct,
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elems ELSE s.most_common_vals END::text::text[],
+       CASE WHEN s.attname = 'tags' THEN s.most_common_elem_freqs ELSE s.most_common_freqs END,
        ARRAY(SELECT q.name FROM backwave_queue AS q ORDER BY q.name)
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_stats AS s
        ON s.schemaname = n.nspname AND s.tablename = c.relname
-      AND s.attname IN ('state', 'queue', 'task_path')
+      AND s.attname IN ('state', 'queue', 'task_path', 'tags')
 WHERE c.oid = 'backwave_job'::regclass
 
 
@@ -1190,6 +1218,22 @@ FROM backwave_lease AS l
 JOIN backwave_job AS j ON j.lease_id = l.id AND j.state = 'running'
 WHERE l.worker_id = ANY(%(worker_ids)s::text[])
 GROUP BY l.worker_id
+
+
+-- name: admin_jobs_page_details
+-- What the Jobs list shows beside each row of its page, for the page's ids only: the latest
+-- attempt's error (the tail of its traceback, where the exception's message is) and duration
+-- (through the unique (job_id, number) index: one probe per job), how long a running job has
+-- run so far by the database clock, and whether the job's pump still has a row to link to.
+SELECT j.id, a.error_class, right(a.traceback, %(tail)s::int), extract(epoch FROM a.finished_at - a.started_at),
+       CASE WHEN j.state = 'running' THEN extract(epoch FROM statement_timestamp() - j.last_attempted_at) END,
+       EXISTS (SELECT FROM backwave_pump AS p WHERE p.worker_id = j.worker_id)
+FROM backwave_job AS j
+LEFT JOIN LATERAL (
+    SELECT a.error_class, a.traceback, a.started_at, a.finished_at FROM backwave_attempt AS a
+    WHERE a.job_id = j.id ORDER BY a.number DESC LIMIT 1
+) AS a ON true
+WHERE j.id = ANY(%(ids)s::bigint[])
 
 
 -- name: available_connections

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import template
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from ..admin.stats import Count, humanize_estimate, sparkline_points
@@ -60,6 +61,20 @@ def bw_count(count):
         return str(count)
     estimate = f"planner estimate: about {humanize_estimate(count.estimate)}" if count.estimate else "counted up to the cap"
     return format_html('<span class="bw-capped" title="{}">{}</span>', estimate, str(count))
+
+
+@register.filter
+def bw_time(moment):
+    """A millisecond-precise time in Django's current zone, which local_times.js can re-show in
+    the browser's zone."""
+    if moment is None:
+        return "-"
+    local = timezone.localtime(moment)
+    shown = local.strftime("%Y-%m-%d %H:%M:%S.") + f"{local.microsecond // 1000:03d}"
+    return format_html(
+        '<time datetime="{}" data-bw-time data-bw-precise title="{} {}">{}</time>',
+        moment.isoformat(), local.strftime("%Y-%m-%d %H:%M:%S"), timezone.get_current_timezone_name(), shown,
+    )
 
 
 @register.filter

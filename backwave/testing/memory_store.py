@@ -133,6 +133,7 @@ class AttemptRow:
     worker_id: str
     started_at: datetime | None
     finished_at: datetime
+    lease_renewed_at: datetime | None = None
     error_class: str = ""
     traceback: str = ""
     return_value_json: str | None = None
@@ -363,6 +364,7 @@ class InMemoryStore:
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
                     job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
                     started_at=job.last_attempted_at, finished_at=now,
+                    lease_renewed_at=max(lease.renewed_at, job.last_attempted_at) if job.last_attempted_at else lease.renewed_at,
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
             return len(released)

@@ -137,7 +137,7 @@ def test_detail_page_shows_a_success_and_its_return_value(admin_client):
     job = make_job(state="succeeded", attempts=1, return_value={"rows": 42})
     make_attempt(job, 1, "succeeded", return_value={"rows": 42})
     content = admin_client.get(change_url(job)).content.decode()
-    assert "{&#x27;rows&#x27;: 42}" in content or "{'rows': 42}" in content
+    assert '<code class="attempt-return-value">{&quot;rows&quot;: 42}</code>' in content  # the attempt's, as JSON
     assert "&quot;rows&quot;: 42" in content  # the job's return value, as JSON
 
 
@@ -308,22 +308,37 @@ def test_nobody_adds_edits_or_deletes_jobs_by_hand(admin_client):
 
 # --- query counts ------------------------------------------------------------------------------
 
-# Session, user, planner statistics (queue and task filters), bounded count, the page of rows,
-# the halted-pump banner.
-JOB_LIST_QUERIES = 6
+# Session, user, planner statistics (queue, task and tag filters), bounded count, the page of
+# rows, the page's details (latest attempts, running times, pumps), the halted-pump banner.
+JOB_LIST_QUERIES = 7
 # Session, user, the job, its attempts, the content type (the action form's history link),
-# the banner.
+# the banner; a job that has a worker adds one probe for its pump's row (the link).
 JOB_DETAIL_QUERIES = 6
 
 
-@pytest.mark.parametrize("params", [{}, {"state": "failed", "queue": "emails"}, {"q": "fast"}, {"q": "12"}])
+@pytest.mark.parametrize("params", [
+    {}, {"state": "failed", "queue": "emails"}, {"q": "noop"}, {"q": "order=7"}, {"q": "tag:vip noop"}, {"tag": "vip"},
+    {"worker": "host:1:default:0", "state": "running"},
+])
 def test_job_list_queries_are_pinned(admin_client, django_assert_num_queries, params):
     for state in ("ready", "running", "failed", "succeeded"):
-        for _ in range(3):
-            make_job(state=state)
+        for n in range(3):
+            job = make_job(state=state, queue="emails" if n else "default", tags=["vip"] if n == 1 else [],
+                           payload={"args": [], "kwargs": {"order": 7 if n == 2 else n}})
+            if state in ("failed", "succeeded"):
+                make_attempt(job, 1, state)
     admin_client.get(CHANGELIST)  # warm the task registry and caches
     with django_assert_num_queries(JOB_LIST_QUERIES):
-        assert admin_client.get(CHANGELIST, params).status_code == 200
+        response = admin_client.get(CHANGELIST, params)
+    assert response.status_code == 200
+    assert listed_ids(response)  # every case lists rows, so the page's details query runs
+
+
+def test_job_list_with_no_rows_reads_no_details(admin_client, django_assert_num_queries):
+    make_job()
+    admin_client.get(CHANGELIST)
+    with django_assert_num_queries(JOB_LIST_QUERIES - 1):
+        assert listed_ids(admin_client.get(CHANGELIST, {"state": "failed"})) == []
 
 
 def test_job_list_past_the_cap_adds_one_explain(admin_client, django_assert_num_queries, monkeypatch):

@@ -175,6 +175,7 @@ def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease,
     (live_job,) = claim(store, live)
     rows.lapse(lease.id, seconds_ago=5)
     expired_at = rows.lease(lease.id).expires_at
+    renewed_at = rows.lease(lease.id).renewed_at
 
     assert store.expire_leases(limit=100) == 2
 
@@ -191,6 +192,10 @@ def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease,
     for job_id, attempt in attempts.items():
         assert (attempt.number, attempt.state, attempt.worker_id, attempt.error_class) == (1, "lapsed", lease.worker_id, "backwave.results.LeaseLapsed")
         assert attempt.started_at == jobs[job_id].last_attempted_at
+        # When it last ran for sure (the lease's renewal, or its claim if later), not when the
+        # lapse was noticed.
+        assert attempt.lease_renewed_at == max(renewed_at, attempt.started_at)
+        assert attempt.lease_renewed_at <= attempt.finished_at
         assert lease.worker_id in attempt.traceback
         assert "expired at" in attempt.traceback and str(expired_at.year) in attempt.traceback
     assert "ready to run again" in attempts[again.pk].traceback

@@ -1,0 +1,288 @@
+"""manage.py backwave_jobs: list, show, retry, cancel or purge jobs from a shell.
+
+    manage.py backwave_jobs list --state failed --queue emails --older-than 1h
+    manage.py backwave_jobs list --search "customer_id=42 tag:vip" --json
+    manage.py backwave_jobs show 1234
+    manage.py backwave_jobs retry --state failed --task shop.tasks.send_receipt --yes
+    manage.py backwave_jobs cancel --id 17 --id 18 --as-user alice
+    manage.py backwave_jobs purge --state succeeded --older-than 7d --yes
+
+Who may act: the command runs with the shell's rights, like ``manage.py shell``: whoever can
+run it can read the settings and the database password anyway, so without ``--as-user`` it is
+not limited, and what it does is logged (logger ``backwave.operator``) with the OS user's name.
+``--as-user USERNAME`` applies the admin's rules for that Django user instead (active staff,
+``backwave.view_job`` to read, ``retry_job`` / ``cancel_job`` to act, ``delete_job`` to purge)
+and records each change in the admin's history under that user, as the admin does.
+
+Retry, cancel and purge act through ``backwave.admin.actions`` (the admin's statements), in
+batches of ``actions.BATCH_SIZE`` each committed on its own; they refuse to run with no filter
+at all unless given ``--all``, and ask for confirmation unless given ``--yes``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import re
+import sys
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
+from django.utils import timezone
+
+from backwave import job_search
+from backwave.admin import actions
+from backwave.admin.jobs import attempt_row, record_history
+from backwave.admin.tracebacks import error_message
+from backwave.models import Attempt, Job, JobState
+from backwave.redaction import redact
+
+logger = logging.getLogger("backwave.operator")
+
+AGE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>s|m|min|h|d|w)\Z")
+AGE_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+PERMISSIONS = {"list": "view_job", "show": "view_job", "retry": "retry_job", "cancel": "cancel_job", "purge": "delete_job"}
+PAST = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
+APPLIES = {"retry": "failed or quarantined", "cancel": "ready or scheduled", "purge": "finished"}
+LIST_COLUMNS = ("id", "state", "queue", "task", "attempts", "enqueued", "finished", "worker", "last_error")
+
+
+def parse_age(text: str) -> timedelta:
+    """'90s', '15m', '2h', '7d', '1w' -> a timedelta; CommandError otherwise."""
+    match = AGE.match(text.strip().lower())
+    if not match:
+        raise CommandError(f"--older-than {text!r}: give a number and a unit (s, m, h, d, w), e.g. 30m or 7d.")
+    return timedelta(seconds=float(match["number"]) * AGE_UNITS[match["unit"]])
+
+
+class Command(BaseCommand):
+    help = "List, show, retry, cancel or purge BackWave jobs (filters: queue, task, state, age, tag, search)."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="verb", required=True, metavar="{list,show,retry,cancel,purge}")
+        texts = {
+            "list": "List jobs matching the filters, newest first.",
+            "retry": "Make matching failed or quarantined jobs ready now, with one more attempt.",
+            "cancel": "Cancel matching ready (due or scheduled) jobs; running ones are left alone.",
+            "purge": "Delete matching finished jobs (succeeded, failed, cancelled, quarantined) and their attempts.",
+        }
+        for verb, text in texts.items():
+            command = sub.add_parser(verb, help=text, description=text)
+            self._filters(command)
+            if verb == "list":
+                command.add_argument("--limit", type=int, default=50, help="At most this many rows (default 50).")
+            else:
+                command.add_argument("--all", action="store_true", help="Allow acting with no filter at all.")
+                command.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+                command.add_argument("--dry-run", action="store_true", help="Only say how many jobs it would change.")
+            self._common(command)
+        show = sub.add_parser("show", help="One job with its payload (sensitive keys hidden) and every attempt.")
+        show.add_argument("job_id", type=int, metavar="ID")
+        self._common(show)
+
+    @staticmethod
+    def _filters(parser):
+        parser.add_argument("--id", dest="ids", type=int, action="append", default=[], metavar="ID", help="A job id (repeatable).")
+        parser.add_argument("--queue", dest="queues", action="append", default=[], metavar="QUEUE", help="Repeatable.")
+        parser.add_argument("--task", dest="tasks", action="append", default=[], metavar="PATH", help="A task's import path (repeatable).")
+        parser.add_argument("--state", dest="states", action="append", default=[], metavar="STATE",
+                            choices=[*JobState.values, "scheduled"], help="ready, scheduled, running, succeeded, failed, cancelled, quarantined (repeatable).")
+        parser.add_argument("--tag", dest="tags", action="append", default=[], metavar="TAG", help="Jobs carrying this tag (repeatable: all of them).")
+        parser.add_argument("--older-than", metavar="AGE", help="Finished jobs: finished more than AGE ago; others: enqueued more than AGE ago (30m, 2h, 7d).")
+        parser.add_argument("--search", metavar="TEXT", help="The admin's search: key=value, arg:value, tag:name, an id or part of a task path.")
+
+    @staticmethod
+    def _common(parser):
+        parser.add_argument("--json", action="store_true", help="JSON on stdout instead of a table.")
+        parser.add_argument("--as-user", metavar="USERNAME", help="Apply the admin's permission checks for this Django user, and record changes under their name.")
+
+    # --- entry ------------------------------------------------------------------------------
+
+    def handle(self, *args, verb, **options):
+        user = self._user(options.get("as_user"), verb)
+        if verb == "show":
+            return self._show(options["job_id"], options)
+        queryset, described = self._queryset(options)
+        if verb == "list":
+            return self._list(queryset, options)
+        return self._act(verb, queryset, described, user, options)
+
+    def _user(self, username, verb):
+        if not username:
+            return None
+        model = get_user_model()
+        try:
+            user = model._default_manager.get_by_natural_key(username)
+        except model.DoesNotExist:
+            raise CommandError(f"--as-user {username!r}: no such user.") from None
+        if not (user.is_active and user.is_staff):
+            raise CommandError(f"--as-user {username!r}: only active staff users may use the admin, and so this command.")
+        permission = f"backwave.{PERMISSIONS[verb]}"
+        if not user.has_perm(permission):
+            raise CommandError(f"--as-user {username!r} lacks the permission {permission!r} that {verb!r} needs (as in the admin).")
+        return user
+
+    def _queryset(self, options):
+        queryset = Job.objects.all()
+        described = []
+        if options["ids"]:
+            queryset = queryset.filter(id__in=options["ids"])
+            described.append(f"id in {options['ids']}")
+        if options["queues"]:
+            queryset = queryset.filter(queue__in=options["queues"])
+            described.append(f"queue in {options['queues']}")
+        if options["tasks"]:
+            queryset = queryset.filter(task_path__in=options["tasks"])
+            described.append(f"task in {options['tasks']}")
+        if states := options["states"]:
+            now = timezone.now()
+            condition = Q()
+            for state in states:
+                if state == "ready":  # as in the admin: ready means due; scheduled is ready for later
+                    condition |= Q(state="ready", run_at__lte=now)
+                elif state == "scheduled":
+                    condition |= Q(state="ready", run_at__gt=now)
+                else:
+                    condition |= Q(state=state)
+            queryset = queryset.filter(condition)
+            described.append(f"state in {states}")
+        if options["tags"]:
+            queryset = queryset.filter(job_search.tags_condition(options["tags"]))
+            described.append(f"tags {options['tags']}")
+        if options["older_than"]:
+            cut = timezone.now() - parse_age(options["older_than"])
+            queryset = queryset.filter(Q(finished_at__lt=cut) | Q(finished_at__isnull=True, enqueued_at__lt=cut))
+            described.append(f"older than {options['older_than']}")
+        if options["search"]:
+            try:
+                queryset = job_search.parse(options["search"]).apply(queryset)
+            except job_search.SearchError as error:
+                raise CommandError(f"--search: {error}") from None
+            described.append(f"search {options['search']!r}")
+        return queryset, ", ".join(described)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _list(self, queryset, options):
+        if options["limit"] < 1:
+            raise CommandError(f"--limit must be at least 1, got {options['limit']}.")
+        jobs = list(queryset.defer("payload", "return_value").order_by("-id")[: options["limit"]])
+        errors = self._last_errors([job.pk for job in jobs])
+        rows = [self._row(job, errors.get(job.pk, ("", ""))) for job in jobs]
+        if options["json"]:
+            self.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False))
+            return
+        if not rows:
+            self.stdout.write("No job matches.")
+            return
+        self.stdout.write(table([{**row, "enqueued": local(row["enqueued"]), "finished": local(row["finished"])} for row in rows], LIST_COLUMNS))
+
+    @staticmethod
+    def _last_errors(job_ids) -> dict[int, tuple[str, str]]:
+        """job id -> (error class, message) of its latest attempt: one query for the page."""
+        latest = (
+            Attempt.objects.filter(job_id__in=job_ids).order_by("job_id", "-number").distinct("job_id")
+            .values_list("job_id", "error_class", "traceback")
+        )
+        return {job_id: (cls, error_message(cls, text) if cls else "") for job_id, cls, text in latest}
+
+    @staticmethod
+    def _row(job, error) -> dict:
+        error_class, message = error
+        return {
+            "id": job.pk, "state": job.state, "queue": job.queue, "task": job.task_path,
+            "attempts": f"{job.attempts}/{job.max_attempts}", "tags": job.tags,
+            "enqueued": iso(job.enqueued_at), "started": iso(job.last_attempted_at), "finished": iso(job.finished_at),
+            "worker": job.worker_id, "last_error": f"{error_class.rsplit('.', 1)[-1]}: {message}" if error_class else "",
+        }
+
+    def _show(self, job_id, options):
+        job = Job.objects.filter(pk=job_id).first()
+        if job is None:
+            raise CommandError(f"No job {job_id}.")
+        attempts = [attempt_row(a) for a in Attempt.objects.filter(job_id=job_id).order_by("number")]
+        document = {
+            **self._row(job, ("", "")),
+            "priority": job.priority, "run_at": iso(job.run_at),
+            "payload": redact(job.payload), "return_value": redact(job.return_value),
+            "attempts_log": [
+                {
+                    "number": row["attempt"].number, "outcome": row["attempt"].state, "worker": row["attempt"].worker_id,
+                    "started": iso(row["attempt"].started_at), "ran_until": iso(row["ran_until"]), "duration_seconds": row["duration"],
+                    "error_class": row["attempt"].error_class, "error_message": row["error_message"],
+                    "return_value": json.loads(row["return_value"]) if row["return_value"] is not None else None,
+                }
+                for row in attempts
+            ],
+        }
+        del document["last_error"]
+        if options["json"]:
+            self.stdout.write(json.dumps(document, indent=2, ensure_ascii=False))
+            return
+        for key in ("id", "task", "state", "queue", "priority", "attempts", "tags", "worker", "enqueued", "run_at", "started", "finished"):
+            value = document[key]
+            self.stdout.write(f"{key:>10}: {local(value) if key in ('enqueued', 'run_at', 'started', 'finished') else value}")
+        self.stdout.write(f"{'payload':>10}: {json.dumps(document['payload'], ensure_ascii=False)}")
+        if job.return_value is not None:
+            self.stdout.write(f"{'result':>10}: {json.dumps(document['return_value'], ensure_ascii=False)}")
+        for item in document["attempts_log"]:
+            error = f"  {item['error_class']}: {item['error_message']}" if item["error_class"] else ""
+            duration = "-" if item["duration_seconds"] is None else f"{item['duration_seconds']:.3f} s"
+            self.stdout.write(f"  attempt {item['number']}: {item['outcome']} on {item['worker']} at {local(item['started'])} ({duration}){error}")
+
+    # --- acting -----------------------------------------------------------------------------
+
+    def _act(self, verb, queryset, described, user, options):
+        if not described and not options["all"]:
+            raise CommandError(f"{verb} with no filter would touch every {APPLIES[verb]} job: add filters, or --all to mean it.")
+        matching = queryset.filter(state__in=actions.ALLOWED_STATES[verb]).count()
+        what = f"{matching:,} {APPLIES[verb]} job{'' if matching == 1 else 's'}" + (f" matching {described}" if described else "")
+        if options["dry_run"] or not matching:
+            self._say(options, {"verb": verb, "matching": matching, "changed": 0, "dry_run": options["dry_run"]},
+                      f"Would {verb} {what}." if options["dry_run"] else f"Nothing to {verb}: no {APPLIES[verb]} job matches.")
+            return
+        if not options["yes"]:
+            if not sys.stdin.isatty():
+                raise CommandError(f"This would {verb} {what}; add --yes to confirm when not at a terminal.")
+            if input(f"{verb.capitalize()} {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+                raise CommandError("Nothing done.")
+        note = f" by manage.py backwave_jobs {verb}" + (f" ({described})" if described else "")
+        on_batch = (lambda result: record_history(user, verb, result, note)) if user is not None else None
+        result = actions.act_on_matching(queryset, verb, on_batch=on_batch)
+        who = f"Django user {user.get_username()!r}" if user is not None else f"OS user {getpass.getuser()!r} (no --as-user)"
+        logger.info("backwave_jobs %s by %s: %d job(s) %s%s", verb, who, len(result.changed), PAST[verb], f" ({described})" if described else "")
+        refused = ", ".join(f"{n} {state}" for state, n in sorted(result.refused.items()))
+        text = f"{PAST[verb].capitalize()} {len(result.changed):,} job{'' if len(result.changed) == 1 else 's'}" + (
+            f"; left alone, having moved on meanwhile: {refused}" if refused else "") + "."
+        self._say(options, {"verb": verb, "matching": matching, "changed": len(result.changed), "ids": list(result.changed),
+                            "refused": dict(result.refused), "batches": result.batches}, text)
+
+    def _say(self, options, document, text):
+        self.stdout.write(json.dumps(document) if options["json"] else text)
+
+
+def iso(moment) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def local(text) -> str:
+    """An ISO time as the table shows it: in Django's current zone, to the second, zone named."""
+    if not text:
+        return "-"
+    from datetime import datetime
+
+    moment = timezone.localtime(datetime.fromisoformat(text))
+    return f"{moment:%Y-%m-%d %H:%M:%S} {timezone.get_current_timezone_name()}"
+
+
+def table(rows: list[dict], columns) -> str:
+    """Plain aligned columns; the last one (the error) is cut to keep lines readable."""
+    cells = [[str(row[c] if row[c] is not None else "-") for c in columns] for row in rows]
+    cells = [[*line[:-1], line[-1][:80]] for line in cells]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    header = "  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))
+    body = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in cells]
+    return "\n".join([header.rstrip(), *body])
