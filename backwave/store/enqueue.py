@@ -6,15 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .contract import NewJob
-from .params import insert_jobs_params
+from .contract import Inserted, NewJob
+from .params import enqueue_statement, inserted_from_rows, insert_jobs_params
 from .queries import QUERIES
 
 
 def insert_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[int]:
-    """Insert ``jobs`` with one statement on ``cursor`` (psycopg or Django); ids in input order.
-    ``hint`` also sends a Wake-Up Hint per queue, delivered when the transaction commits."""
+    """Insert ``jobs`` with one statement on ``cursor`` (psycopg or Django); ids in input order
+    (a duplicate of a unique job: the existing job's id). ``hint`` also sends a Wake-Up Hint per
+    queue, delivered when the transaction commits."""
+    return [inserted.id for inserted in enqueue_jobs(cursor, jobs, hint=hint)]
+
+
+def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[Inserted]:
+    """insert_jobs, saying for each job whether it was a duplicate and of what."""
     if not jobs:
         return []
-    cursor.execute(QUERIES["enqueue_many"], insert_jobs_params(jobs, hint=hint))
-    return [row[0] for row in cursor.fetchall()]
+    name = enqueue_statement(jobs)
+    cursor.execute(QUERIES[name], insert_jobs_params(jobs, hint=hint))
+    return inserted_from_rows(name, cursor.fetchall())

@@ -22,7 +22,7 @@ from typing import Any
 
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
-from .contract import NOTHING_OBSERVED, Applied, DeliveryResult, Heartbeat, NewJob, OutcomeRecord, ProgressReport, Store, StoreError, TransitionRecord
+from .contract import NOTHING_OBSERVED, Applied, DeliveryResult, Heartbeat, Inserted, NewJob, OutcomeRecord, ProgressReport, Store, StoreError, TransitionRecord
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
 # -- leases and claims ---------------------------------------------------------------------------
@@ -35,14 +35,19 @@ def lease_seconds(duration: float) -> float:
     return float(duration)
 
 
-def claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> tuple[str, dict[str, Any]] | None:
-    """The claim query's name and parameters, or None when nothing can be claimed."""
+def claim_statement(
+    *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int, admitted: frozenset[str] = frozenset()
+) -> tuple[str, dict[str, Any]] | None:
+    """The claim query's name and parameters, or None when nothing can be claimed. A claim that
+    includes a queue of ``admitted`` (under a per-key or rate limit) is claim_jobs_admitted."""
     if isinstance(queues, str):
         raise TypeError(f"queues must be a sequence of queue names, not the string {queues!r}; pass [{queues!r}]")
     unique = list(dict.fromkeys(queues))  # a queue listed twice would see its own locked rows again
     if limit <= 0 or not unique:
         return None
     params: dict[str, Any] = {"lease_id": lease_id, "worker_id": worker_id, "limit": limit}
+    if admitted and not admitted.isdisjoint(unique):
+        return "claim_jobs_admitted", {**params, "queues": unique}
     if len(unique) == 1:
         return "claim_jobs_one_queue", {**params, "queue": unique[0]}
     return "claim_jobs_many_queues", {**params, "queues": unique}
@@ -103,6 +108,19 @@ def insert_jobs_params(jobs: Sequence[NewJob], *, hint: bool) -> dict[str, Any]:
             "tags": list(job.tags),
             "timeout": None if job.timeout is None else float(job.timeout),
             "trace_context": dict(job.trace_context) if job.trace_context else None,
+            # Only when set: jsonb_to_recordset reads a missing key as NULL, and plain batches
+            # stay as short as they were.
+            **({"limit_key": job.limit_key} if job.limit_key is not None else {}),
+            **(
+                {
+                    "unique_key": job.unique_key,
+                    "unique_period": None if job.unique_period is None else float(job.unique_period),
+                    "unique_states": list(job.unique_states),
+                    "unique_replace": list(job.unique_replace),
+                }
+                if job.unique_key is not None
+                else {}
+            ),
         }
         for job in jobs
     ]
@@ -132,6 +150,22 @@ def delivery_params(token: uuid.UUID, results: Sequence[DeliveryResult]) -> dict
         for r in results
     ]
     return {"token": token, "results": json.dumps(rows)}
+
+
+def enqueue_statement(jobs: Sequence[NewJob]) -> str:
+    """enqueue_unique_many when a job of the batch declares uniqueness, else enqueue_many."""
+    return "enqueue_unique_many" if any(job.unique_key is not None for job in jobs) else "enqueue_many"
+
+
+def inserted_from_rows(name: str, rows: list[tuple]) -> list[Inserted]:
+    """The answer of an enqueue statement, per job in input order."""
+    if name == "enqueue_many":
+        return [Inserted(row[0]) for row in rows]
+    return [
+        Inserted(id=row[0], duplicate=row[1], state=row[2], payload=row[3], enqueued_at=row[4],
+                 started_at=row[5], last_attempted_at=row[6], finished_at=row[7])
+        for row in rows
+    ]
 
 
 # -- outcomes: the batch, and what cannot be encoded -------------------------------------------
@@ -247,7 +281,9 @@ def write_then_claim(
     When the server refuses the batch for a row's data the claim never ran: the outcomes go as
     write_outcomes_many isolates a refused row (``write``: one statement), then the claim,
     which still sees every outcome written."""
-    claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+    claim = claim_statement(
+        lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit, admitted=getattr(store, "admitted_queues", frozenset())
+    )
     if not outcomes:
         return Applied(), store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
     if claim is None:

@@ -38,7 +38,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -54,8 +54,8 @@ from .contract import (
     ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
 )
 from .params import (
-    applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, insert_jobs_params, is_refused_heartbeat,
-    known_params, lease_seconds, outcome_batch, transition_record, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, delivery_params, enqueue_statement, heartbeat_from_row, heartbeat_params, insert_jobs_params,
+    is_refused_heartbeat, known_params, lease_seconds, outcome_batch, transition_record, write_isolating, write_then_claim,
 )
 from .queries import QUERIES
 from .storable import clean_text
@@ -186,11 +186,14 @@ class PostgresStore:
         synchronous_commit: bool = True,
         statement_timeout: float | None = DEFAULT_STORE_TIMEOUTS.statement,
         lock_timeout: float | None = DEFAULT_STORE_TIMEOUTS.lock,
+        admitted_queues: Iterable[str] = (),
     ) -> None:
         """``synchronous_commit`` False commits the store's transactions without waiting for
         the WAL flush (see BACKWAVE["WORKER_SYNCHRONOUS_COMMIT"]); True leaves the database's
         setting. The timeouts are seconds; None leaves the session's value (no limit, unless
-        the server or the connection's options set one)."""
+        the server or the connection's options set one). ``admitted_queues``: the queues under a
+        per-key concurrency or rate limit (BACKWAVE["QUEUES"]), claimed by claim_jobs_admitted."""
+        self.admitted_queues = frozenset(admitted_queues)
         settings = {
             "statement_timeout": _milliseconds("statement_timeout", statement_timeout),
             "lock_timeout": _milliseconds("lock_timeout", lock_timeout),
@@ -227,6 +230,7 @@ class PostgresStore:
         from backwave import conf
 
         kwargs.setdefault("synchronous_commit", conf.get_setting("WORKER_SYNCHRONOUS_COMMIT"))
+        kwargs.setdefault("admitted_queues", conf.admitted_queue_names())
         if "statement_timeout" not in kwargs or "lock_timeout" not in kwargs:
             timeouts = store_timeouts(
                 (), statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
@@ -274,7 +278,7 @@ class PostgresStore:
         One round-trip: the claim goes down one pipeline behind lock_limited_queues, in one
         transaction, so a queue's concurrency limit holds however many pumps claim at once.
         """
-        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit, admitted=self.admitted_queues)
         if claim is None:
             return []
         _, claimed = self._pipeline("claim_jobs", [_lock_statement(claim), claim])
@@ -377,7 +381,8 @@ class PostgresStore:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:
             return []
-        return [row[0] for row in self._execute("enqueue_many", insert_jobs_params(jobs, hint=True))]
+        name = enqueue_statement(jobs)
+        return [row[0] for row in self._execute(name, insert_jobs_params(jobs, hint=True))]
 
     # -- transition observers -------------------------------------------------------------------
 
@@ -543,8 +548,9 @@ def _milliseconds(name: str, seconds: float | None) -> str | None:
 
 def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     """lock_limited_queues for the queues of a claim statement."""
-    params = claim[1]
-    return "lock_limited_queues", {"queues": [params["queue"]] if "queue" in params else params["queues"]}
+    name, params = claim
+    lock = "lock_admitted_queues" if name == "claim_jobs_admitted" else "lock_limited_queues"
+    return lock, {"queues": [params["queue"]] if "queue" in params else params["queues"]}
 
 
 def _claimed_job(row: tuple) -> ClaimedJob:

@@ -22,7 +22,7 @@ With no clock the offset is zero, and the SQL behaves as in production. The two 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import cache
@@ -33,7 +33,7 @@ from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import JsonbLoader
 
 from backwave.store.contract import NOTHING_OBSERVED, NewJob, StoreError, TransientStoreError
-from backwave.store.params import insert_jobs_params
+from backwave.store.params import enqueue_statement, insert_jobs_params
 from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
 
@@ -59,9 +59,10 @@ def _statement(name: str, fixed: bool = False) -> str:
 class DjangoConnectionStore(PostgresStore):
     """The Storage Contract on ``connections[alias]``, the database clock moved by ``clock``."""
 
-    def __init__(self, alias: str = "default", *, clock: VirtualClock | None = None) -> None:  # noqa: D107 - no super(): no connection of its own
+    def __init__(self, alias: str = "default", *, clock: VirtualClock | None = None, admitted_queues: Iterable[str] = ()) -> None:  # noqa: D107 - no super(): no connection of its own
         self.alias = alias
         self.clock = clock
+        self.admitted_queues = frozenset(admitted_queues)
         # Operations, counted as PostgresStore counts its round-trips (one per operation that
         # reaches the server; write_outcomes_then_claim is one although Django cannot pipeline it).
         self.round_trips = 0
@@ -79,7 +80,7 @@ class DjangoConnectionStore(PostgresStore):
         """Insert jobs in one statement (no Wake-Up Hint); returns their ids in input order."""
         if not jobs:
             return []
-        return [row[0] for row in self._execute("enqueue_many", insert_jobs_params(jobs, hint=False))]
+        return [row[0] for row in self._execute(enqueue_statement(jobs), insert_jobs_params(jobs, hint=False))]
 
     def roll_up_task_stats(self, *, limit: int, settle: float = 0.0) -> int:
         """The rollup, not waiting for transactions open elsewhere on the server (settle 0 by

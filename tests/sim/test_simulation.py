@@ -195,15 +195,48 @@ def test_an_expiry_that_forgets_the_jobs_is_caught(monkeypatch):
 
 def test_a_claim_that_ignores_the_pool_is_caught(monkeypatch):
     real_claim = memory.InMemoryStore._claim
-    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(lambda db, now, params: real_claim(db, now, {**params, "limit": params["limit"] + 1})))
+    monkeypatch.setattr(
+        memory.InMemoryStore, "_claim", staticmethod(lambda db, now, claim: real_claim(db, now, (claim[0], {**claim[1], "limit": claim[1]["limit"] + 1})))
+    )
     failure = first_failure()
     assert "claimed-and-unreported" in failure.problem or "pool_size" in failure.problem or "refused an event" in failure.problem, failure.problem
 
 
 def test_a_claim_that_ignores_concurrency_limits_is_caught(monkeypatch):
-    monkeypatch.setattr(memory, "_room", lambda db, queue, limit: limit)
+    monkeypatch.setattr(memory, "_room", lambda db, queue, limit, **_: limit)
     failure = first_failure()
-    assert "concurrency limit" in failure.problem, failure.problem
+    assert "concurrency limit" in failure.problem or "rate limit" in failure.problem, failure.problem
+
+
+def test_a_claim_that_ignores_per_key_limits_is_caught(monkeypatch):
+    real_claim = memory.InMemoryStore._claim
+
+    def without_key_limits(db, now, claim):
+        saved = dict(db.admission)
+        db.admission.update({queue: admission._replace(key_concurrency_limit=None) for queue, admission in saved.items()})
+        try:
+            return real_claim(db, now, claim)
+        finally:
+            db.admission.clear()
+            db.admission.update(saved)
+
+    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(without_key_limits))
+    failure = first_failure()
+    assert "per-key limit" in failure.problem, failure.problem
+
+
+def test_a_claim_that_never_debits_the_rate_window_is_caught(monkeypatch):
+    real_claim = memory.InMemoryStore._claim
+
+    def forgetting(db, now, claim):
+        try:
+            return real_claim(db, now, claim)
+        finally:
+            db.rate_windows.clear()
+
+    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(forgetting))
+    failure = first_failure()
+    assert "rate limit" in failure.problem, failure.problem
 
 
 def test_an_expiry_that_charges_every_batch_mate_of_a_crash_is_caught(monkeypatch):
@@ -272,3 +305,17 @@ def test_the_command_line_prints_each_failure_with_its_replay(monkeypatch, capsy
     out = capsys.readouterr().out
     assert "replay: python -m backwave.testing.simulation --seed 0 --quiesce-limit 20.0 --log" in out
     assert "2 failed" in out
+
+
+def test_a_claim_that_never_debits_the_key_rate_windows_is_caught(monkeypatch):
+    real_claim = memory.InMemoryStore._claim
+
+    def forgetting(db, now, claim):
+        try:
+            return real_claim(db, now, claim)
+        finally:
+            db.key_rate_windows.clear()
+
+    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(forgetting))
+    failure = first_failure()
+    assert "per-key rate limit" in failure.problem, failure.problem

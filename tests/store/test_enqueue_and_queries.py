@@ -54,6 +54,8 @@ def test_every_statement_the_store_uses_is_loaded():
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",
         "claim_transitions", "settle_transitions",  # the observer loop's
+        # admission: unique enqueues, the claim of queues under a per-key or rate limit
+        "enqueue_unique_many", "claim_jobs_admitted", "lock_admitted_queues",
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "cancel_jobs", "set_schedules_enabled", "upsert_queues",
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
@@ -62,6 +64,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "admin_queue_latency", "admin_hint_sessions",
         "purge_selected_jobs", "admin_jobs_page_details",
         "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
+        "set_queue_admission", "queue_has_admission",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 

@@ -220,4 +220,7 @@ def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], P
     timeouts = store_timeouts(
         groups, statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
     )
-    return partial(PostgresStore.from_django, statement_timeout=timeouts.statement, lock_timeout=timeouts.lock)
+    return partial(
+        PostgresStore.from_django, statement_timeout=timeouts.statement, lock_timeout=timeouts.lock,
+        admitted_queues=conf.admitted_queue_names(),
+    )

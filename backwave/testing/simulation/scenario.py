@@ -13,7 +13,7 @@ they existed (so the seeds pinned in tests/sim against that version replay their
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict, Weighted
@@ -43,6 +43,7 @@ class Config:
     observers: bool = True  # task_finished receivers and transition observers see each applied outcome once, and nothing else
     report_checks: bool = True  # once at rest, no pump keeps anything of an attempt it will never hear of again
     max_databases: int = 2  # databases a seed may draw; every node runs its pumps on each one
+    admission: bool = True  # queues under per-key concurrency and rate limits, jobs with limit keys
 
     def flags(self) -> str:
         """The CLI flags that reproduce this config (only those that differ from the defaults)."""
@@ -62,7 +63,7 @@ class Config:
 
 CLASSIC = Config(
     hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
-    thread_checks=False, observers=False, report_checks=False, max_databases=1,
+    thread_checks=False, observers=False, report_checks=False, max_databases=1, admission=False,
 )
 
 
@@ -79,6 +80,7 @@ class JobSpec:
     task_path: str
     delay: float  # run_at this many seconds after the enqueue (0: due at once)
     database: int = 0  # which of the scenario's databases it is enqueued on
+    limit_key: str | None = None  # the key of its queue's per-key concurrency limit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +103,9 @@ class Scenario:
     databases: int = 1
     hostile_rate: float = 0.0  # chance an attempt returns or raises what PostgreSQL cannot store
     hang_rate: float = 0.0  # chance an attempt hangs for several leases
+    key_limits: dict[str, int] = field(default_factory=dict)  # queues with a per-key concurrency limit
+    rate_limits: dict[str, tuple[int, float]] = field(default_factory=dict)  # queues with (starts, per seconds)
+    key_rate_limits: dict[str, int] = field(default_factory=dict)  # queues with starts per key per rate window
 
     @classmethod
     def draw(cls, seed: int, config: Config, rng: random.Random) -> Scenario:
@@ -174,4 +179,14 @@ class Scenario:
             changes["hostile_rate"] = rng.choice((0.0, 0.01, 0.05))
         if config.lease_losses:
             changes["hang_rate"] = rng.choice((0.0, 0.02, 0.1))
+        if config.admission:
+            # From a generator of its own, so that the draws after this one (the world's) stay
+            # as they were: turning the knob on changes only what it adds.
+            rng = random.Random(f"admission:{self.seed}")
+            queues = sorted({job.queue for job in jobs})
+            changes["key_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.4}
+            changes["rate_limits"] = {q: (rng.randint(1, 4), rng.choice((0.5, 1.0, 2.0))) for q in queues if rng.random() < 0.3}
+            changes["key_rate_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.3}
+            keys = ("k0", "k1", "k2")
+            jobs = tuple(replace(job, limit_key=rng.choice(keys) if rng.random() < 0.7 else None) for job in jobs)
         return replace(self, jobs=jobs, **changes)
