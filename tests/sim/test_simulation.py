@@ -175,7 +175,9 @@ def test_a_fence_that_ignores_the_lease_is_caught(monkeypatch):
         return real_write(db, now, lease_id, rows)
 
     monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(unfenced))
-    failure = first_failure()
+    # A late write needs a pump that outlived its lease with outcomes still buffered: with the
+    # outcome linger and the admission draws in the seeds, the first seed that has one is 307.
+    failure = first_failure(seeds=range(400))
     caught_by = ("still runs on", "applied twice", "attempt row", "backwave_attempt_once")
     assert any(words in failure.problem for words in caught_by), failure.problem
     assert f"replay: python -m backwave.testing.simulation --seed {failure.seed} --log" in str(failure)
