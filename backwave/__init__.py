@@ -25,6 +25,10 @@ def __getattr__(name):
         from backwave.tasking.context import JobContext
 
         return JobContext
+    if name in {"Unique", "EnqueuedResult"}:
+        from backwave.tasking import results, task
+
+        return getattr(task if name == "Unique" else results, name)
     if name == "UnstorableResult":
         from backwave.store.storable import UnstorableResult
 

@@ -28,8 +28,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from . import conf
 
+# Every BackWave check carries this tag (``manage.py check --tag backwave``), so the worker can
+# run its own checks at start without the project's template and URL checks (see backwave_worker).
+TAG = "backwave"
 
-@checks.register()
+
+@checks.register(TAG)
 def check_backwave_settings(app_configs=None, **kwargs):
     """Check ``settings.BACKWAVE``: known keys, values of the right kind, findable task modules."""
     user = getattr(settings, "BACKWAVE", {})
@@ -137,7 +141,7 @@ def _module_exists(name: str) -> bool:
         return False
 
 
-@checks.register()
+@checks.register(TAG)
 def check_served_databases(app_configs=None, **kwargs):
     """Warn about each BackWave backend whose database none of the configured worker groups
     serves (``backwave/databases.py``): its jobs would wait for a worker that never comes."""

@@ -283,18 +283,57 @@ def _queues(value) -> str | None:
         if not is_queue_name(name):
             return Sentence(f"['QUEUES'] has the queue name {name!r}; use {QUEUE_NAME_RULE}.")
         if not isinstance(spec, Mapping):
-            return Sentence(f"{where} must be a dict with 'concurrency_limit' and/or 'paused', got {spec!r}.")
-        unknown = set(spec) - {"concurrency_limit", "paused"}
+            return Sentence(f"{where} must be a dict with any of {', '.join(QUEUE_KEYS)}, got {spec!r}.")
+        unknown = set(spec) - set(QUEUE_KEYS)
         if unknown:
-            key = sorted(unknown)[0]
-            hint = "Did you mean 'concurrency_limit'? " if "limit" in str(key) else ""
-            return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: concurrency_limit, paused.")
-        limit = spec.get("concurrency_limit")
-        if limit is not None and not is_concurrency_limit(limit):
-            return Sentence(f"{where}['concurrency_limit'] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}.")
+            key = sorted(unknown, key=str)[0]
+            close = _queue_key_guess(str(key))
+            hint = f"Did you mean {close[0]!r}? " if close else ""
+            return Sentence(f"{where} has an unknown key {key!r}. {hint}Allowed keys: {', '.join(QUEUE_KEYS)}.")
+        for name in ("concurrency_limit", "key_concurrency_limit", "rate_limit", "key_rate_limit"):
+            limit = spec.get(name)
+            if limit is not None and not is_concurrency_limit(limit):
+                return Sentence(f"{where}[{name!r}] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}.")
+        period = spec.get("rate_period")
+        if period is not None and (isinstance(period, bool) or not isinstance(period, (int, float)) or not math.isfinite(period) or period <= 0):
+            return Sentence(f"{where}['rate_period'] must be a number of seconds above 0 (the rate limit's window), got {period!r}.")
+        if period is not None and spec.get("rate_limit") is None and spec.get("key_rate_limit") is None:
+            return Sentence(f"{where} sets 'rate_period' ({period!r}) without 'rate_limit' or 'key_rate_limit'; set both, e.g. {{'rate_limit': 50, 'rate_period': 1}}.")
         if "paused" in spec and not isinstance(spec["paused"], bool):
             return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
     return None
+
+
+def _queue_key_guess(text: str) -> list[str]:
+    """The QUEUES key a misspelt one most likely meant: by the words it has, else by spelling."""
+    words = [("period", "rate_period"), ("key_rate", "key_rate_limit"), ("rate", "rate_limit"), ("key", "key_concurrency_limit"), ("limit", "concurrency_limit"), ("paus", "paused")]
+    from difflib import get_close_matches
+
+    return next(([key] for word, key in words if word in text.lower()), None) or get_close_matches(text, QUEUE_KEYS, n=1)
+
+
+# BACKWAVE["QUEUES"] keys: concurrency_limit and paused are written when named (the admin may
+# change them); the admission keys are the settings' alone (see admission_limits).
+QUEUE_KEYS = ("concurrency_limit", "paused", "key_concurrency_limit", "rate_limit", "key_rate_limit", "rate_period")
+DEFAULT_RATE_PERIOD = 1.0
+
+
+def admission_limits(spec: Mapping) -> dict[str, Any]:
+    """The Queue row's admission columns for a validated QUEUES entry (None: no such limit)."""
+    rated = spec.get("rate_limit") is not None or spec.get("key_rate_limit") is not None
+    return {
+        "key_concurrency_limit": spec.get("key_concurrency_limit"),
+        "rate_limit": spec.get("rate_limit"),
+        "key_rate_limit": spec.get("key_rate_limit"),
+        "rate_period": float(spec.get("rate_period") or DEFAULT_RATE_PERIOD) if rated else None,
+    }
+
+
+def admitted_queue_names(settings_queues: Mapping[str, Mapping] | None = None) -> frozenset[str]:
+    """The queues under a per-key concurrency or rate limit: claimed with claim_jobs_admitted."""
+    if settings_queues is None:
+        settings_queues = get_setting("QUEUES")
+    return frozenset(name for name, spec in settings_queues.items() if any(value is not None for value in admission_limits(spec).values()))
 
 
 # Each validator returns None for a good value, else what is allowed ("an integer >= 1"), or a
@@ -436,7 +475,7 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
-_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace"}
+_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace", "outcome_linger"}
 
 # The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
 IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
@@ -483,6 +522,9 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
         value = raw[key]
         if key == "heartbeat_interval" and value is None:
             options[key] = None
+            continue
+        if key == "outcome_linger" and isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            options[key] = 0.0  # write each outcome at once; the range is checked with the intervals
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a positive number of seconds, got {value!r}")

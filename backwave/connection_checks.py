@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from . import conf
+from .checks import TAG
 from .core.options import WorkerGroupOptions
 from .store import operator
 
@@ -43,7 +44,7 @@ def _groups() -> list[WorkerGroupOptions]:
         return []  # backwave.E003 or E006 says what is wrong with the groups
 
 
-@checks.register()
+@checks.register(TAG)
 def check_connection_pool(app_configs=None, **kwargs):
     """Warn when Django's connection pool is smaller than the worker threads that may use it."""
     pool = (settings.DATABASES.get("default", {}).get("OPTIONS") or {}).get("pool")

@@ -25,15 +25,18 @@ backwave_worker.py``, ``backwave/testing/pump.py``).
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 
 from . import conf
 from .core.options import WorkerGroupConfigError, WorkerGroupOptions
 from .store import operator
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,37 @@ def apply_queue_settings(settings_queues, *, database: str | None = None) -> int
 
 def write_queue_settings(database: str, claimed: Iterable[str] = ()) -> int:
     """A worker's start-up, once per database it serves: BACKWAVE["QUEUES"] for the queues that
-    live in ``database`` or that its pumps claim there (``claimed``), into that database's rows."""
+    live in ``database`` or that its pumps claim there (``claimed``), into that database's rows.
+    The admission limits (key_concurrency_limit, rate_limit) are the settings' alone: each queue
+    claimed gets them as the settings say, cleared when they say nothing (a plain claim leaves
+    a queue whose row carries one alone, so a stale one would stop the queue)."""
     settings_queues = conf.get_setting("QUEUES")
-    here = set(queues_in(database, settings_queues)) | set(claimed)
-    return apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+    claimed = set(claimed)
+    here = set(queues_in(database, settings_queues)) | claimed
+    written = apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+    admitted = conf.admitted_queue_names(settings_queues)
+    if claimed & admitted:
+        # Limits on queues this worker claims: a database that refuses them stops the worker
+        # here, as the other queue settings do, rather than let its pumps claim them unlimited.
+        _write_admission(database, here & claimed & admitted, admitted, settings_queues)
+    # The rest, best effort: other queues' limits (their own workers write them too), and stale
+    # limits to clear. A database the pumps cannot use is theirs to report (they halt with the
+    # reason), and a limited row left as it is stops no one from seeing it (a plain claim gives
+    # it no room).
+    try:
+        _write_admission(database, (here & admitted) - claimed | (here & claimed) - admitted, admitted, settings_queues)
+    except DatabaseError as error:
+        logger.warning("Queue limits not written on database %r: %s", database, error)
+    return written
+
+
+def _write_admission(database: str, names: set[str], admitted: frozenset[str], settings_queues) -> None:
+    with connections[database].cursor() as cursor:
+        for name in sorted(names):
+            if name in admitted or _has_admission_row(cursor, name):
+                operator.set_queue_admission(cursor, name, **conf.admission_limits(settings_queues.get(name, {})))
+
+
+def _has_admission_row(cursor, name: str) -> bool:
+    """Whether the queue's row carries an admission limit (start-up only: one read per queue)."""
+    return operator.queue_has_admission(cursor, name)

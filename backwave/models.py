@@ -62,6 +62,22 @@ class Queue(models.Model):
         help_text="At most this many of the queue's jobs run at once across every worker; empty: unlimited.",
     )
     paused = models.BooleanField(default=False, help_text="A paused queue is not claimed from; running jobs finish.")
+    # Admission (BACKWAVE["QUEUES"], written by every worker that claims the queue at start-up;
+    # the admin shows them, settings change them). See claim_jobs_admitted in store/queries.sql.
+    key_concurrency_limit = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="At most this many running jobs per limit key (the task's limit_by/limit_key) across every worker; empty: unlimited.",
+    )
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="At most this many job starts per rate period across every worker; empty: unlimited.",
+    )
+    key_rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="At most this many job starts per rate period for each limit key; empty: unlimited.",
+    )
+    rate_period = models.FloatField(null=True, blank=True, help_text="Seconds of one rate window (windows are aligned to the database clock).")
+    # The rate limit's current window, debited by the claim that starts jobs in it.
+    rate_window_start = models.DateTimeField(null=True, blank=True)
+    rate_window_used = models.IntegerField(default=0, db_default=0)
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -72,6 +88,15 @@ class Queue(models.Model):
                 condition=models.Q(concurrency_limit__isnull=True) | models.Q(concurrency_limit__gte=1),
                 name="backwave_queue_limit_positive",
             ),
+            models.CheckConstraint(
+                condition=models.Q(key_concurrency_limit__isnull=True) | models.Q(key_concurrency_limit__gte=1),
+                name="backwave_queue_key_limit_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(rate_limit__isnull=True, key_rate_limit__isnull=True, rate_period__isnull=True)
+                | (models.Q(rate_period__gt=0) & (models.Q(rate_limit__gte=1) | models.Q(key_rate_limit__gte=1))),
+                name="backwave_queue_rate_limit_valid",
+            ),
         ]
         permissions = [
             ("pause_queue", "Can pause and resume queues"),
@@ -80,6 +105,27 @@ class Queue(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class KeyRateWindow(models.Model):
+    """A limit key's current rate window in a queue under a per-key rate limit: the claim that
+    starts the key's jobs debits it (see claim_jobs_admitted). One row per key and queue with
+    starts in the current window: the claim moves a row on in place, and deletes the rows of
+    windows that have passed."""
+
+    queue = models.CharField(max_length=64)
+    limit_key = models.CharField(max_length=255)
+    window_start = models.DateTimeField()
+    used = models.IntegerField()
+
+    class Meta:
+        db_table = "backwave_key_rate_window"  # the name queries.sql uses
+        constraints = [models.UniqueConstraint(fields=["queue", "limit_key"], name="backwave_key_rate_window_key")]
+        # The claim reads the keys used up in the current window: only this window's rows.
+        indexes = [models.Index(fields=["queue", "window_start"], name="backwave_key_rate_window_now")]
+
+    def __str__(self):
+        return f"{self.queue}/{self.limit_key}: {self.used} since {self.window_start}"
 
 
 class Schedule(models.Model):
@@ -198,6 +244,18 @@ class Job(models.Model):
         help_text="The W3C trace context of the enqueue (traceparent, tracestate): each attempt's span is its child.",
     )
 
+    # Unique jobs. unique_key is set only while the job is in one of unique_states: a trigger
+    # (migration 0008) clears it for good when the job moves to a state its uniqueness does not
+    # cover, so a later move back (a retry) can never collide with a newer job of the same key,
+    # and the unique index needs no predicate on state.
+    unique_key = models.TextField(null=True, blank=True, help_text="Task, key and period window; while set, no other job has it.")
+    unique_states = ArrayField(models.CharField(max_length=16), null=True, blank=True, help_text="States the uniqueness covers.")
+    unique_replace = ArrayField(
+        models.CharField(max_length=16), null=True, blank=True, help_text="What a duplicate enqueue replaces on this job while ready."
+    )
+    # Per-key concurrency (and its rate window's queue): the key the task computed at enqueue.
+    limit_key = models.CharField(max_length=255, null=True, blank=True, help_text="Key of the queue's per-key concurrency limit.")
+
     class Meta:
         indexes = [
             # Serves the claim: WHERE state = 'ready' AND queue = ANY(...) AND run_at <= now()
@@ -228,6 +286,12 @@ class Job(models.Model):
             models.Index(fields=["lease_id"], name="backwave_job_running_lease", condition=models.Q(state="running")),
             # A limited queue's claim counts its running jobs (see lock_limited_queues).
             models.Index(fields=["queue"], name="backwave_job_running_queue", condition=models.Q(state="running")),
+            # The per-key concurrency limit counts a queue's running jobs per key (claim_jobs_admitted).
+            models.Index(
+                fields=["queue", "limit_key"],
+                name="backwave_job_running_key",
+                condition=models.Q(state="running", limit_key__isnull=False),
+            ),
             # Retention and the admin's finished-job views. Partial, so that it never holds a
             # ready or running row: the planner cannot mistake it for a way to the claim's rows.
             models.Index(
@@ -267,6 +331,15 @@ class Job(models.Model):
                 fields=["schedule", "schedule_slot"],
                 condition=models.Q(schedule__isnull=False),
                 name="backwave_job_schedule_slot_once",
+            ),
+            # Unique jobs: enqueue_unique_many is INSERT ... ON CONFLICT against this index, so
+            # two enqueues in two transactions make one job. Partial: plain jobs never write to it.
+            models.UniqueConstraint(
+                fields=["unique_key"], condition=models.Q(unique_key__isnull=False), name="backwave_job_unique_key"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(unique_key__isnull=True) | models.Q(unique_states__contains=["ready"]),
+                name="backwave_job_unique_covers_ready",
             ),
         ]
         permissions = [

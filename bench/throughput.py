@@ -1,123 +1,136 @@
 #!/usr/bin/env python
-"""BackWave throughput benchmark: enqueue N no-op tasks, drain them with one worker process.
+"""Throughput: no-op jobs drained by BackWave and by the bare psycopg loop (bench/bare.py), side
+by side in one invocation, in both commit modes; BackWave's ratio to the bare loop per line.
 
-    .venv/bin/python bench/throughput.py                 # 20,000 jobs, pool 16, pumps 1, 2, 4
-    .venv/bin/python bench/throughput.py --jobs 5000 --pumps 1 --pool-size 32
+    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1, 1x2, 2x1, 2x2
+    python bench/throughput.py --quick          # 5,000 jobs, fewer configurations
+    python bench/throughput.py --modes durable  # one commit mode only
 
-For each pump count it clears the ``bench`` queue, enqueues the jobs in one INSERT (timed), then
-runs ``manage.py backwave_worker --until-idle`` in a subprocess and reads the drain rate from the
-database clock (first claim to last finish) and the store round-trips the worker reports. A
-benchmark, not a test: run it by hand on an otherwise idle machine.
+Each line: the queue is emptied, the jobs inserted (not timed), the contender run to the end of
+the queue. Drain: first claim to last finish by the database clock; steady: between the 10th
+and 90th percentile finish; CPU us/job: user + system time of the contender's processes
+(kernel accounting, so other load on the machine stretches the wall time but not this), less
+what the same command spends on an empty queue (start-up and shutdown are not per job); server
+us/job: the PostgreSQL server's CPU over the line (its processes on this host, all databases:
+run it on a quiet server). For
+BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump. Needs a benchmark database
+(``bench/run_all.sh`` makes one).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+from common import (
+    PYTHON, ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, uptime_line, worker_command, worker_env,
+)
 
-import django  # noqa: E402
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-
-from backwave.models import Job  # noqa: E402
-from backwave.tasking.task import enqueue_many  # noqa: E402
-from project.demo.tasks import noop, slow_job  # noqa: E402  (noop is on queue "bench")
-
-QUEUE = "bench"
+from project.demo.tasks import noop
 
 
-def clear_queue() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM backwave_job WHERE queue = %s", [QUEUE])
-        cursor.execute("VACUUM ANALYZE backwave_job")
-        cursor.execute("VACUUM ANALYZE backwave_attempt")
+def bare(jobs: int, processes: int, durable: bool) -> dict:
+    command = [PYTHON, str(ROOT / "bench" / "bare.py"), "drain", "--url", database_url(), "--sync", "on" if durable else "off"]
+    fixed = _fixed_cpu(lambda: run_many([command] * processes))
+    reset()
+    fill(noop, [0], jobs)
+    server = server_cpu()
+    result = run_many([command] * processes)
+    server = _delta(server)
+    figures = drain_figures()
+    problem = ran_once(jobs)
+    return _line(f"bare loop, {processes} process{'es' if processes > 1 else ''}", figures, result.cpu - fixed, server, jobs, problem, None)
 
 
-def run_once(jobs: int, pool_size: int, pumps: int, claim_batch: int, sleep_ms: float = 0.0, processes: int = 1) -> dict:
-    clear_queue()
-    if sleep_ms:
-        calls = [(slow_job.using(queue_name=QUEUE), (sleep_ms / 1000,), {}) for _ in range(jobs)]
-    else:
-        calls = [(noop, (i,), {}) for i in range(jobs)]
-    started = time.perf_counter()
-    enqueue_many(calls)
-    enqueue_seconds = time.perf_counter() - started
+def backwave(jobs: int, processes: int, pumps: int, pool_size: int, durable: bool, extra: tuple[str, ...] = ()) -> dict:
+    command = worker_command(pool_size=pool_size, pumps=pumps, processes=processes, extra=extra)
+    env = worker_env(synchronous_commit=durable)
+    fixed = _fixed_cpu(lambda: run(command, env))
+    reset()
+    fill(noop, [0], jobs)
+    server = server_cpu()
+    result = run(command, env)
+    server = _delta(server)
+    figures = drain_figures()
+    problem = ran_once(jobs)
+    trips = sum(int(m.group(1)) for m in re.finditer(r"and (\d+) store round-trips", result.output))
+    return _line(f"BackWave {processes}x{pumps}, pool {pool_size}", figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
 
-    command = [
-        sys.executable, "manage.py", "backwave_worker", "--queues", QUEUE, "--pool-size", str(pool_size),
-        "--pumps", str(pumps), "--max-claim-batch", str(claim_batch), "--until-idle", "--log-every", "1",
-    ]
-    if processes > 1:
-        # Children run --until-idle each; the supervisor exits when all of them have.
-        command += ["--processes", str(processes)]
-    env = {**os.environ, "BACKWAVE_LOG_LEVEL": "INFO"}
-    wall = time.perf_counter()
-    finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - wall
-    if finished.returncode != 0:
-        sys.exit(f"worker failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
-    log = finished.stdout + finished.stderr
-    round_trips = sum(int(m.group(2)) for m in re.finditer(r"stopped after (\d+) job\(s\) and (\d+) store round-trips", log)) or -1
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT count(*), count(*) FILTER (WHERE j.state = 'succeeded'),
-                   extract(epoch FROM max(a.finished_at) - min(a.started_at))
-            FROM backwave_job j JOIN backwave_attempt a ON a.job_id = j.id
-            WHERE j.queue = %s
-            """,
-            [QUEUE],
-        )
-        attempts, succeeded, drain_seconds = cursor.fetchone()
-    clear_queue()
+def _fixed_cpu(start) -> float:
+    """CPU seconds a contender spends with no job at all (start-up, connections, the idle
+    check, shutdown), so CPU per job is what each job adds."""
+    reset()
+    return start().cpu
+
+
+def _delta(before: float | None) -> float | None:
+    after = server_cpu()
+    return None if before is None or after is None else after - before
+
+
+def _line(name, figures, cpu, server, jobs, problem, trips_per_job) -> dict:
     return {
-        "pumps": pumps,
-        "enqueue_rate": jobs / enqueue_seconds,
-        "enqueue_seconds": enqueue_seconds,
-        "succeeded": succeeded,
-        "attempts": attempts,
-        "drain_seconds": float(drain_seconds),
-        "jobs_per_second": succeeded / float(drain_seconds),
-        "process_seconds": wall,
-        "round_trips_per_job": round_trips / max(succeeded, 1),
+        "name": name, "drain": figures.rate, "steady": figures.steady_rate, "cpu_us": cpu / jobs * 1e6, "trips": trips_per_job,
+        "server_us": None if server is None else server / jobs * 1e6, "problem": problem,
     }
 
 
-def main() -> None:
+def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configurations: list[tuple[int, int]], pool_size: int,
+            report=print) -> list[dict]:
+    """Run every contender; returns the summary rows (the ratios) and reports each line."""
+    summary = []
+    report(f"{jobs} no-op jobs per line, claim batch 32; {uptime_line()}")
+    report(f"{'mode':<8} {'contender':<28} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
+    for mode in modes:
+        durable = mode == "durable"
+        bares = [bare(jobs, n, durable) for n in bare_processes]
+        for line in bares:
+            _print(report, mode, line, bares[0], max(bares, key=lambda b: b["drain"]))
+        best_bare = max(bares, key=lambda b: b["drain"])
+        ours = [backwave(jobs, processes, pumps, pool_size, durable) for processes, pumps in configurations]
+        for line in ours:
+            _print(report, mode, line, bares[0], best_bare)
+        best = max(ours, key=lambda b: b["drain"])
+        single = ours[0]
+        summary.append({
+            "benchmark": "throughput", "what": f"{mode}: {single['name']} / bare 1 process", "value": single["drain"] / bares[0]["drain"],
+            "goal": 0.5, "unit": "x",
+        })
+        summary.append({
+            "benchmark": "throughput", "what": f"{mode}: best BackWave ({best['name']}) / best bare ({best_bare['name']})",
+            "value": best["drain"] / best_bare["drain"], "goal": 0.5, "unit": "x",
+        })
+        summary.append({"benchmark": "throughput", "what": f"{mode}: {single['name']} CPU us/job (bare: {bares[0]['cpu_us']:.0f})",
+                        "value": single["cpu_us"], "goal": None, "unit": "us"})
+    return summary
+
+
+def _print(report, mode, line, bare_single, bare_best) -> None:
+    trips = f"{line['trips']:.3f}" if line["trips"] is not None else "-"
+    server = f"{line['server_us']:.0f}" if line["server_us"] is not None else "-"
+    report(
+        f"{mode:<8} {line['name']:<28} {line['drain']:>8.0f} {line['steady']:>9.0f} {line['cpu_us']:>10.0f} {server:>13} {trips:>7} "
+        f"{line['drain'] / bare_single['drain']:>9.2f} {line['drain'] / bare_best['drain']:>11.2f}"
+    )
+    if line["problem"]:
+        sys.exit(f"{line['name']}: {line['problem']}")
+
+
+def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--quick", action="store_true", help="5,000 jobs; bare 1 and 2 processes; BackWave 1x1 and 2x1")
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--modes", nargs="+", choices=["durable", "off"], default=["durable", "off"])
+    parser.add_argument("--bare-processes", type=int, nargs="+", default=None)
+    parser.add_argument("--configurations", nargs="+", default=None, help="BackWave processes x pumps, e.g. 1x1 2x2")
     parser.add_argument("--pool-size", type=int, default=16)
-    parser.add_argument("--pumps", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--max-claim-batch", type=int, default=32)
-    parser.add_argument("--sleep-ms", type=float, default=0.0, help="jobs sleep this long instead of doing nothing")
-    parser.add_argument("--processes", type=int, default=1, help="worker processes under the supervisor")
-    args = parser.parse_args()
-    kind = f"{args.sleep_ms:g} ms sleeping" if args.sleep_ms else "no-op"
-    print(f"{args.jobs} {kind} jobs, processes {args.processes}, pool {args.pool_size}, claim batch {args.max_claim_batch}, database {connection.settings_dict['HOST'] or 'local'}")
-    print(f"{'pumps':>5} {'enqueue s':>10} {'enqueue/s':>10} {'drain s':>8} {'jobs/s':>8} {'rt/job':>7} {'ok':>6}")
-    for pumps in args.pumps:
-        r = run_once(args.jobs, args.pool_size, pumps, args.max_claim_batch, args.sleep_ms, args.processes)
-        print(
-            f"{r['pumps']:>5} {r['enqueue_seconds']:>10.2f} {r['enqueue_rate']:>10.0f} {r['drain_seconds']:>8.2f} "
-            f"{r['jobs_per_second']:>8.0f} {r['round_trips_per_job']:>7.3f} {r['succeeded']:>6}"
-        )
-        if args.sleep_ms:
-            ideal = args.jobs * args.sleep_ms / 1000 / (args.pool_size * pumps * args.processes)
-            print(f"      ideal {ideal:.2f} s: efficiency {ideal / r['drain_seconds']:.0%}")
-        if r["succeeded"] != args.jobs or r["attempts"] != args.jobs:
-            sys.exit(f"expected {args.jobs} jobs succeeded once each, got {r['succeeded']} succeeded and {r['attempts']} attempts")
+    args = parser.parse_args(argv)
+    jobs = args.jobs or (5_000 if args.quick else 20_000)
+    bare_processes = args.bare_processes or ([1, 2] if args.quick else [1, 2, 4])
+    configurations = [tuple(map(int, c.split("x"))) for c in (args.configurations or (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2"]))]
+    return measure(jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size)
 
 
 if __name__ == "__main__":

@@ -267,6 +267,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         (None, {"fields": [("task_path", "queue", "state"), ("priority", "backend", "tags", "schedule_link")]}),
         ("Timing", {"fields": [("enqueued", "run_at_shown", "started", "last_attempted", "finished")]}),
         ("Retries and lease", {"fields": [("attempts", "max_attempts", "worker_link"), ("backoff_base", "backoff_max", "lease_id")]}),
+        ("Admission", {"fields": [("unique_key_shown", "unique_states_shown", "limit_key_shown")]}),
         ("Payload and result", {"fields": [("payload_json", "return_value_json"), "output_json"]}),
         ("Attempt control", {"fields": [("timeout", "cancel_request"), ("progress_json", "metadata_json")]}),
     ]
@@ -274,7 +275,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         "task_path", "queue", "state", "priority", "tags", "backend", "schedule_link", "enqueued", "run_at_shown",
         "started", "last_attempted", "finished", "attempts", "max_attempts", "backoff_base", "backoff_max",
         "worker_link", "lease_id", "payload_json", "return_value_json", "output_json", "timeout", "cancel_request", "progress_json",
-        "metadata_json",
+        "metadata_json", "unique_key_shown", "unique_states_shown", "limit_key_shown",
     )
 
     # --- permissions: the rows are the engine's; only the actions write -----------------------
@@ -419,6 +420,19 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         url = reverse("admin:backwave_schedule_change", args=[job.schedule_id], current_app=self.admin_site.name)
         slot = f" (slot {job.schedule_slot:%Y-%m-%d %H:%M:%S})" if job.schedule_slot else ""
         return format_html('<a href="{}">#{}</a>{}', url, job.schedule_id, slot)
+
+    @admin.display(description="Uniqueness key")
+    def unique_key_shown(self, job):
+        # The trigger clears the key once the job leaves the states it covers.
+        return job.unique_key or ("released (left the covered states)" if job.unique_states else "—")
+
+    @admin.display(description="Unique while")
+    def unique_states_shown(self, job):
+        return ", ".join(job.unique_states) if job.unique_states else "—"
+
+    @admin.display(description="Limit key")
+    def limit_key_shown(self, job):
+        return job.limit_key or "—"
 
     @admin.display(description="payload")
     def payload_json(self, job):

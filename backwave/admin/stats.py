@@ -139,6 +139,21 @@ class QueueLine:
     paused: bool
     counts: dict[str, Count]
     per_minute: list[int] = field(default_factory=list)  # oldest minute first
+    # Admission (BACKWAVE["QUEUES"]): running jobs per limit key, starts per rate period.
+    key_concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    key_rate_limit: int | None = None
+
+    @property
+    def rate_shown(self) -> str:
+        """The rate limits as "50 / 1 s", "5 / 1 s per key", both, or "" without one."""
+        parts = []
+        if self.rate_limit is not None:
+            parts.append(f"{self.rate_limit:,} / {self.rate_period:g} s")
+        if self.key_rate_limit is not None:
+            parts.append(f"{self.key_rate_limit:,} / {self.rate_period:g} s per key")
+        return ", ".join(parts)
 
     @property
     def finished_last_hour(self) -> int:
@@ -152,7 +167,7 @@ def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | 
     with connections[using].cursor() as cursor:
         rows = operator.queue_overview(cursor, names=extra, limit=cap + 1)
     lines = []
-    for name, has_row, limit, paused, *numbers in rows:
+    for name, has_row, limit, paused, *numbers, key_limit, rate_limit, rate_period, key_rate_limit in rows:
         counts = {}
         for state, number in zip(COUNTED_STATES, numbers, strict=True):
             if number > cap:
@@ -160,7 +175,10 @@ def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | 
                 counts[state] = Count(cap, capped=True, estimate=statistics.estimate(state=db_state, queue=name))
             else:
                 counts[state] = Count(number)
-        lines.append(QueueLine(name=name, has_row=has_row, concurrency_limit=limit, paused=paused, counts=counts))
+        lines.append(QueueLine(
+            name=name, has_row=has_row, concurrency_limit=limit, paused=paused, counts=counts,
+            key_concurrency_limit=key_limit, rate_limit=rate_limit, rate_period=rate_period, key_rate_limit=key_rate_limit,
+        ))
     return lines
 
 

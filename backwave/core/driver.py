@@ -88,6 +88,8 @@ class NodeDriver:
         deadlines = [self._lease.next_heartbeat, self._lease.trusted_until]
         if self.state is State.RUNNING:
             deadlines += [self._claims.next_poll, self._maintenance.next_due()]
+            if (linger_due := self._outcomes.linger_due) is not None:
+                deadlines.append(linger_due)
         elif self._drain.deadline is not None:
             deadlines.append(self._drain.deadline)
         if (attempt_deadline := self._slots.next_deadline()) is not None:
@@ -186,10 +188,10 @@ class NodeDriver:
             raise InvalidEvent(event, self.state, str(error)) from None
         if event.result == "committed":
             return self._committed(job, event.now)
-        self._slots.report(outcome)
+        self._slots.report(outcome, event.now)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
-        if self._outcomes.full or not self._slots.executing:
+        if self._write_due(event.now):
             return self._flush(event.now, then_claim=True)
         return []
 
@@ -224,7 +226,7 @@ class NodeDriver:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
             return []
-        if self._outcomes.full or (self._outcomes.waiting and not self._slots.executing):
+        if self._write_due(event.now):
             return self._flush(event.now, then_claim=not self._claim_limit)
         if not self._claim_limit and self.free_slots:
             # Re-poll after an applied batch: work may have become due meanwhile, and the
@@ -322,7 +324,7 @@ class NodeDriver:
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
 
     def _undo_write(self, retry_at: float) -> None:
-        self._outcomes.write_failed()
+        self._outcomes.write_failed(retry_at)
         self._claims.retry_no_sooner_than(retry_at)  # the poll after it writes the batch again
 
     # ---- decisions ----------------------------------------------------------------------------
@@ -342,6 +344,9 @@ class NodeDriver:
             if not self._claim_limit and self.free_slots:
                 commands += self._claim(now)
             commands += self._flush(now, then_claim=False)
+        elif (linger_due := self._outcomes.linger_due) is not None and now >= linger_due:
+            # A timer, unlike a finished job or a landed write: it also waits out a fault's backoff.
+            commands += self._flush(now, then_claim=True)
         commands += self._lease.heartbeat(now, self.lease_id)
         if self.state is State.RUNNING:
             commands += self._maintenance.due(now)
@@ -380,6 +385,17 @@ class NodeDriver:
         if limit <= 0 or self._claim_limit or self.state is not State.RUNNING or not self._lease.trusted(now):
             return []
         return self._claims.send(now, limit, self.lease_id, self._slots.held_attempts, skip)
+
+    def _write_due(self, now: float) -> bool:
+        """Whether the outcomes waiting are due for a write: a full batch, an idle pool, or the
+        oldest has lingered ``outcome_linger`` (and any fault backoff has passed)."""
+        outcomes = self._outcomes
+        if not outcomes.waiting:
+            return False
+        if outcomes.full or not self._slots.executing:
+            return True
+        linger_due = outcomes.linger_due
+        return linger_due is not None and now >= linger_due
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         # Self-fenced, these outcomes are not ours to write any more: the tick that is due at

@@ -33,6 +33,14 @@ MAX_INTERVAL = 7 * DAY
 # means someone else holds it (a long transaction, a migration) and is reported as such
 # (SQLSTATE 55P03, not 57014) while the pump still has most of its statement budget.
 STATEMENT_TIMEOUT_SHARE_OF_LEASE = 1 / 5
+
+# Why 10 ms: a slot of a job that finished waits at most this for the next write, instead of for
+# the slowest job of its batch. Shorter splits batches of fast jobs: 16 no-op jobs take 2-3 ms of
+# GIL time to run, so at 2 ms a pool-16 pump wrote 0.10 round-trips per job instead of 0.064 and
+# drained a third slower (PostgreSQL's CPU per round-trip is the bottleneck on a small server).
+# bench/sleepers.py --linger-ms shows the trade-off: round-trips per job against efficiency.
+DEFAULT_OUTCOME_LINGER = 0.010
+MAX_OUTCOME_LINGER = 60.0
 LOCK_TIMEOUT_SHARE_OF_STATEMENT = 1 / 3
 
 
@@ -79,6 +87,9 @@ class WorkerGroupOptions:
     pumps: int = 1
     max_claim_batch: int = 32
     max_outcome_batch: int | None = None  # None: falls back to max_claim_batch
+    # The longest a finished job's outcome waits for others before it is written (its slot is
+    # held until then): a write goes at the earliest of a full batch, an idle pool and this.
+    outcome_linger: float = DEFAULT_OUTCOME_LINGER
     poll_interval: float = 1.0
     lease_duration: float = DEFAULT_LEASE_DURATION
     heartbeat_interval: float | None = None  # None: lease_duration / 3
@@ -142,6 +153,12 @@ def _check_intervals(group: WorkerGroupOptions) -> None:
                 f"Worker Group '{group.name}': {name} must be a number of seconds above 0 and at most {MAX_INTERVAL:,.0f} "
                 f"(a week), got {value!r}."
             )
+    linger = group.outcome_linger
+    if isinstance(linger, bool) or not isinstance(linger, (int, float)) or not math.isfinite(linger) or not 0 <= linger <= MAX_OUTCOME_LINGER:
+        raise WorkerGroupConfigError(
+            f"Worker Group '{group.name}': outcome_linger must be a number of seconds from 0 (write each outcome at once) "
+            f"to {MAX_OUTCOME_LINGER:g}, got {linger!r}."
+        )
     trusted_for = group.lease_duration * (1.0 - SELF_FENCE_MARGIN)
     if group.heartbeat_every >= trusted_for:
         raise WorkerGroupConfigError(

@@ -109,6 +109,23 @@ class OutcomeBuffer:
     options: WorkerGroupOptions
     ledger: Ledger  # the driver's: every WriteOutcomes is sent through it
     waiting: deque[Outcome] = field(default_factory=deque)
+    # When the oldest outcome waiting began to wait (meaningful while any waits), and the
+    # earliest a lingered write may go after a failed one (its fault backoff).
+    waiting_since: float = 0.0
+    not_before: float = 0.0
+
+    def add(self, outcome: Outcome, now: float) -> None:
+        if not self.waiting:
+            self.waiting_since = now
+        self.waiting.append(outcome)
+
+    @property
+    def linger_due(self) -> float | None:
+        """When the outcomes waiting have lingered long enough to be written without a full
+        batch or an idle pool; None while none waits or a write is in flight."""
+        if not self.waiting or self.writing:
+            return None
+        return max(self.waiting_since + self.options.outcome_linger, self.not_before)
 
     @property
     def writing(self) -> tuple[Outcome, ...]:
@@ -129,15 +146,18 @@ class OutcomeBuffer:
         if self.writing or not self.waiting:
             return []
         batch = tuple(self.waiting.popleft() for _ in range(min(len(self.waiting), self.options.outcome_batch)))
+        self.waiting_since = now  # what is left (past a full batch) lingers from this write on
         return [self.ledger.send(cmd.WriteOutcomes(lease_id=lease_id, outcomes=batch), now)]
 
     def written(self) -> None:
         self.ledger.landed(cmd.WriteOutcomes)
 
-    def write_failed(self) -> None:
-        # Nothing was written: the batch goes back to the front, to be written once later.
+    def write_failed(self, retry_at: float) -> None:
+        # Nothing was written: the batch goes back to the front, to be written once later, and
+        # no sooner than the fault's backoff allows (a lingered write would not wait for it).
         write, _ = self.ledger.failed(cmd.WriteOutcomes)
         self.waiting.extendleft(reversed(write.outcomes))
+        self.not_before = retry_at
 
     def of_jobs(self, job_ids: Collection[int]) -> int:
         """How many waiting outcomes are of ``job_ids``."""

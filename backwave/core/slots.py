@@ -72,7 +72,7 @@ class Slots:
         commands: list[cmd.Command] = []
         for job in jobs:
             if job.cancel_requested_by is not None:
-                self.outcomes.waiting.append(cancelled_before_start(job))
+                self.outcomes.add(cancelled_before_start(job), now)
                 continue
             self.executing[job.id] = job
             if job.timeout is not None:
@@ -103,7 +103,7 @@ class Slots:
             by = self.cancels.pop(job_id, None)
             outcome = timed_out(job) if by is None else cancel_ignored(job, by)
             self.abandoned.add((job.id, job.attempt))
-            self.outcomes.waiting.append(outcome)
+            self.outcomes.add(outcome, now)
             ended.append(outcome)
         return ended
 
@@ -125,12 +125,12 @@ class Slots:
         """The attempt wrote its own outcome (an atomic task): its slot reopens at once."""
         del self.executing[job_id]
 
-    def report(self, outcome: Outcome) -> None:
+    def report(self, outcome: Outcome, now: float) -> None:
         """The attempt's outcome, buffered, holds its job's slot from now on."""
         del self.executing[outcome.job_id]
         self.deadlines.pop(outcome.job_id, None)
         self.cancels.pop(outcome.job_id, None)
-        self.outcomes.waiting.append(outcome)
+        self.outcomes.add(outcome, now)
 
     def abandon_all(self) -> int:
         """Give up every executing job; returns how many."""

@@ -17,7 +17,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     OPENING           | StoreFailed      | OpenLease failed: retry after poll_interval         | OPENING
     OPENING           | OutcomesWritten  | none is in flight here: refused, unless stale (see  | OPENING
                       |                  | below)                                              |
-    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes;       | RUNNING
+    RUNNING           | Tick             | poll due: ClaimJobs(free) then WriteOutcomes; else  | RUNNING
+                      |                  | outcomes lingered outcome_linger (and past a fault  |
+                      |                  | backoff): WriteOutcomes + ClaimJobs;                |
                       |                  | heartbeat due: RenewLease; maintenance due:         |
                       |                  | ExpireLeases, MintSchedules, RollUpStats,           |
                       |                  | PurgeJobs, PurgePumps; a full rollup page: the next |
@@ -35,14 +37,17 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | nothing                                             |
     RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
     RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
-                      |                  | buffer; flush when the batch is full or nothing     |
-                      |                  | executes: WriteOutcomes + ClaimJobs. Committed (an  |
-                      |                  | atomic task wrote its own fenced outcome): applied, |
-                      |                  | the slot reopens, nothing buffered; nothing else    |
-                      |                  | executes: flush + claim, or ClaimJobs alone; else   |
-                      |                  | ClaimJobs once the free slots fill an outcome batch |
-    RUNNING           | OutcomesWritten  | slots reopen; re-poll if no claim rode the write:   | RUNNING
-                      |                  | the dependents it released (their last ancestor     |
+                      |                  | buffer; flush when the batch is full, nothing       |
+                      |                  | executes or the oldest waiting lingered             |
+                      |                  | outcome_linger: WriteOutcomes + ClaimJobs.          |
+                      |                  | Committed (an atomic task wrote its own fenced      |
+                      |                  | outcome): applied, the slot reopens, nothing        |
+                      |                  | buffered; nothing else executes: flush + claim,     |
+                      |                  | or ClaimJobs alone; else ClaimJobs once the free    |
+                      |                  | slots fill an outcome batch                         |
+    RUNNING           | OutcomesWritten  | slots reopen; the next batch if due (as             | RUNNING
+                      |                  | JobFinished); else re-poll if no claim rode it: the |
+                      |                  | dependents it released (their last ancestor         |
                       |                  | succeeded in it) are claimable at once, and a claim |
                       |                  | in flight runs after the write and sees them;       |
                       |                  | released counted (stats.released)                   |

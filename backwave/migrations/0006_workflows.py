@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('backwave', '0010_task_stats'),
+        ('backwave', '0008_admission'),
     ]
 
     operations = [

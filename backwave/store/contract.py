@@ -82,6 +82,30 @@ class NewJob:
     # The enqueue's W3C trace context ({"traceparent": ..., "tracestate": ...}), or None: the
     # attempt's span is its child (backwave/tracing.py).
     trace_context: Mapping[str, str] | None = None
+    # Per-key concurrency: the key the queue's key_concurrency_limit counts by.
+    limit_key: str | None = None
+    # Uniqueness (see enqueue_unique_many): the key (the task path is put in front), the period
+    # whose windows it holds for (None: for as long as the job is in a covered state), the states
+    # it covers (always including ready) and what a duplicate replaces ('args', 'run_at').
+    unique_key: str | None = None
+    unique_period: float | None = None
+    unique_states: Sequence[str] = ()
+    unique_replace: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Inserted:
+    """What an enqueue did with one job: its id (the existing job's, for a duplicate), and for a
+    duplicate the state and times of the job it found (for the TaskResult handed back)."""
+
+    id: int
+    duplicate: bool = False
+    state: str = "ready"
+    payload: Any = None
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    last_attempted_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

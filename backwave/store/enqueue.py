@@ -6,19 +6,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .contract import NewJob
-from .params import insert_statement, inserted_ids
+from .contract import Inserted, NewJob
+from .params import inserted_from_rows, insert_statement
 from .queries import QUERIES
 
 
 def insert_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[int]:
-    """Insert ``jobs`` with one statement on ``cursor`` (psycopg or Django); ids in input order.
-    ``hint`` also sends a Wake-Up Hint per queue, delivered when the transaction commits.
-    Jobs with ancestors (``NewJob.after``) go in with their dependency rows, in the same one
-    statement; DependencyRefused, with nothing written, for an ancestor that does not exist or
-    already ended badly."""
+    """Insert ``jobs`` with one statement on ``cursor`` (psycopg or Django); ids in input order
+    (a duplicate of a unique job: the existing job's id). ``hint`` also sends a Wake-Up Hint per
+    queue, delivered when the transaction commits. Jobs with ancestors (``NewJob.after``) go in
+    with their dependency rows, in the same one statement; DependencyRefused, with nothing
+    written, for an ancestor that does not exist or already ended badly."""
+    return [inserted.id for inserted in enqueue_jobs(cursor, jobs, hint=hint)]
+
+
+def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[Inserted]:
+    """insert_jobs, saying for each job whether it was a duplicate and of what."""
     if not jobs:
         return []
     name, params = insert_statement(jobs, hint=hint)
     cursor.execute(QUERIES[name], params)
-    return inserted_ids(name, cursor.fetchall())
+    return inserted_from_rows(name, cursor.fetchall())

@@ -101,6 +101,25 @@ def upsert_queues(cursor, names: Iterable[str], *, paused: bool = UNSET, concurr
     return len(names)
 
 
+def set_queue_admission(
+    cursor, name: str, *, key_concurrency_limit: int | None, rate_limit: int | None, key_rate_limit: int | None, rate_period: float | None
+) -> None:
+    """Write a queue's admission limits (BACKWAVE["QUEUES"], validated by conf), creating its row."""
+    cursor.execute(
+        QUERIES["set_queue_admission"],
+        {
+            "name": validate_queue_name(name), "key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit,
+            "key_rate_limit": key_rate_limit, "rate_period": rate_period,
+        },
+    )
+
+
+def queue_has_admission(cursor, name: str) -> bool:
+    """Whether the queue's row carries a per-key concurrency or rate limit."""
+    cursor.execute(QUERIES["queue_has_admission"], {"name": name})
+    return cursor.fetchone()[0]
+
+
 def queue_settings_upserts(settings_queues: Mapping[str, Mapping]) -> list[tuple[str, dict[str, Any]]]:
     """(queue, columns) to write for BACKWAVE["QUEUES"] (validated by conf): only the keys a
     queue's entry names, so the rest keep what the admin set; queues naming none are left out."""

@@ -23,8 +23,8 @@ from typing import Any
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
 from .contract import (
-    NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, Heartbeat, NewJob, OutcomeRecord, ProgressReport, Store, StoreError,
-    TransitionRecord,
+    NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, Heartbeat, Inserted, NewJob, OutcomeRecord, ProgressReport, Store,
+    StoreError, TransitionRecord,
 )
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
@@ -38,14 +38,19 @@ def lease_seconds(duration: float) -> float:
     return float(duration)
 
 
-def claim_statement(*, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> tuple[str, dict[str, Any]] | None:
-    """The claim query's name and parameters, or None when nothing can be claimed."""
+def claim_statement(
+    *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int, admitted: frozenset[str] = frozenset()
+) -> tuple[str, dict[str, Any]] | None:
+    """The claim query's name and parameters, or None when nothing can be claimed. A claim that
+    includes a queue of ``admitted`` (under a per-key or rate limit) is claim_jobs_admitted."""
     if isinstance(queues, str):
         raise TypeError(f"queues must be a sequence of queue names, not the string {queues!r}; pass [{queues!r}]")
     unique = list(dict.fromkeys(queues))  # a queue listed twice would see its own locked rows again
     if limit <= 0 or not unique:
         return None
     params: dict[str, Any] = {"lease_id": lease_id, "worker_id": worker_id, "limit": limit}
+    if admitted and not admitted.isdisjoint(unique):
+        return "claim_jobs_admitted", {**params, "queues": unique}
     if len(unique) == 1:
         return "claim_jobs_one_queue", {**params, "queue": unique[0]}
     return "claim_jobs_many_queues", {**params, "queues": unique}
@@ -93,7 +98,9 @@ def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[s
     """The enqueue's statement and parameters: enqueue_many, or enqueue_with_dependencies when
     a job of the batch waits for others (the plain batch keeps the plain statement)."""
     if not any(job.after for job in jobs):
-        return "enqueue_many", insert_jobs_params(jobs, hint=hint)
+        return enqueue_statement(jobs), insert_jobs_params(jobs, hint=hint)
+    if any(job.unique_key is not None for job in jobs):
+        raise ValueError("a batch with dependencies (after=) cannot hold a unique job: enqueue the unique job on its own")
     rows = _job_rows(jobs)
     for row, job in zip(rows, jobs, strict=True):
         row["after"] = [
@@ -109,7 +116,7 @@ def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[s
 
 def inserted_ids(name: str, rows: list[tuple]) -> list[int]:
     """The ids an enqueue statement returned, or DependencyRefused naming the ancestors it refused."""
-    if name == "enqueue_many":
+    if name != "enqueue_with_dependencies":
         return [row[0] for row in rows]
     refused = {row[1]: row[2] for row in rows if row[0] is None}
     if refused:
@@ -152,6 +159,19 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
             "tags": list(job.tags),
             "timeout": None if job.timeout is None else float(job.timeout),
             "trace_context": dict(job.trace_context) if job.trace_context else None,
+            # Only when set: jsonb_to_recordset reads a missing key as NULL, and plain batches
+            # stay as short as they were.
+            **({"limit_key": job.limit_key} if job.limit_key is not None else {}),
+            **(
+                {
+                    "unique_key": job.unique_key,
+                    "unique_period": None if job.unique_period is None else float(job.unique_period),
+                    "unique_states": list(job.unique_states),
+                    "unique_replace": list(job.unique_replace),
+                }
+                if job.unique_key is not None
+                else {}
+            ),
         }
         for job in jobs
     ]
@@ -180,6 +200,23 @@ def delivery_params(token: uuid.UUID, results: Sequence[DeliveryResult]) -> dict
         for r in results
     ]
     return {"token": token, "results": json.dumps(rows)}
+
+
+def enqueue_statement(jobs: Sequence[NewJob]) -> str:
+    """enqueue_unique_many when a job of the batch declares uniqueness, else enqueue_many."""
+    return "enqueue_unique_many" if any(job.unique_key is not None for job in jobs) else "enqueue_many"
+
+
+def inserted_from_rows(name: str, rows: list[tuple]) -> list[Inserted]:
+    """The answer of an enqueue statement, per job in input order (DependencyRefused naming the
+    ancestors enqueue_with_dependencies refused)."""
+    if name in ("enqueue_many", "enqueue_with_dependencies"):
+        return [Inserted(job_id) for job_id in inserted_ids(name, rows)]
+    return [
+        Inserted(id=row[0], duplicate=row[1], state=row[2], payload=row[3], enqueued_at=row[4],
+                 started_at=row[5], last_attempted_at=row[6], finished_at=row[7])
+        for row in rows
+    ]
 
 
 # -- outcomes: the batch, and what cannot be encoded -------------------------------------------
@@ -213,7 +250,7 @@ def outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tup
         encoded = json.dumps(rows, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         encoded = None
-    if encoded is None or _JSON_NUL.search(encoded):
+    if encoded is None or has_json_nul(encoded):
         rows = []
         for outcome in outcomes:
             problem = _row_problem(outcome)
@@ -259,7 +296,7 @@ def _row_problem(outcome: OutcomeRecord) -> str | None:
         if outcome.kind is OutcomeKind.SUCCEEDED:
             return f"its return value cannot be stored: {result_problem(outcome.return_value) or error}"
         return f"its outcome cannot be encoded as JSON: {error}"
-    if _JSON_NUL.search(encoded):
+    if has_json_nul(encoded):
         return f"its return value cannot be stored: {result_problem(outcome.return_value) or 'it holds a NUL character'}"
     return None
 
@@ -273,6 +310,12 @@ def _encodable(replacement: OutcomeRecord) -> OutcomeRecord:
 
 # A \u0000 escape in JSON text, not preceded by an escaped backslash of the string's own.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def has_json_nul(encoded: str) -> bool:
+    """Whether JSON text holds a NUL escape (which jsonb refuses). The plain substring test
+    first: it is one C scan, where the regex alone cost ~80 us per batch, on every batch."""
+    return "\\u0000" in encoded and _JSON_NUL.search(encoded) is not None
 
 
 
@@ -309,7 +352,9 @@ def write_then_claim(
     When the server refuses the batch for a row's data the claim never ran: the outcomes go as
     write_outcomes_many isolates a refused row (``write``: one statement), then the claim,
     which still sees every outcome written."""
-    claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+    claim = claim_statement(
+        lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit, admitted=getattr(store, "admitted_queues", frozenset())
+    )
     if not outcomes:
         return Applied(), store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
     if claim is None:

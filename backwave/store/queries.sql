@@ -147,7 +147,12 @@ WITH lease AS MATERIALIZED (
     -- The queue's room: nothing when paused, and under a concurrency limit no more than the
     -- limit less what runs now (lock_limited_queues, sent first in the same transaction, has
     -- serialized claimers on the queue row, so this count sees every earlier claim).
+    -- A queue under an admission limit (per-key concurrency, rate) is claimed only through
+    -- claim_jobs_admitted: here it has no room, so a worker that does not know of the limit
+    -- claims nothing from it rather than overrun it.
     SELECT coalesce((SELECT CASE WHEN q.paused THEN 0
+                                 WHEN q.key_concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL
+                                      OR q.key_rate_limit IS NOT NULL THEN 0
                                  WHEN q.concurrency_limit IS NULL THEN %(limit)s
                                  ELSE greatest(0, least(%(limit)s, q.concurrency_limit - (
                                      SELECT count(*) FROM backwave_job AS r
@@ -238,9 +243,12 @@ WITH lease AS MATERIALIZED (
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
 ), rooms AS MATERIALIZED (
-    -- Each queue's room, as in claim_jobs_one_queue (paused: none; limited: what is left).
+    -- Each queue's room, as in claim_jobs_one_queue (paused or admission-limited: none;
+    -- limited: what is left).
     SELECT q.name, q.position,
            coalesce((SELECT CASE WHEN qs.paused THEN 0
+                                 WHEN qs.key_concurrency_limit IS NOT NULL OR qs.rate_limit IS NOT NULL
+                                      OR qs.key_rate_limit IS NOT NULL THEN 0
                                  WHEN qs.concurrency_limit IS NULL THEN %(limit)s
                                  ELSE greatest(0, least(%(limit)s, qs.concurrency_limit - (
                                      SELECT count(*) FROM backwave_job AS r
@@ -311,6 +319,186 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
        -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
        -- the driver cancels it instead of running it.
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
+FROM claimed AS c
+ORDER BY c.priority DESC, c.run_at, c.id
+
+
+-- name: claim_jobs_admitted
+-- The claim for queues under an admission limit (BACKWAVE["QUEUES"]: key_concurrency_limit,
+-- rate_limit, key_rate_limit), chosen by the store only when one of the queues it claims has one, so the plain
+-- claims above stay as they are. Otherwise claim_jobs_many_queues (queue order, the LATERAL
+-- per queue, suspects, the lease CTE, the CTE fence, FOR NO KEY UPDATE), plus:
+--
+-- Serialized claimers. lock_admitted_queues, sent first in the same transaction, locks the row
+-- of every limited queue claimed, so claimers of one such queue take turns, and under READ
+-- COMMITTED this statement's snapshot (taken after the lock was granted) sees every earlier
+-- claim: its counts of running jobs per key and its rate window are exact, cluster-wide.
+--
+-- Rate limit: at most rate_limit starts per window of rate_period seconds, windows aligned to
+-- the database clock's epoch. The queue row holds the current window and what it has used; the
+-- room is what is left of it, and "debited" adds this claim's starts in the same statement (no
+-- statement per job). In any aligned window the limit holds exactly; a sliding window across
+-- a boundary can see up to twice it (as any fixed-window limiter).
+--
+-- Per-key rate limit: the same windows per limit_key, one backwave_key_rate_window row per key
+-- that started jobs in the current window. Keys whose row is used up are "saturated" (read
+-- through the (queue, window_start) index: this window's rows only), the others are cut to what
+-- is left of theirs, and "key_debited" upserts the claimed keys' rows, moving a row from a past
+-- window on in place; "key_expired" deletes the rows of past windows of the keys not claimed, so
+-- the table holds no more than the keys active in a window.
+--
+-- Per-key concurrency: at most key_concurrency_limit running jobs per limit_key in the queue.
+-- "saturated" lists the keys already at the limit, from the partial index of running keyed
+-- jobs (backwave_job_running_key: at most the jobs in flight); the ordered scan passes over
+-- their rows without counting them against its LIMIT, so a saturated key's backlog never stalls
+-- the queue: other keys' jobs behind it are claimed. Keys with some room left are cut to it by
+-- rank per key. The scan over-fetches (four times the room) so that a key with little room
+-- does not make the claim come back short; when one key's rows fill even that, the claim is
+-- short once and that key is saturated for the next. Rows fetched but not taken stay locked
+-- only until this statement commits, and claimers of the queue are serialized anyway.
+WITH lease AS MATERIALIZED (
+    SELECT id FROM backwave_lease
+    WHERE id = %(lease_id)s AND expires_at > now()
+    FOR KEY SHARE
+), rooms AS MATERIALIZED (
+    SELECT q.name, q.position, qs.key_concurrency_limit AS key_limit, qs.key_rate_limit AS key_rate,
+           qs.rate_limit, w.window_start,
+           CASE WHEN qs.paused THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s,
+                    CASE WHEN qs.concurrency_limit IS NOT NULL
+                         THEN qs.concurrency_limit - (SELECT count(*) FROM backwave_job AS r
+                                                      WHERE r.state = 'running' AND r.queue = q.name) END,
+                    qs.rate_limit - CASE WHEN qs.rate_window_start = w.window_start
+                                         THEN qs.rate_window_used ELSE 0 END))
+           END AS n,
+           CASE WHEN qs.key_concurrency_limit IS NOT NULL OR qs.key_rate_limit IS NOT NULL THEN ARRAY(
+               SELECT r.limit_key FROM backwave_job AS r
+               WHERE qs.key_concurrency_limit IS NOT NULL
+                 AND r.state = 'running' AND r.queue = q.name AND r.limit_key IS NOT NULL
+               GROUP BY r.limit_key
+               HAVING count(*) >= qs.key_concurrency_limit
+               UNION ALL
+               SELECT k.limit_key FROM backwave_key_rate_window AS k
+               WHERE qs.key_rate_limit IS NOT NULL
+                 AND k.queue = q.name AND k.window_start = w.window_start AND k.used >= qs.key_rate_limit) END AS saturated
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
+    -- least() and greatest() skip NULLs: a queue without a row, or without a limit, keeps the room.
+    LEFT JOIN backwave_queue AS qs ON qs.name = q.name
+    LEFT JOIN LATERAL (
+        SELECT to_timestamp(floor(extract(epoch FROM now()) / qs.rate_period) * qs.rate_period) AS window_start
+    ) AS w ON true
+), suspect AS MATERIALIZED (
+    SELECT c.id, q.position, c.priority, c.run_at, c.limit_key
+    FROM rooms AS q
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.limit_key
+        FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.suspect AND j.queue = q.name AND j.run_at <= now()
+          AND (j.limit_key IS NULL OR q.saturated IS NULL OR j.limit_key <> ALL(q.saturated))
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT least(1, q.n)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    WHERE EXISTS (SELECT FROM lease)
+      AND NOT EXISTS (SELECT FROM backwave_job AS r
+                      WHERE r.lease_id = %(lease_id)s AND r.state = 'running' AND r.suspect)
+    ORDER BY q.position, c.priority DESC, c.run_at, c.id
+    LIMIT 1
+), candidates AS MATERIALIZED (
+    SELECT c.id, q.position, c.priority, c.run_at, c.limit_key, q.n, q.key_limit, q.key_rate, q.window_start, q.name AS queue
+    FROM rooms AS q
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.priority, s.run_at, s.limit_key FROM suspect AS s WHERE s.position = q.position
+        UNION ALL
+        SELECT o.id, o.priority, o.run_at, o.limit_key FROM (
+            SELECT j.id, j.priority, j.run_at, j.limit_key
+            FROM backwave_job AS j
+            WHERE j.state = 'ready' AND NOT j.suspect AND j.queue = q.name AND j.run_at <= now()
+              AND (j.limit_key IS NULL OR q.saturated IS NULL OR j.limit_key <> ALL(q.saturated))
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT CASE WHEN q.key_limit IS NULL AND q.key_rate IS NULL THEN q.n ELSE q.n * 4 END
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS o
+    ) AS c
+    WHERE EXISTS (SELECT FROM lease)
+), within_key AS MATERIALIZED (
+    -- Each key cut to its room: the limit less what runs now (one probe of the running-key
+    -- index per key among the candidates), and what is left of its rate window (one probe).
+    SELECT k.*
+    FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.position, c.limit_key
+                                       ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
+        FROM candidates AS c
+    ) AS k
+    WHERE k.limit_key IS NULL OR (k.key_limit IS NULL AND k.key_rate IS NULL)
+       OR k.key_rank <= least(
+              CASE WHEN k.key_limit IS NOT NULL
+                   THEN k.key_limit - (SELECT count(*) FROM backwave_job AS r
+                                       WHERE r.state = 'running' AND r.queue = k.queue
+                                         AND r.limit_key = k.limit_key) END,
+              CASE WHEN k.key_rate IS NOT NULL
+                   THEN k.key_rate - coalesce((SELECT w.used FROM backwave_key_rate_window AS w
+                                               WHERE w.queue = k.queue AND w.limit_key = k.limit_key
+                                                 AND w.window_start = k.window_start), 0) END)
+), picked AS MATERIALIZED (
+    SELECT t.id
+    FROM (
+        SELECT w.id, w.position, w.priority, w.run_at, w.n,
+               row_number() OVER (PARTITION BY w.position ORDER BY w.priority DESC, w.run_at, w.id) AS rank
+        FROM within_key AS w
+    ) AS t
+    WHERE t.rank <= t.n
+    ORDER BY t.position, t.priority DESC, t.run_at, t.id
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE backwave_job AS j
+    SET state = 'running',
+        lease_id = %(lease_id)s,
+        worker_id = %(worker_id)s,
+        attempts = j.attempts + 1,
+        last_attempted_at = now(),
+        started_at = coalesce(j.started_at, now())
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
+              j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
+              j.cancel_requested_at, j.cancel_requested_by, j.limit_key
+), debited AS (
+    -- A data-modifying CTE runs whether or not it is referenced.
+    UPDATE backwave_queue AS qs
+    SET rate_window_used = CASE WHEN qs.rate_window_start = r.window_start THEN qs.rate_window_used ELSE 0 END + d.started,
+        rate_window_start = r.window_start
+    FROM (SELECT c.queue, count(*) AS started FROM claimed AS c GROUP BY c.queue) AS d
+    JOIN rooms AS r ON r.name = d.queue
+    WHERE qs.name = d.queue AND qs.rate_limit IS NOT NULL
+), key_debited AS (
+    INSERT INTO backwave_key_rate_window AS w (queue, limit_key, window_start, used)
+    SELECT c.queue, c.limit_key, r.window_start, count(*)
+    FROM claimed AS c
+    JOIN rooms AS r ON r.name = c.queue
+    WHERE r.key_rate IS NOT NULL AND c.limit_key IS NOT NULL
+    GROUP BY c.queue, c.limit_key, r.window_start
+    ON CONFLICT (queue, limit_key) DO UPDATE
+    SET used = CASE WHEN w.window_start = EXCLUDED.window_start THEN w.used + EXCLUDED.used ELSE EXCLUDED.used END,
+        window_start = EXCLUDED.window_start
+), key_expired AS (
+    -- Rows disjoint from key_debited's (a statement must not change one row twice).
+    DELETE FROM backwave_key_rate_window AS w
+    USING rooms AS r
+    WHERE r.key_rate IS NOT NULL AND w.queue = r.name AND w.window_start < r.window_start
+      AND NOT EXISTS (SELECT FROM claimed AS c WHERE c.queue = w.queue AND c.limit_key = w.limit_key)
+)
+SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
+       c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
+       c.last_attempted_at,
+       CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
+            THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
+                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
+       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
+       -- A cancel requested while an earlier attempt ran: the driver cancels it instead of running it.
        CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
@@ -392,7 +580,13 @@ WITH RECURSIVE lease AS MATERIALIZED (
     FROM outcome AS o
     WHERE j.id = o.job_id
       AND j.lease_id = %(lease_id)s
-      AND j.state = 'running'
+      -- A sub-select, not the literal: with "j.state = 'running'" the planner may read the
+      -- partial indexes on running rows (backwave_job_running_lease, _running_queue), which it
+      -- believes hold a handful of rows; they also hold a dead entry for every job finished since
+      -- the last VACUUM (under this lease, or in the queue), so each write would walk all of them
+      -- and slow down as a run goes on. The planner cannot match a parameter to those indexes'
+      -- predicate, which leaves one primary-key probe per outcome.
+      AND j.state = (SELECT 'running')
       AND j.attempts = o.attempt
       AND EXISTS (SELECT FROM lease)
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
@@ -1073,6 +1267,18 @@ ORDER BY name
 FOR NO KEY UPDATE
 
 
+-- name: lock_admitted_queues
+-- lock_limited_queues for claim_jobs_admitted: the rows of the queues claimed that carry any
+-- limit, in name order, so claimers of each such queue take turns (see claim_jobs_admitted).
+SELECT name FROM backwave_queue
+WHERE name = ANY(%(queues)s)
+  AND (concurrency_limit IS NOT NULL OR key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL
+       OR key_rate_limit IS NOT NULL)
+  AND NOT paused
+ORDER BY name
+FOR NO KEY UPDATE
+
+
 -- name: reconcile_lease
 -- After a claim whose answer was lost: it may have committed, leaving jobs running under this
 -- lease that the pump never heard of (they would sit there for as long as the pump lives). Give
@@ -1121,24 +1327,25 @@ RETURNING j.id, s.attempts
 -- With hint false the filter is a one-time gate: no queue is even read. The SELECT-only CTE runs
 -- only when referenced, hence the cross join with its one-row count. Ids come from the sequence
 -- in insertion order, which WITH ORDINALITY plus the ORDER BY makes the input order, so ORDER BY
--- id gives ids in input order.
+-- id gives ids in input order. A job's limit_key is left out of the JSON when it has none (NULL).
+-- Jobs with a uniqueness key go through enqueue_unique_many instead.
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, timeout
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, timeout, limit_key
     )
     SELECT n.task_path, n.payload, n.queue, n.priority, coalesce(n.run_at, now()), n.max_attempts,
            n.backoff_base, n.backoff_max, n.backend,
            coalesce(n.tags, '{}'::varchar[]),
-           'ready', 0, now(), '', n.trace_context, n.timeout
+           'ready', 0, now(), '', n.trace_context, n.timeout, n.limit_key
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
                  max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
-                 trace_context jsonb, timeout float8)
+                 trace_context jsonb, timeout float8, limit_key text)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, trace_context, timeout, position)
+              backend, tags, trace_context, timeout, limit_key, position)
     ORDER BY n.position
     RETURNING id, queue
 ), hinted AS (
@@ -1168,10 +1375,10 @@ WITH given AS MATERIALIZED (
              jsonb_to_recordset(%(jobs)s::jsonb)
              AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
                  max_attempts int, backoff_base float8, backoff_max float8, backend text,
-                 tags varchar[], trace_context jsonb, timeout float8, after jsonb)
+                 tags varchar[], trace_context jsonb, timeout float8, limit_key text, after jsonb)
          ) WITH ORDINALITY
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-              backend, tags, trace_context, timeout, after, position)
+              backend, tags, trace_context, timeout, limit_key, after, position)
 ), wanted AS MATERIALIZED (
     SELECT g.position AS job_position, e.job AS ancestor_id, e.pos AS ancestor_position,
            e.on_failure, e.n AS dependency_position
@@ -1201,12 +1408,12 @@ WITH given AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id, trace_context, timeout
+        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id, trace_context, timeout, limit_key
     )
     SELECT g.task_path, g.payload, g.queue, g.priority, coalesce(g.run_at, now()), g.max_attempts,
            g.backoff_base, g.backoff_max, g.backend, coalesce(g.tags, '{}'::varchar[]),
            CASE WHEN coalesce(x.n, 0) > 0 THEN 'waiting' ELSE 'ready' END, coalesce(x.n, 0),
-           0, now(), '', g.trace_context, g.timeout
+           0, now(), '', g.trace_context, g.timeout, g.limit_key
     FROM given AS g
     LEFT JOIN waits AS x ON x.job_position = g.position
     WHERE NOT EXISTS (SELECT FROM refused)
@@ -1232,6 +1439,89 @@ FROM numbered AS n CROSS JOIN hinted
 UNION ALL
 SELECT NULL, r.ancestor_id, r.state FROM refused AS r
 ORDER BY 1, 2
+
+
+-- name: enqueue_unique_many
+-- enqueue_many for a batch in which some job declares uniqueness. The plain statement stays as
+-- it is, so enqueues without a key pay nothing for this one.
+--
+-- The stored key is the task path, the caller's key and, for a key with a period, the period and
+-- the number of the period's window that now() (the database clock) falls in, so "unique per
+-- hour" is one key per clock hour. The partial unique index backwave_job_unique_key (WHERE
+-- unique_key IS NOT NULL) is the arbiter of ON CONFLICT: a second enqueue of a key that a
+-- committed job holds takes the DO UPDATE branch and gets that job back; one that a
+-- transaction still in flight holds waits for it, then inserts (it rolled back) or takes the
+-- DO UPDATE branch (it committed). Two enqueues in two transactions make one job either way.
+-- A key is held only while its job is in a covered state (the trigger of migration 0008).
+--
+-- A batch may name one key twice, which ON CONFLICT DO UPDATE refuses ("cannot affect row a
+-- second time"): "first" keeps the first row of each key, and the later ones get its job back
+-- as duplicates. Ids are drawn from the table's sequence beforehand ("input"), so the answer
+-- can tell an inserted row (its id is the one drawn) from a duplicate (the existing job's id),
+-- joined back by id, then by key, with hash joins (an OR in one join would be a nested loop).
+--
+-- The DO UPDATE branch always writes (RETURNING only sees rows it writes), but changes only
+-- what the duplicate's unique_replace asks for, and only while the job is ready: 'args'
+-- replaces the payload, 'run_at' pushes the run time to the later of the two (a debounce).
+-- Returns per input row, in input order: id, duplicate, and the job's state and times for
+-- the TaskResult of a duplicate.
+WITH input AS MATERIALIZED (
+    SELECT n.*, nextval(pg_get_serial_sequence('backwave_job', 'id')) AS new_id,
+           CASE WHEN n.unique_key IS NOT NULL
+                THEN n.task_path || ':' || n.unique_key
+                     || CASE WHEN n.unique_period IS NOT NULL
+                             THEN '@' || n.unique_period::text || 's#'
+                                  || floor(extract(epoch FROM now()) / n.unique_period)::bigint::text
+                             ELSE '' END
+           END AS stored_key
+    FROM ROWS FROM (
+             jsonb_to_recordset(%(jobs)s::jsonb)
+             AS (task_path text, payload jsonb, queue text, priority smallint, run_at timestamptz,
+                 max_attempts int, backoff_base float8, backoff_max float8, backend text, tags varchar[],
+                 trace_context jsonb, timeout float8, limit_key text, unique_key text, unique_period float8,
+                 unique_states varchar[], unique_replace varchar[])
+         ) WITH ORDINALITY
+         AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
+              backend, tags, trace_context, timeout, limit_key, unique_key, unique_period, unique_states,
+              unique_replace, position)
+), first AS (
+    SELECT DISTINCT ON (coalesce(i.stored_key, i.new_id::text)) i.*
+    FROM input AS i
+    ORDER BY coalesce(i.stored_key, i.new_id::text), i.position
+), written AS (
+    INSERT INTO backwave_job AS j (
+        id, task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
+        backend, tags, state, attempts, enqueued_at, worker_id, trace_context, timeout, limit_key,
+        unique_key, unique_states, unique_replace
+    )
+    SELECT f.new_id, f.task_path, f.payload, f.queue, f.priority, coalesce(f.run_at, now()), f.max_attempts,
+           f.backoff_base, f.backoff_max, f.backend, coalesce(f.tags, '{}'::varchar[]),
+           'ready', 0, now(), '', f.trace_context, f.timeout, f.limit_key,
+           f.stored_key, CASE WHEN f.stored_key IS NOT NULL THEN f.unique_states END,
+           CASE WHEN f.stored_key IS NOT NULL THEN f.unique_replace END
+    FROM first AS f
+    ORDER BY f.position
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
+    SET payload = CASE WHEN j.state = 'ready' AND 'args' = ANY(EXCLUDED.unique_replace)
+                       THEN EXCLUDED.payload ELSE j.payload END,
+        run_at = CASE WHEN j.state = 'ready' AND 'run_at' = ANY(EXCLUDED.unique_replace)
+                      THEN greatest(j.run_at, EXCLUDED.run_at) ELSE j.run_at END
+    RETURNING j.id, j.unique_key, j.queue, j.state, j.payload, j.enqueued_at, j.started_at,
+              j.last_attempted_at, j.finished_at
+), hinted AS (
+    SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
+    FROM (SELECT DISTINCT queue FROM written) AS q
+    WHERE %(hint)s::boolean
+)
+SELECT coalesce(own.id, held.id), own.id IS NULL,
+       coalesce(own.state, held.state), coalesce(own.payload, held.payload),
+       coalesce(own.enqueued_at, held.enqueued_at), coalesce(own.started_at, held.started_at),
+       coalesce(own.last_attempted_at, held.last_attempted_at), coalesce(own.finished_at, held.finished_at)
+FROM input AS i
+LEFT JOIN written AS own ON own.id = i.new_id
+LEFT JOIN written AS held ON own.id IS NULL AND held.unique_key = i.stored_key
+CROSS JOIN hinted
+ORDER BY i.position
 
 
 -- name: has_due_jobs
@@ -1502,7 +1792,8 @@ SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
          WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
-         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c)
+         WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       q.key_concurrency_limit, q.rate_limit, q.rate_period, q.key_rate_limit
 FROM names AS n
 LEFT JOIN backwave_queue AS q ON q.name = n.name
 ORDER BY n.name
@@ -1735,6 +2026,27 @@ GROUP BY h.queue
 SELECT count(*), min(a.backend_start), max(a.backend_start)
 FROM pg_stat_activity AS a
 WHERE a.datname = current_database() AND a.application_name = 'backwave-hints'
+
+
+-- name: set_queue_admission
+-- A worker's start-up write of a queue's admission limits from BACKWAVE["QUEUES"] (the settings
+-- are their only source: a limit left out is cleared). Rows already as given are not written.
+INSERT INTO backwave_queue (name, key_concurrency_limit, rate_limit, key_rate_limit, rate_period, paused, updated_at)
+VALUES (%(name)s, %(key_concurrency_limit)s, %(rate_limit)s, %(key_rate_limit)s, %(rate_period)s, false, statement_timestamp())
+ON CONFLICT (name) DO UPDATE
+SET key_concurrency_limit = EXCLUDED.key_concurrency_limit,
+    rate_limit = EXCLUDED.rate_limit,
+    key_rate_limit = EXCLUDED.key_rate_limit,
+    rate_period = EXCLUDED.rate_period,
+    updated_at = EXCLUDED.updated_at
+WHERE (backwave_queue.key_concurrency_limit, backwave_queue.rate_limit, backwave_queue.key_rate_limit, backwave_queue.rate_period)
+      IS DISTINCT FROM (EXCLUDED.key_concurrency_limit, EXCLUDED.rate_limit, EXCLUDED.key_rate_limit, EXCLUDED.rate_period)
+
+
+-- name: queue_has_admission
+SELECT EXISTS (SELECT FROM backwave_queue
+               WHERE name = %(name)s
+                 AND (key_concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR key_rate_limit IS NOT NULL))
 
 
 -- name: metrics_without_jit

@@ -19,6 +19,7 @@ E104 unknown OPTIONS key, E105 invalid OPTIONS value, E106 app not installed, E1
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from inspect import iscoroutinefunction
@@ -40,10 +41,13 @@ from django.utils.module_loading import import_string
 from .. import conf
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
 from ..store.contract import After, DependencyRefused, NewJob
-from ..store.enqueue import insert_jobs
+from ..store.enqueue import enqueue_jobs
 from ..tracing import enqueue_trace_context
 from .payload import encode_payload
-from .task import MAX_JOB_ID, BackWaveTask, TaskCall, coerce_calls, validate_backwave_options, validate_django_options
+from .results import STATUS_BY_STATE, EnqueuedResult
+from .task import (
+    MAX_JOB_ID, BackWaveTask, TaskCall, coerce_calls, limit_key, unique_key, validate_backwave_options, validate_django_options,
+)
 
 MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
 
@@ -117,6 +121,8 @@ class BackWaveBackend(BaseTaskBackend):
         max_attempts = getattr(task, "max_attempts", None)
         backoff_base = getattr(task, "backoff_base", None)
         backoff_max = getattr(task, "backoff_max", None)
+        unique = getattr(task, "unique", None)
+        key = unique_key(task, payload["args"], payload["kwargs"])
         return NewJob(
             task_path=task.module_path,
             payload=payload,
@@ -130,6 +136,11 @@ class BackWaveBackend(BaseTaskBackend):
             tags=tuple(getattr(task, "tags", ())),
             timeout=getattr(task, "timeout", None),
             trace_context=trace_context,
+            limit_key=limit_key(task, payload["args"], payload["kwargs"]),
+            unique_key=key,
+            unique_period=unique.period if key is not None else None,
+            unique_states=unique.states if key is not None else (),
+            unique_replace=unique.replace if key is not None else (),
         )
 
     def build_job(self, task, args, kwargs) -> NewJob:
@@ -157,30 +168,32 @@ class BackWaveBackend(BaseTaskBackend):
             jobs.append(job)
         with connections[self.database].cursor() as cursor:
             try:
-                job_ids = insert_jobs(cursor, jobs)
+                inserted = enqueue_jobs(cursor, jobs)
             except DependencyRefused as refused:
                 from .workflow import InvalidDependency
 
                 raise InvalidDependency(str(refused)) from None
-        # insert_jobs returns ids only; the row's enqueued_at is the transaction's now().
+        # A new job's row has the transaction's now() as enqueued_at, which the plain statement
+        # does not return; a duplicate's state and times are the existing job's.
         enqueued_at = timezone.now()
         results = []
-        for call, job, job_id in zip(calls, jobs, job_ids, strict=True):
-            result = TaskResult(
-                task=call.task,
-                id=str(job_id),
-                status=TaskResultStatus.READY,
-                enqueued_at=enqueued_at,
-                started_at=None,
-                last_attempted_at=None,
-                finished_at=None,
-                args=job.payload["args"],
-                kwargs=job.payload["kwargs"],
-                backend=self.alias,
-                errors=[],
-                worker_ids=[],
-            )
-            task_enqueued.send(type(self), task_result=result)
+        for call, job, row in zip(calls, jobs, inserted, strict=True):
+            if row.duplicate:
+                payload = json.loads(row.payload) if isinstance(row.payload, str) else row.payload
+                result = EnqueuedResult(
+                    task=call.task, id=str(row.id), status=STATUS_BY_STATE[row.state], enqueued_at=row.enqueued_at,
+                    started_at=row.started_at, last_attempted_at=row.last_attempted_at, finished_at=row.finished_at,
+                    args=payload["args"], kwargs=payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
+                    duplicate=True,
+                )
+            else:
+                result = EnqueuedResult(
+                    task=call.task, id=str(row.id), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
+                    started_at=None, last_attempted_at=None, finished_at=None, args=job.payload["args"],
+                    kwargs=job.payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
+                )
+                # Django's signal means "a job was enqueued": a duplicate enqueued nothing.
+                task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
 

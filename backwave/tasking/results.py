@@ -65,6 +65,16 @@ class BackWaveTaskResult(TaskResult):
 _TASK_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueuedResult(TaskResult):
+    """What BackWave's enqueue returns: a TaskResult that says whether the enqueue was a
+    duplicate of a unique job, in which case it describes that existing job (its id, status,
+    times and arguments as they are now; ``errors`` and ``worker_ids`` are loaded by
+    ``refresh()``)."""
+
+    duplicate: bool = False
+
+
 class LeaseLapsed(Exception):
     """The worker running the attempt stopped renewing its lease (killed, hung or cut off)."""
 

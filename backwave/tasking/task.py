@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from inspect import iscoroutinefunction
@@ -29,11 +32,49 @@ MAX_TASK_PATH_LENGTH = 255  # Job.task_path
 MAX_JOB_ID = 2**63 - 1  # bigint
 MAX_TAGS = 16
 MAX_TAG_LENGTH = 64  # Job.tags is varchar(64)[]
+MAX_KEY_LENGTH = 200  # a uniqueness key before the task path and period are put around it
+MAX_LIMIT_KEY_LENGTH = 255  # Job.limit_key
+UNIQUE_STATES = ("ready", "running", "succeeded", "failed", "cancelled", "quarantined")
+UNIQUE_REPLACEABLE = ("args", "run_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unique:
+    """A task's (or one enqueue's) uniqueness: while a job of the same task and key is in one of
+    ``states``, enqueuing another returns that job instead (``TaskResult.duplicate`` is True).
+
+    ``by``: the arguments the key is made of, by parameter name (however the call passes them;
+    None: all of them); ``key``: an explicit key instead. ``period`` (seconds): the key holds per
+    window of that length on the database clock (None: for as long as the job is covered).
+    ``states``: what the uniqueness covers; ``ready`` always (a job waiting, due or scheduled),
+    ``running`` for "at most one in flight" (the default), finished states to refuse repeats
+    within the period. ``replace``: what a duplicate changes on the job it finds while that one
+    is still ready: ``args`` (its arguments) and/or ``run_at`` (pushed to the later run time).
+    """
+
+    by: tuple[str, ...] | None = None
+    key: str | None = None
+    period: float | None = None
+    states: tuple[str, ...] = ("ready", "running")
+    replace: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for name in ("by", "states", "replace"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
+    @classmethod
+    def debounce(cls, *, by: tuple[str, ...] | None = None, key: str | None = None, period: float | None = None) -> Unique:
+        """Only waiting jobs are covered, and a duplicate replaces the arguments and pushes the
+        run time: enqueue with ``run_after`` a delay ahead, and the job runs once, that delay
+        after the last enqueue, with the last arguments."""
+        return cls(by=by, key=key, period=period, states=("ready",), replace=("args", "run_at"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackWaveTask(Task):
-    """A ``django.tasks.Task`` with BackWave's retry options and tags."""
+    """A ``django.tasks.Task`` with BackWave's retry options, tags and admission options."""
 
     max_attempts: int | None = None  # None: DEFAULT_MAX_ATTEMPTS
     backoff_base: float | None = None  # None: DEFAULT_BACKOFF_BASE
@@ -52,6 +93,11 @@ class BackWaveTask(Task):
     # and its success is written, fenced by the lease, in that same transaction (README, "Atomic
     # tasks"). Sync tasks only.
     atomic: bool = False
+    unique: Unique | None = None
+    # The key of the queue's per-key concurrency limit: the value of the argument named
+    # ``limit_by``, or ``limit_key`` itself (usually given per enqueue with using()).
+    limit_by: str | None = None
+    limit_key: str | None = None
 
     def __post_init__(self):
         for name in ("tags", "retry_on", "discard_on"):
@@ -75,6 +121,9 @@ class BackWaveTask(Task):
         tags=None,
         timeout=None,
         atomic=None,
+        unique=None,
+        limit_by=None,
+        limit_key=None,
     ):
         """A copy of the task with other defaults: Django's options plus BackWave's."""
         if atomic is not None:
@@ -92,6 +141,9 @@ class BackWaveTask(Task):
             "backoff_max": backoff_max,
             "tags": tags,
             "timeout": timeout,
+            "unique": unique,
+            "limit_by": limit_by,
+            "limit_key": limit_key,
         }
         return replace(self, **{name: value for name, value in options.items() if value is not None})
 
@@ -189,6 +241,139 @@ def validate_backwave_options(task) -> None:
     for tag in tags:
         if not isinstance(tag, str) or not 1 <= len(tag) <= MAX_TAG_LENGTH or "\x00" in tag:
             raise InvalidTask(f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters, got {tag!r}.")
+    _validate_unique(task)
+    _validate_limit_key(task)
+
+
+def _parameters(task) -> list[str] | None:
+    """The task function's parameter names, or None when it takes **kwargs (any name goes)."""
+    parameters = inspect.signature(task.func).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+
+
+def _check_argument_names(task, option: str, names: Sequence[str]) -> None:
+    known = _parameters(task)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidTask(f"{option} of task {task.module_path!r} names arguments by their parameter names (strings), got {name!r}.")
+        if known is not None and name not in known:
+            from difflib import get_close_matches
+
+            close = get_close_matches(name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise InvalidTask(f"{option} of task {task.module_path!r} names {name!r}, which is not a parameter of {task.func.__name__}({', '.join(known)}).{hint}")
+
+
+def _is_key_text(value, max_length: int) -> bool:
+    """A string PostgreSQL's text holds (no NUL, no lone surrogate) of 1 to max_length characters."""
+    if not isinstance(value, str) or not 1 <= len(value) <= max_length or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _validate_unique(task) -> None:
+    unique = getattr(task, "unique", None)
+    if unique is None:
+        return
+    path = task.module_path
+    if not isinstance(unique, Unique):
+        raise InvalidTask(f"unique of task {path!r} must be a backwave.Unique(...), got {unique!r}.")
+    if unique.by is not None:
+        if isinstance(unique.by, str) or not isinstance(unique.by, tuple) or not unique.by:
+            raise InvalidTask(f"Unique.by of task {path!r} must be a non-empty tuple of parameter names (or None for all arguments), got {unique.by!r}" + (f"; did you mean ({unique.by!r},)?" if isinstance(unique.by, str) else "."))
+        _check_argument_names(task, "Unique.by", unique.by)
+    if unique.key is not None and not _is_key_text(unique.key, MAX_KEY_LENGTH):
+        raise InvalidTask(f"Unique.key of task {path!r} must be a string of 1 to {MAX_KEY_LENGTH} characters, got {unique.key!r}.")
+    if unique.period is not None and (not _is_seconds(unique.period) or unique.period <= 0):
+        raise InvalidTask(f"Unique.period of task {path!r} must be a number of seconds above 0 (or None: no period), got {unique.period!r}.")
+    states = unique.states
+    if isinstance(states, str) or not isinstance(states, tuple) or any(state not in UNIQUE_STATES for state in states):
+        raise InvalidTask(f"Unique.states of task {path!r} must be a tuple of {', '.join(UNIQUE_STATES)}, got {states!r}.")
+    if "ready" not in states:
+        raise InvalidTask(f"Unique.states of task {path!r} must include 'ready' (a waiting job is what a duplicate would join), got {states!r}.")
+    replace = unique.replace
+    if isinstance(replace, str) or not isinstance(replace, tuple) or any(item not in UNIQUE_REPLACEABLE for item in replace):
+        raise InvalidTask(f"Unique.replace of task {path!r} must be a tuple of {', '.join(UNIQUE_REPLACEABLE)}, got {replace!r}.")
+
+
+def _validate_limit_key(task) -> None:
+    path = task.module_path
+    limit_by, limit_key = getattr(task, "limit_by", None), getattr(task, "limit_key", None)
+    if limit_by is not None and limit_key is not None:
+        raise InvalidTask(f"task {path!r} sets both limit_by ({limit_by!r}) and limit_key ({limit_key!r}); the key comes from one of them.")
+    if limit_by is not None:
+        _check_argument_names(task, "limit_by", [limit_by])
+    if limit_key is not None and not _is_key_text(limit_key, MAX_LIMIT_KEY_LENGTH):
+        raise InvalidTask(f"limit_key of task {path!r} must be a string of 1 to {MAX_LIMIT_KEY_LENGTH} characters, got {limit_key!r}.")
+
+
+def _bound_arguments(task, args, kwargs) -> dict[str, Any]:
+    """The call's arguments by parameter name (defaults filled in); extra positional arguments
+    under "*" and extra keywords under their own names."""
+    signature = inspect.signature(task.func)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise InvalidTask(f"the arguments of task {task.module_path!r} do not fit {task.func.__name__}{signature}: {error}.") from None
+    bound.apply_defaults()
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            named["*"] = list(value)
+        else:
+            named[name] = value
+    return named
+
+
+def unique_key(task, args, kwargs) -> str | None:
+    """The uniqueness key of one call (the task path is put in front by the enqueue), from JSON
+    arguments (the payload's): canonical JSON of the chosen arguments, hashed when long."""
+    unique = getattr(task, "unique", None)
+    if unique is None:
+        return None
+    if unique.key is not None:
+        return unique.key
+    named = _bound_arguments(task, args, kwargs)
+    if unique.by is not None:
+        missing = [name for name in unique.by if name not in named]
+        if missing:
+            raise InvalidTask(f"Unique.by of task {task.module_path!r} names {missing[0]!r}, which this call does not pass.")
+        named = {name: named[name] for name in unique.by}
+    # ASCII: any character an argument holds (a NUL, a lone surrogate) becomes an escape that
+    # text can store, so the key never fails the INSERT.
+    text = json.dumps(named, sort_keys=True, separators=(",", ":"))
+    if len(text) > MAX_KEY_LENGTH:
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return text
+
+
+def limit_key(task, args, kwargs) -> str | None:
+    """The per-key concurrency key of one call: limit_key, or the value of limit_by's argument."""
+    explicit = getattr(task, "limit_key", None)
+    if explicit is not None:
+        return explicit
+    name = getattr(task, "limit_by", None)
+    if name is None:
+        return None
+    named = _bound_arguments(task, args, kwargs)
+    if name not in named:
+        raise InvalidTask(f"limit_by of task {task.module_path!r} names {name!r}, which this call does not pass.")
+    value = named[name]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InvalidTask(f"limit_by of task {task.module_path!r}: argument {name!r} must be a string or an integer to key a limit by, got {value!r:.100}.")
+    text = str(value)
+    if not _is_key_text(text, MAX_LIMIT_KEY_LENGTH):
+        raise InvalidTask(f"limit_by of task {task.module_path!r}: argument {name!r} gives the key {text!r:.100}; a key is 1 to {MAX_LIMIT_KEY_LENGTH} characters without NUL.")
+    return text
 
 
 MAX_TIMEOUT = 7 * 86_400.0  # a week, as for worker intervals: longer is a unit mistake

@@ -25,11 +25,12 @@ import json
 import math
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from backwave import taskstats
 from backwave.core.jobs import ClaimedJob
@@ -101,6 +102,17 @@ class JobRow:
     progress_json: str | None = None
     metadata_json: str | None = None
     trace_context: dict | None = None
+    limit_key: str | None = None
+    unique_key: str | None = None
+    unique_states: list[str] | None = None
+    unique_replace: list[str] | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The trigger backwave_job_release_unique_key (migration 0008): a job leaving the states
+        # its uniqueness covers lets go of its key for good.
+        object.__setattr__(self, name, value)
+        if name == "state" and getattr(self, "unique_key", None) is not None and value not in (self.unique_states or ()):
+            object.__setattr__(self, "unique_key", None)
 
     @property
     def pk(self) -> int:
@@ -256,15 +268,59 @@ def _note(db: MemoryDatabase, now: datetime, observed: str, job: JobRow, attempt
         )
 
 
-def _room(db, queue: str, limit: int) -> int:
-    """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it."""
+class QueueAdmission(NamedTuple):
+    """A Queue row's admission columns."""
+
+    key_concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    key_rate_limit: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.key_concurrency_limit is not None or self.rate_limit is not None or self.key_rate_limit is not None
+
+
+NO_ADMISSION = QueueAdmission()
+
+
+def _room(db, queue: str, limit: int, *, admitted: bool = False, now: datetime | None = None) -> int:
+    """What a claim may take from ``queue``, as claim_jobs_*'s LIMIT computes it (and
+    claim_jobs_admitted's, with its rate window: ``admitted``)."""
     concurrency_limit, paused = db.queues.get(queue, (None, False))
+    admission = db.admission.get(queue, NO_ADMISSION)
+    rate_limit, rate_period = admission.rate_limit, admission.rate_period
     if paused:
         return 0
-    if concurrency_limit is None:
-        return limit
-    running = sum(1 for job in db.jobs.values() if job.state == "running" and job.queue == queue)
-    return max(0, min(limit, concurrency_limit - running))
+    if not admitted and admission.limited:
+        return 0  # claimed only through claim_jobs_admitted
+    room = limit
+    if concurrency_limit is not None:
+        running = sum(1 for job in db.jobs.values() if job.state == "running" and job.queue == queue)
+        room = min(room, concurrency_limit - running)
+    if admitted and rate_limit is not None:
+        start, used = db.rate_windows.get(queue, (None, 0))
+        room = min(room, rate_limit - (used if start == rate_window_start(now, rate_period) else 0))
+    return max(0, room)
+
+
+def rate_window_start(now: datetime, period: float) -> datetime:
+    """The start of the rate window ``now`` falls in: windows of ``period`` seconds aligned to
+    the epoch, as to_timestamp(floor(extract(epoch FROM now()) / period) * period)."""
+    return datetime.fromtimestamp(math.floor(now.timestamp() / period) * period, UTC)
+
+
+def _stored_unique_key(row: dict[str, Any], now: datetime) -> str | None:
+    """The key enqueue_unique_many stores: task path, key, and the period's window number."""
+    if row.get("unique_key") is None:
+        return None
+    key = f"{row['task_path']}:{row['unique_key']}"
+    period = row.get("unique_period")
+    if period is not None:
+        # float8::text: 3600 reads "3600", 0.5 "0.5".
+        text = str(int(period)) if float(period).is_integer() else repr(float(period))
+        key += f"@{text}s#{math.floor(now.timestamp() / period)}"
+    return key
 
 
 @dataclass(slots=True)
@@ -282,6 +338,11 @@ class MemoryDatabase:
     # backwave_dependency: (job_id, ancestor_id) -> (on_failure, position).
     dependencies: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
     transitions: dict[int, TransitionRow] = field(default_factory=dict)
+    # Its admission columns, and the rate limit's current window: name -> (rate_window_start,
+    # rate_window_used); backwave_key_rate_window: (queue, limit key) -> (window_start, used).
+    admission: dict[str, QueueAdmission] = field(default_factory=dict)
+    rate_windows: dict[str, tuple[datetime, int]] = field(default_factory=dict)
+    key_rate_windows: dict[tuple[str, str], tuple[datetime, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_id: int = 0
     last_transition_id: int = 0
@@ -333,7 +394,10 @@ class MemoryDatabase:
 class InMemoryStore:
     """The Storage Contract over a MemoryDatabase (a fresh one unless ``database`` is given)."""
 
-    def __init__(self, database: MemoryDatabase | None = None, *, now: Callable[[], datetime] | None = None):
+    def __init__(
+        self, database: MemoryDatabase | None = None, *, now: Callable[[], datetime] | None = None, admitted_queues: Iterable[str] = ()
+    ):
+        self.admitted_queues = frozenset(admitted_queues)
         if database is None:
             database = MemoryDatabase(now=now or wall_clock)
         elif now is not None:
@@ -446,11 +510,11 @@ class InMemoryStore:
 
     def claim_jobs(self, *, lease_id: uuid.UUID, worker_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
         """Take up to ``limit`` due ready jobs of ``queues`` under a live lease, in claim order."""
-        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
+        claim = claim_statement(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit, admitted=self.admitted_queues)
         if claim is None:
             return []
         with self._operation() as (db, now):
-            return self._claim(db, now, claim[1])
+            return self._claim(db, now, claim)
 
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids.
@@ -469,7 +533,7 @@ class InMemoryStore:
             with self._operation() as (db, now):  # one transaction: both statements see one now()
                 applied, released = self._write(db, now, lease_id, rows)
                 self._note_outcomes(db, now, rows, applied)
-                return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim[1])
+                return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim)
 
         return write_then_claim(
             self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
@@ -589,21 +653,38 @@ class InMemoryStore:
             }
             if refused:
                 raise DependencyRefused(dependency_refusal(refused), refused)
+            # enqueue_unique_many's ON CONFLICT: the job holding a key is found, never a second one made.
+            holders = {job.unique_key: job for job in db.jobs.values() if job.unique_key is not None}
             ids = []
             for row in rows:
-                db.last_id += 1
                 run_at = datetime.fromisoformat(row["run_at"]) if row["run_at"] is not None else now
+                key = _stored_unique_key(row, now)
+                if key is not None and key in holders:
+                    held = holders[key]
+                    replace = row.get("unique_replace") or ()
+                    if held.state == "ready" and "args" in replace:
+                        held.payload_json = json.dumps(row["payload"])
+                    if held.state == "ready" and "run_at" in replace:
+                        held.run_at = max(held.run_at, run_at)
+                    ids.append(held.id)
+                    continue
                 waits = sum(
                     1 for edge in row.get("after", ())
                     if edge["pos"] is not None or db.jobs[edge["job"]].state not in _FINISHED
                 )
-                db.jobs[db.last_id] = JobRow(
+                db.last_id += 1
+                job = db.jobs[db.last_id] = JobRow(
                     id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
                     payload_json=json.dumps(row["payload"]), state="waiting" if waits else "ready", backend=row["backend"],
                     tags=list(row["tags"]), run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], waiting_on=waits,
-                    timeout=row["timeout"], trace_context=row["trace_context"],
+                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], waiting_on=waits, timeout=row["timeout"],
+                    limit_key=row.get("limit_key"), trace_context=row["trace_context"],
+                    unique_states=list(row["unique_states"]) if key is not None else None,
+                    unique_replace=list(row["unique_replace"]) if key is not None else None,
+                    unique_key=key,
                 )
+                if key is not None:
+                    holders[key] = job
                 ids.append(db.last_id)
             for job_id, row in zip(ids, rows, strict=True):
                 for position, edge in enumerate(row.get("after", ()), start=1):
@@ -803,14 +884,45 @@ class InMemoryStore:
         return _Operation(self.database)
 
     @staticmethod
-    def _claim(db: MemoryDatabase, now: datetime, params: dict[str, Any]) -> list[ClaimedJob]:
+    def _claim(db: MemoryDatabase, now: datetime, claim: tuple[str, dict[str, Any]]) -> list[ClaimedJob]:
+        name, params = claim
+        admitted = name == "claim_jobs_admitted"
         lease_id = params["lease_id"]
         if not _live(db, lease_id, now):  # the lease CTE: no claim under a lapsed or missing lease
             return []
         order = [params["queue"]] if "queue" in params else list(params["queues"])
         position = {queue: index for index, queue in enumerate(order)}
-        room = {queue: _room(db, queue, params["limit"]) for queue in order}
-        due = [job for job in db.jobs.values() if job.state == "ready" and job.queue in position and job.run_at <= now]
+        room = {queue: _room(db, queue, params["limit"], admitted=admitted, now=now) for queue in order}
+        admissions = {queue: db.admission.get(queue, NO_ADMISSION) if admitted else NO_ADMISSION for queue in order}
+        running_keys: dict[tuple[str, str], int] = {}
+        for job in db.jobs.values():
+            if job.state == "running" and job.limit_key is not None:
+                running_keys[job.queue, job.limit_key] = running_keys.get((job.queue, job.limit_key), 0) + 1
+        windows = {
+            queue: rate_window_start(now, admission.rate_period) for queue, admission in admissions.items() if admission.rate_period is not None
+        }
+
+        def key_room(queue: str, key: str) -> int | None:
+            """What the key may still start: its concurrency room and what is left of its rate
+            window, the lesser (None: the key is not limited)."""
+            admission, rooms = admissions[queue], []
+            if admission.key_concurrency_limit is not None:
+                rooms.append(admission.key_concurrency_limit - running_keys.get((queue, key), 0))
+            if admission.key_rate_limit is not None:
+                start, used = db.key_rate_windows.get((queue, key), (None, 0))
+                rooms.append(admission.key_rate_limit - (used if start == windows[queue] else 0))
+            return min(rooms) if rooms else None
+
+        def saturated(job: JobRow) -> bool:
+            if job.limit_key is None:
+                return False
+            room = key_room(job.queue, job.limit_key)
+            return room is not None and room <= 0
+
+        due = [
+            job for job in db.jobs.values()
+            if job.state == "ready" and job.queue in position and job.run_at <= now and not saturated(job)
+        ]
 
         def claim_order(job: JobRow) -> tuple:
             return (position[job.queue], -job.priority, job.run_at, job.id)
@@ -822,7 +934,32 @@ class InMemoryStore:
         # Queue order first (a Strict policy's), then priority, run_at, id; each queue up to its
         # room (paused: none; limited: the limit less what runs), the suspect merged into its
         # queue's pick before the cut; handed back best first.
-        candidates = sorted([job for job in due if not job.suspect] + suspects, key=claim_order)
+        ordinary = sorted((job for job in due if not job.suspect), key=claim_order)
+        if admitted:
+            # claim_jobs_admitted's "candidates": per queue the first room (four times the room
+            # under a per-key limit) of the unsaturated rows, then "within_key": each key cut to
+            # its limit less what runs.
+            fetched: dict[str, int] = {}
+            window = []
+            for job in ordinary:
+                keyed = admissions[job.queue].key_concurrency_limit is not None or admissions[job.queue].key_rate_limit is not None
+                cap = room[job.queue] * (4 if keyed else 1)
+                if fetched.get(job.queue, 0) < cap:
+                    fetched[job.queue] = fetched.get(job.queue, 0) + 1
+                    window.append(job)
+            taken: dict[tuple[str, str], int] = {}
+            kept = []
+            for job in sorted(window + suspects, key=claim_order):
+                allowed = key_room(job.queue, job.limit_key) if job.limit_key is not None else None
+                if allowed is not None:
+                    slot = (job.queue, job.limit_key)
+                    if taken.get(slot, 0) >= allowed:
+                        continue
+                    taken[slot] = taken.get(slot, 0) + 1
+                kept.append(job)
+            candidates = kept
+        else:
+            candidates = sorted(ordinary + suspects, key=claim_order)
         picked = []
         for job in candidates:
             if len(picked) == params["limit"]:
@@ -830,6 +967,25 @@ class InMemoryStore:
             if room[job.queue] > 0:
                 room[job.queue] -= 1
                 picked.append(job)
+        if admitted:
+            # "debited": the rate windows of the queues that started jobs; "key_debited" and
+            # "key_expired": the claimed keys' windows, and the past windows of the others.
+            for queue in {job.queue for job in picked}:
+                if admissions[queue].rate_limit is not None:
+                    start = windows[queue]
+                    held, used = db.rate_windows.get(queue, (None, 0))
+                    db.rate_windows[queue] = (start, (used if held == start else 0) + sum(1 for job in picked if job.queue == queue))
+            for queue in order:
+                if admissions[queue].key_rate_limit is None:
+                    continue
+                start = windows[queue]
+                claimed_keys = Counter(job.limit_key for job in picked if job.queue == queue and job.limit_key is not None)
+                for key, started in claimed_keys.items():
+                    held, used = db.key_rate_windows.get((queue, key), (None, 0))
+                    db.key_rate_windows[queue, key] = (start, (used if held == start else 0) + started)
+                for slot, (held, _) in list(db.key_rate_windows.items()):
+                    if slot[0] == queue and held < start and slot[1] not in claimed_keys:
+                        del db.key_rate_windows[slot]
         picked.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         claimed = []
         for job in picked:

@@ -125,7 +125,8 @@ class DeterministicPump:
         self.observers = _observers(observers)
         self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database)
         self.clock = VirtualClock()
-        self.store = DjangoConnectionStore(database, clock=self.clock)
+        # The queues under a per-key or rate limit, claimed as a worker claims them.
+        self.store = DjangoConnectionStore(database, clock=self.clock, admitted_queues=conf.admitted_queue_names())
         self.store.observed = self.observers.observed
         self.delivery_options = conf.delivery_options()
         self.driver = NodeDriver(self.options)

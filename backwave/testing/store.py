@@ -22,7 +22,7 @@ With no clock the offset is zero, and the SQL behaves as in production. The two 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import cache
@@ -59,9 +59,10 @@ def _statement(name: str, fixed: bool = False) -> str:
 class DjangoConnectionStore(PostgresStore):
     """The Storage Contract on ``connections[alias]``, the database clock moved by ``clock``."""
 
-    def __init__(self, alias: str = "default", *, clock: VirtualClock | None = None) -> None:  # noqa: D107 - no super(): no connection of its own
+    def __init__(self, alias: str = "default", *, clock: VirtualClock | None = None, admitted_queues: Iterable[str] = ()) -> None:  # noqa: D107 - no super(): no connection of its own
         self.alias = alias
         self.clock = clock
+        self.admitted_queues = frozenset(admitted_queues)
         # Operations, counted as PostgresStore counts its round-trips (one per operation that
         # reaches the server; write_outcomes_then_claim is one although Django cannot pipeline it).
         self.round_trips = 0

@@ -74,3 +74,15 @@ def write_effect_atomically(n):
 def noop_atomically(n):
     """noop as an atomic task: what the transaction and the per-job outcome statement cost alone."""
     return n
+
+
+@task(queue_name="bench")
+def orm_probe(n):
+    """One query through the ORM, then the id of the PostgreSQL session that answered it:
+    bench/orm_jobs.py counts from these how many sessions a worker's threads opened."""
+    from django.db import connection
+
+    from backwave.models import Queue
+
+    Queue.objects.filter(name="bench").exists()
+    return connection.connection.info.backend_pid

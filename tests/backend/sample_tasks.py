@@ -38,3 +38,27 @@ def undecorated(a, b):
 
 def needs_context_but_has_none(value):
     return value
+
+
+# Admission: unique jobs and per-key limits (tests/backend/test_unique_jobs.py).
+from backwave.tasking.task import Unique  # noqa: E402
+
+
+@task(unique=Unique(by=("order_id",)))
+def sync_order(order_id, note=""):
+    return order_id
+
+
+@task(unique=Unique.debounce(by=("document_id",)))
+def reindex(document_id, text=""):
+    return document_id
+
+
+@task(unique=Unique(period=3600, states=("ready", "running", "succeeded")))
+def hourly_digest(user_id):
+    return user_id
+
+
+@task(limit_by="customer_id")
+def call_api(customer_id, n=0):
+    return n

@@ -17,7 +17,7 @@ from backwave.core import commands as cmd
 from backwave.core import events as ev
 from backwave.core.driver import ROLLUP_BATCH, NodeDriver
 from backwave.core.jobs import ClaimedJob
-from backwave.core.options import Retention, WorkerGroupOptions
+from backwave.core.options import MAX_OUTCOME_LINGER, Retention, WorkerGroupOptions
 from backwave.core.policy import Strict
 
 LEASE = uuid.UUID(int=0xB0A7)
@@ -31,10 +31,16 @@ NO_RETENTION = Retention(succeeded=None, failed=None, cancelled=None, quarantine
 MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules(), cmd.RollUpStats(limit=ROLLUP_BATCH)]
 
 
+# Traces batch outcomes by the full batch and the idle pool alone unless a test asks: the
+# linger is traced on its own in test_driver_outcomes.py.
+NO_LINGER = MAX_OUTCOME_LINGER
+
+
 def make_options(**overrides) -> WorkerGroupOptions:
     """WorkerGroupOptions named 'g' on Strict('default'), with any dial overridden."""
     overrides.setdefault("name", "g")
     overrides.setdefault("retention", NO_RETENTION)
+    overrides.setdefault("outcome_linger", NO_LINGER)
     return WorkerGroupOptions(**overrides)
 
 

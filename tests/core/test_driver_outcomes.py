@@ -148,6 +148,45 @@ def test_a_failed_batch_goes_back_to_the_front_of_the_buffer():
     assert [ids_of(c) for c in out if isinstance(c, cmd.WriteOutcomes)] == [[3, 4]]
 
 
+# ---- the linger: a finished job's slot does not wait for a whole batch ---------------------------
+
+
+def test_an_outcome_is_written_once_it_lingered_though_the_batch_is_not_full():
+    t, jobs = Trace.with_jobs(3, pool_size=4, outcome_linger=0.005)
+    assert t.finished(jobs[0], now=0.100) == []
+    assert t.driver.next_wakeup() == pytest.approx(0.105)
+    assert t.finished(jobs[1], now=0.103) == []  # lingers from the oldest: still 0.105
+    assert t.driver.next_wakeup() == pytest.approx(0.105)
+    out = t.tick_at_wakeup()
+    # The claim is sized as if the write landed: 4 - 1 executing.
+    assert [type(c) for c in out] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(out[0]) == [1, 2] and out[1] == claim(3)
+    assert t.driver.next_wakeup() > 0.9  # a write in flight: nothing lingers, the next poll is due
+
+
+def test_a_zero_linger_writes_each_outcome_as_its_job_finishes_one_write_at_a_time():
+    t, jobs = Trace.with_jobs(3, pool_size=4, outcome_linger=0.0)
+    first = t.finished(jobs[0], now=0.1)
+    assert [type(c) for c in first] == [cmd.WriteOutcomes, cmd.ClaimJobs] and ids_of(first[0]) == [1]
+    assert t.finished(jobs[1], now=0.2) == []  # one write in flight at most
+    assert t.returned(now=0.25) == []
+    # The write lands: the outcome that waited meanwhile has lingered long enough, so it goes next.
+    out = t.written(first[0], now=0.3)
+    assert [type(c) for c in out] == [cmd.WriteOutcomes, cmd.ClaimJobs] and ids_of(out[0]) == [2]
+
+
+def test_a_lingered_write_waits_out_the_backoff_of_a_failed_one():
+    t, jobs = Trace.with_jobs(3, pool_size=4, outcome_linger=0.005, poll_interval=1.0)
+    t.finished(jobs[0], now=0.1)
+    write, ride = t.tick_at_wakeup()
+    t.failed(write, now=0.2)
+    t.failed(ride, now=0.2)
+    retry_at = t.driver.next_wakeup()
+    assert retry_at > 0.2 + 0.005  # not the linger: the fault's backoff
+    assert t.tick(retry_at - 0.001) == []
+    assert any(isinstance(c, cmd.WriteOutcomes) for c in t.tick(retry_at))
+
+
 # ---- what a finished attempt turns into ----------------------------------------------------------
 
 

@@ -208,3 +208,23 @@ def test_strict_needs_a_queue():
 def test_strict_refuses_a_queue_named_twice():
     with pytest.raises(ValueError, match=r"names a queue twice: \('a', 'b', 'a'\)"):
         Strict("a", "b", "a")
+
+
+@pytest.mark.parametrize("linger", [-0.001, float("nan"), float("inf"), 61.0, True, "2ms"])
+def test_an_outcome_linger_outside_zero_to_a_minute_is_refused(linger):
+    with pytest.raises(WorkerGroupConfigError, match="outcome_linger must be a number of seconds from 0"):
+        validate_groups([WorkerGroupOptions(name="g", outcome_linger=linger)])
+
+
+def test_an_outcome_linger_of_zero_writes_at_once_and_the_default_is_ten_milliseconds():
+    assert validate_groups([WorkerGroupOptions(name="g", outcome_linger=0)])[0].outcome_linger == 0
+    assert WorkerGroupOptions(name="g").outcome_linger == 0.010
+
+
+def test_a_settings_group_takes_an_outcome_linger_of_zero_and_refuses_a_negative_one():
+    from backwave.conf import group_from_mapping
+
+    assert group_from_mapping({"name": "g", "outcome_linger": 0}).outcome_linger == 0.0
+    assert group_from_mapping({"name": "g", "outcome_linger": 0.01}).outcome_linger == 0.01
+    with pytest.raises(WorkerGroupConfigError, match="outcome_linger must be a positive number of seconds"):
+        group_from_mapping({"name": "g", "outcome_linger": -1})

@@ -75,3 +75,17 @@ def test_the_worker_s_stores_take_the_timeouts_set_in_settings(settings):
     finally:
         store.close()
     assert (applied["statement_timeout"][0], applied["lock_timeout"][0]) == ("4000", "250")
+
+
+def test_the_worker_runs_backwave_s_checks_at_start_and_not_the_project_s_templates_or_urls():
+    """Start-up time: the template and URL checks import every tag library and URLconf (most
+    of a worker's time to its first claim), and a worker renders and serves neither."""
+    from django.core.checks.registry import registry
+
+    from backwave.management.commands.backwave_worker import Command
+
+    run = {check.__name__ for check in registry.get_checks() if set(check.tags) & set(Command.requires_system_checks)}
+    assert {"check_backwave_settings", "check_served_databases", "check_connection_pool", "check_all_models"} <= run
+    assert not run & {"check_templates", "check_url_config", "check_url_namespaces_unique"}
+    # A misconfigured BACKWAVE setting still stops the worker before it starts.
+    assert "check_backwave_settings" in run

@@ -237,3 +237,16 @@ def discards():
     import backwave
 
     raise backwave.Discard("the customer is gone")
+
+
+@task(queue_name="keyed", limit_by="customer")
+def per_customer(customer, seconds=0.0):
+    """A job under the keyed queue's per-key limit (BACKWAVE["QUEUES"]["keyed"] in tests/settings.py)."""
+    time.sleep(seconds)
+    return customer
+
+
+@task(queue_name="rated")
+def rated_noop(n=0):
+    """A job of the queue limited to 50 starts a second (tests/settings.py)."""
+    return n

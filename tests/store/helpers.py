@@ -17,8 +17,8 @@ from django.db import connection
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from backwave.models import Attempt, Job, Lease, Pump, Queue, Schedule, TaskStat, Transition
-from backwave.testing.memory_store import AttemptRow, MemoryDatabase
+from backwave.models import Attempt, Job, KeyRateWindow, Lease, Pump, Queue, Schedule, TaskStat, Transition
+from backwave.testing.memory_store import AttemptRow, MemoryDatabase, QueueAdmission
 from backwave.store.queries import QUERIES
 from backwave.taskstats import TaskSummary
 from tests.factories import JobFactory
@@ -64,6 +64,35 @@ class PostgresRows:
 
     def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
         Queue.objects.update_or_create(name=name, defaults={"concurrency_limit": concurrency_limit, "paused": paused})
+
+    def set_admission(self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None, key_rate_limit=None) -> None:
+        Queue.objects.update_or_create(name=name, defaults={
+            "key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit, "rate_period": rate_period, "key_rate_limit": key_rate_limit,
+        })
+
+    def key_rate_windows(self, name: str) -> dict:
+        return {w.limit_key: w.used for w in KeyRateWindow.objects.filter(queue=name)}
+
+    def age_key_rate_windows(self, name: str) -> None:
+        """Move every key window of the queue one period into the past."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_key_rate_window AS w SET window_start = w.window_start - make_interval(secs => q.rate_period)"
+                " FROM backwave_queue AS q WHERE q.name = w.queue AND w.queue = %s",
+                [name],
+            )
+
+    def rate_window(self, name: str) -> tuple:
+        queue = Queue.objects.get(name=name)
+        return queue.rate_window_start, queue.rate_window_used
+
+    def age_rate_window(self, name: str) -> None:
+        """Move the queue's rate window one period into the past, as if that period had passed."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_queue SET rate_window_start = rate_window_start - make_interval(secs => rate_period) WHERE name = %s",
+                [name],
+            )
 
     def make_jobs(self, count: int, **fields) -> list[Job]:
         """Insert ``count`` ready jobs with one statement; returns them in id order."""
@@ -223,6 +252,25 @@ class MemoryRows:
     def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
         with self.database.lock:
             self.database.queues[name] = (concurrency_limit, paused)
+
+    def set_admission(self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None, key_rate_limit=None) -> None:
+        self.database.admission[name] = QueueAdmission(key_concurrency_limit, rate_limit, rate_period, key_rate_limit)
+
+    def key_rate_windows(self, name: str) -> dict:
+        return {key: used for (queue, key), (_, used) in self.database.key_rate_windows.items() if queue == name}
+
+    def age_key_rate_windows(self, name: str) -> None:
+        period = timedelta(seconds=self.database.admission[name].rate_period)
+        for slot, (start, used) in list(self.database.key_rate_windows.items()):
+            if slot[0] == name:
+                self.database.key_rate_windows[slot] = (start - period, used)
+
+    def rate_window(self, name: str) -> tuple:
+        return self.database.rate_windows.get(name, (None, 0))
+
+    def age_rate_window(self, name: str) -> None:
+        start, used = self.database.rate_windows[name]
+        self.database.rate_windows[name] = (start - timedelta(seconds=self.database.admission[name].rate_period), used)
 
     def make_jobs(self, count: int, **fields):
         built = JobFactory.build_batch(count, **fields)

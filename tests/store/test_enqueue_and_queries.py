@@ -56,6 +56,8 @@ def test_every_statement_the_store_uses_is_loaded():
         # workflows: the dependent enqueue, the outcome write's lock, the shared settling CTEs
         "enqueue_with_dependencies", "lock_outcome_jobs", "settle_dependents",
         "claim_transitions", "settle_transitions",  # the observer loop's
+        # admission: unique enqueues, the claim of queues under a per-key or rate limit
+        "enqueue_unique_many", "claim_jobs_admitted", "lock_admitted_queues",
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "cancel_jobs", "set_schedules_enabled", "upsert_queues",
         "retry_job_dependents", "cancel_job_dependents", "ancestor_outputs", "admin_job_links",
@@ -65,6 +67,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "admin_queue_latency", "admin_hint_sessions",
         "purge_selected_jobs", "admin_jobs_page_details",
         "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
+        "set_queue_admission", "queue_has_admission",
     }
     assert all("--" not in sql.splitlines()[0] for sql in QUERIES.values())
 

@@ -200,6 +200,28 @@ def test_the_charts_live_tail_starts_at_the_watermark(attempts):
     assert scan["Index Name"] == "backwave_attempt_pkey" and re.search(r"id > (\$\d|\(InitPlan \d+\))", scan.get("Index Cond", "")), scan
 
 
+def test_the_outcome_write_finds_each_job_by_its_primary_key(backlog):
+    """The write's fence names the lease and the running state, which the partial indexes on
+    running rows also do; those hold a dead entry for every job finished since the last VACUUM,
+    so reading them would make every write walk a run's whole history. One primary-key probe per
+    outcome, and nothing else read from the job table (the settling of dependents reads theirs
+    by primary key too: one probe per dependency row found, none here, where nothing waits)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' ORDER BY lease_id, id LIMIT 16")
+        rows = cursor.fetchall()
+    lease_id = rows[0][0]
+    outcomes = [
+        {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0.0, "boxed": {"v": 1},
+         "error_class": "", "traceback": "", "duration": 0.001}
+        for lease, job_id, attempt in rows if lease == lease_id
+    ]
+    nodes = explain("write_outcomes_many", {"lease_id": lease_id, "outcomes": json.dumps(outcomes), "observed": "[]"})
+
+    job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert {(n["Node Type"], n.get("Index Name")) for n in job_reads} == {("Index Scan", "backwave_job_pkey")}, job_reads
+    assert "job_id" in job_reads[0]["Index Cond"]  # the fence's probe, per outcome
+
+
 def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
     """The heartbeat runs on every pump every few seconds with 25,000 rows about: its cancels and
     its progress writes reach the lease's jobs through backwave_job_running_lease (or by primary
@@ -271,3 +293,56 @@ def test_an_outcome_write_with_nothing_observed_never_reads_for_transitions(back
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM backwave_transition")
         assert cursor.fetchone() == (20,)  # the second write's 20 outcomes, noted
+
+
+@pytest.fixture
+def keyed_backlog(backlog):
+    """The backlog, each job under one of 100 limit keys, the running ones too; "default" under
+    a per-key concurrency limit, a rate limit and a per-key rate limit."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE backwave_job SET limit_key = 'customer-' || (id % 100) WHERE state IN ('ready', 'running')")
+        cursor.execute(
+            "INSERT INTO backwave_queue (name, paused, updated_at, key_concurrency_limit, rate_limit, key_rate_limit, rate_period, rate_window_used)"
+            " VALUES ('default', false, now(), 2, 1000, 10, 1, 0)"
+        )
+        # Key windows of many queues (the table holds every queue's active keys).
+        cursor.execute(
+            "INSERT INTO backwave_key_rate_window (queue, limit_key, window_start, used)"
+            " SELECT 'q' || (g % 50), 'customer-' || g, date_trunc('second', now()), 1 FROM generate_series(1, 20000) AS g"
+        )
+        cursor.execute("ANALYZE backwave_job")
+        cursor.execute("ANALYZE backwave_key_rate_window")
+
+
+@pytest.mark.parametrize("queues", [["default"], ["default", "emails", "reports"]])
+def test_the_admitted_claim_reads_indexes_only(keyed_backlog, queues):
+    nodes = explain("claim_jobs_admitted", {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, "queues": queues})
+    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    # Running rows (a limited queue's count, the keys at their limit) may be read through a bitmap
+    # of their small partial indexes; everything else is a plain index scan.
+    bitmaps = [n for n in job_scans if n["Node Type"] == "Bitmap Heap Scan"]
+    assert all(c.get("Index Name") in ("backwave_job_running_queue", "backwave_job_running_key") for b in bitmaps for c in b["Plans"]), bitmaps
+    job_scans = [n for n in job_scans if n not in bitmaps] + [c for b in bitmaps for c in b["Plans"]]
+    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Index Scan") for n in job_scans), [(n["Node Type"], n.get("Index Name")) for n in job_scans]
+    used = {n.get("Index Name") for n in job_scans}
+    # The ordered claim scan, and the per-key counts from the partial index of running keyed jobs.
+    assert {"backwave_job_claim", "backwave_job_running_key"} <= used, used
+    assert used <= {
+        "backwave_job_claim", "backwave_job_claim_suspect", "backwave_job_running_suspect", "backwave_job_running_key",
+        "backwave_job_running_queue", "backwave_job_pkey",
+    }, used
+    for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
+        assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
+    # The per-key rate windows are read by key or by this window, never scanned whole.
+    windows = [n for n in nodes if n.get("Relation Name") == "backwave_key_rate_window" and "Scan" in n["Node Type"]]
+    assert windows and all(n["Node Type"] != "Seq Scan" for n in windows), [(n["Node Type"], n.get("Index Name")) for n in windows]
+
+
+def test_a_unique_enqueue_is_arbitrated_by_the_partial_unique_index(transactional_db):
+    jobs = json.dumps([{"task_path": "t.t", "payload": {"args": [], "kwargs": {}}, "queue": "default", "priority": 0,
+                        "max_attempts": 1, "backoff_base": 1, "backoff_max": 1, "backend": "default", "tags": [],
+                        "unique_key": "k", "unique_states": ["ready"], "unique_replace": []}])
+    nodes = explain("enqueue_unique_many", {"jobs": jobs, "hint": False})
+    (insert,) = [n for n in nodes if n.get("Operation") == "Insert"]
+    assert insert["Conflict Resolution"] == "UPDATE"
+    assert insert["Conflict Arbiter Indexes"] == ["backwave_job_unique_key"]

@@ -143,3 +143,11 @@ def _broken_backoff(attempt, exc):
 @task(max_attempts=2, backoff_base=1.0, backoff_max=1.0, backoff=_broken_backoff)
 def broken_backoff():
     raise ValueError("fails")
+
+
+@task(queue_name="emails", limit_by="customer")
+def running_beside(customer):
+    """How many jobs of this customer run right now, this one included (per-key limit tests)."""
+    from backwave.models import Job
+
+    return Job.objects.filter(state="running", limit_key=customer).count()

@@ -59,6 +59,9 @@ class Invariants:
         self.lease_owner: dict[uuid.UUID, SimPump] = {}
         self.claimed_under: dict[tuple[int, int], uuid.UUID] = {}  # (job, attempt) -> lease
         self.executing: dict[int, list[tuple[SimPump, uuid.UUID, int]]] = {}  # job -> (pump, lease, attempt) per live worker
+        # Admission: every claim seen (job, attempt, when), and the starts per (queue, rate window).
+        self.starts_seen: set[tuple[int, int, object]] = set()
+        self.starts: Counter[tuple] = Counter()  # (database, queue, limit key or None, window number)
 
     # ---- after every driver step --------------------------------------------------------------
 
@@ -76,6 +79,7 @@ class Invariants:
     def _check_database(self, db: MemoryDatabase) -> None:
         per_lease: Counter[uuid.UUID] = Counter()
         per_queue: Counter[str] = Counter()
+        per_key: Counter[tuple[str, str]] = Counter()
         suspects: Counter[uuid.UUID] = Counter()
         ancestors_of: dict[int, list[tuple[int, str]]] | None = None  # built on first need
         for job_id, home in self.enqueued.items():
@@ -100,6 +104,9 @@ class Invariants:
                     raise SimulationBug(f"job {job_id} runs under lease {job.lease_id}, which no longer exists: no one can ever free it (lost)")
                 per_lease[job.lease_id] += 1
                 per_queue[job.queue] += 1
+                if job.limit_key is not None:
+                    per_key[job.queue, job.limit_key] += 1
+                self._count_start(db, job)
             if job.attempts - job.forgiven_attempts > job.max_attempts:
                 raise SimulationBug(
                     f"job {job_id} is at attempt {job.attempts} ({job.forgiven_attempts} forgiven) of {job.max_attempts}"
@@ -130,6 +137,10 @@ class Invariants:
             limit = db.queues.get(queue, (None, False))[0]
             if limit is not None and running > limit:
                 raise SimulationBug(f"{running} jobs of queue {queue} run at once; its concurrency limit is {limit}")
+        for (queue, key), running in per_key.items():
+            limit = db.admission[queue].key_concurrency_limit if queue in db.admission else None
+            if limit is not None and running > limit:
+                raise SimulationBug(f"{running} jobs of key {key!r} run at once in queue {queue}; its per-key limit is {limit}")
         decisive: Counter[int] = Counter()
         for (job_id, number), attempt in db.attempts.items():
             if attempt.state == "succeeded":
@@ -151,6 +162,31 @@ class Invariants:
                 f"job {job_id} is {state} while its ancestor {ancestor_id} is {ancestor.state} (on_failure {on_failure}): "
                 "a dependent ran before all its ancestors succeeded"
             )
+
+    def _count_start(self, db: MemoryDatabase, job) -> None:
+        """A running job's claim, counted once against its queue's rate window (the window its
+        start falls in, by the database clock); more starts in a window than the limit is a bug."""
+        admission = db.admission.get(job.queue)
+        if admission is None or admission.rate_period is None:
+            return
+        start = (job.id, job.attempts, job.last_attempted_at)
+        if start in self.starts_seen:
+            return
+        self.starts_seen.add(start)
+        period = admission.rate_period
+        number = int(job.last_attempted_at.timestamp() // period)
+        window = (id(db), job.queue, None, number)  # each database has its own queue rows
+        self.starts[window] += 1
+        if admission.rate_limit is not None and self.starts[window] > admission.rate_limit:
+            raise SimulationBug(f"{self.starts[window]} jobs of queue {job.queue} started in one {period:g} s window; its rate limit is {admission.rate_limit}")
+        if admission.key_rate_limit is not None and job.limit_key is not None:
+            key_window = (id(db), job.queue, job.limit_key, number)
+            self.starts[key_window] += 1
+            if self.starts[key_window] > admission.key_rate_limit:
+                raise SimulationBug(
+                    f"{self.starts[key_window]} jobs of key {job.limit_key!r} in queue {job.queue} started in one {period:g} s window;"
+                    f" its per-key rate limit is {admission.key_rate_limit}"
+                )
 
     def _check_not_charged_for_others(self, db: MemoryDatabase, job_id: int) -> None:
         """A job that just failed: if not one of its own handlers failed or crashed, and every

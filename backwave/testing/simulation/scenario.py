@@ -13,7 +13,7 @@ they existed (so the seeds pinned in tests/sim against that version replay their
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from backwave.core.options import Retention, WorkerGroupOptions
 from backwave.core.policy import Strict, Weighted
@@ -44,6 +44,7 @@ class Config:
     report_checks: bool = True  # once at rest, no pump keeps anything of an attempt it will never hear of again
     max_databases: int = 2  # databases a seed may draw; every node runs its pumps on each one
     dependencies: bool = True  # some jobs wait for earlier ones (after=, cancel or run on failure)
+    admission: bool = True  # queues under per-key concurrency and rate limits, jobs with limit keys
 
     def flags(self) -> str:
         """The CLI flags that reproduce this config (only those that differ from the defaults)."""
@@ -64,6 +65,7 @@ class Config:
 CLASSIC = Config(
     hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
     thread_checks=False, observers=False, report_checks=False, max_databases=1, dependencies=False,
+    thread_checks=False, observers=False, report_checks=False, max_databases=1, admission=False,
 )
 
 
@@ -83,6 +85,7 @@ class JobSpec:
     # Ancestors: (index of an earlier JobSpec of the same database, on_failure). The simulated
     # operator holds nothing, so a seed draws only "cancel" and "run".
     after: tuple[tuple[int, str], ...] = ()
+    limit_key: str | None = None  # the key of its queue's per-key concurrency limit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +108,9 @@ class Scenario:
     databases: int = 1
     hostile_rate: float = 0.0  # chance an attempt returns or raises what PostgreSQL cannot store
     hang_rate: float = 0.0  # chance an attempt hangs for several leases
+    key_limits: dict[str, int] = field(default_factory=dict)  # queues with a per-key concurrency limit
+    rate_limits: dict[str, tuple[int, float]] = field(default_factory=dict)  # queues with (starts, per seconds)
+    key_rate_limits: dict[str, int] = field(default_factory=dict)  # queues with starts per key per rate window
 
     @classmethod
     def draw(cls, seed: int, config: Config, rng: random.Random) -> Scenario:
@@ -182,6 +188,16 @@ class Scenario:
             # A source of its own (a str seed is hashed with SHA-512, whatever PYTHONHASHSEED): a
             # seed that draws no dependency replays the run it replayed before they existed.
             jobs = _with_dependencies(jobs, random.Random(f"dependencies:{self.seed}"))
+        if config.admission:
+            # From a generator of its own, so that the draws after this one (the world's) stay
+            # as they were: turning the knob on changes only what it adds.
+            rng = random.Random(f"admission:{self.seed}")
+            queues = sorted({job.queue for job in jobs})
+            changes["key_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.4}
+            changes["rate_limits"] = {q: (rng.randint(1, 4), rng.choice((0.5, 1.0, 2.0))) for q in queues if rng.random() < 0.3}
+            changes["key_rate_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.3}
+            keys = ("k0", "k1", "k2")
+            jobs = tuple(replace(job, limit_key=rng.choice(keys) if rng.random() < 0.7 else None) for job in jobs)
         return replace(self, jobs=jobs, **changes)
 
 

@@ -57,7 +57,7 @@ from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.shell.executor import Executor, lease_ids_from
 from backwave.store.contract import After, DeliveryResult, DependencyRefused, NewJob, StoreError
-from backwave.testing.memory_store import InMemoryStore, MemoryDatabase
+from backwave.testing.memory_store import InMemoryStore, MemoryDatabase, QueueAdmission
 
 from .faults import Faults
 from .handlers import Report, run_handler
@@ -177,12 +177,23 @@ class World(Faults):
         self._observer_stores: dict[int, InMemoryStore] = {}
         self._deliveries = 0
 
+    @property
+    def admitted_queues(self) -> frozenset[str]:
+        """The queues under a per-key or rate limit: every pump knows them, as every worker does."""
+        return frozenset(self.scenario.key_limits) | frozenset(self.scenario.rate_limits) | frozenset(self.scenario.key_rate_limits)
+
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
         for database in self.databases:
             for queue, limit in self.scenario.concurrency_limits.items():
                 database.queues[queue] = (limit, False)
+            for queue in self.admitted_queues:
+                rate_limit, period = self.scenario.rate_limits.get(queue, (None, None))
+                key_rate = self.scenario.key_rate_limits.get(queue)
+                database.admission[queue] = QueueAdmission(
+                    self.scenario.key_limits.get(queue), rate_limit, period or (1.0 if key_rate else None), key_rate
+                )
         for node in self.nodes:
             self._boot(node)
         for index, spec in enumerate(self.scenario.jobs):
@@ -266,7 +277,7 @@ class World(Faults):
         name = f"n{node.index}.{node.incarnation}{on}p{index}.{len(self.pumps)}"
         driver = NodeDriver(self.options)
         owned = OwnedDriver(driver, self, name) if self.config.thread_checks else driver
-        pump = SimPump(name, node, owned, InMemoryStore(self.databases[database]), database)
+        pump = SimPump(name, node, owned, InMemoryStore(self.databases[database], admitted_queues=self.admitted_queues), database)
         pump.executor = Executor(
             pump.store,
             options=self.options,
@@ -519,7 +530,8 @@ class World(Faults):
         try:
             (job_id,) = InMemoryStore(database).enqueue_many([
                 NewJob(task_path=spec.task_path, payload={"args": [], "kwargs": {}}, queue=spec.queue, priority=spec.priority, run_at=run_at,
-                       max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max, after=after)
+                       max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max, after=after,
+                       limit_key=spec.limit_key)
             ])
         except DependencyRefused as refused:
             # An ancestor already failed (or was purged): what the producer's enqueue is told.

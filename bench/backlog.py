@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""Scale: the drain rate over the head of a large backlog, and beside a table of finished rows,
+against the same number of jobs in an otherwise empty table; autovacuum off on the job and
+attempt tables throughout (a CI server may run without it), so nothing cleans up but BackWave.
+
+    python bench/backlog.py            # 100,000 jobs: alone; at the head of 1,000,000; beside 1,000,000 finished rows
+    python bench/backlog.py --quick    # 20,000 and 200,000
+
+One worker process, pool 16, durable commits. The worker is stopped (SIGTERM: it drains) once
+the head has finished; the rate is the head's (first claim to its last finish, database clock).
+Then EXPLAIN (ANALYZE, BUFFERS) of the claim as it runs now, in a transaction rolled back: the
+buffers it touches show whether it walks the dead index entries the head left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+from common import drain_figures, fill, reset, run, set_autovacuum, sql, succeeded_count, uptime_line, worker_command, worker_env
+
+from django.db import connection, transaction
+
+from backwave.store.queries import QUERIES
+from project.demo.tasks import noop
+
+
+def drain_head(head: int) -> float:
+    run(worker_command(pool_size=16, until_idle=False), worker_env(), stop_when=lambda: succeeded_count() >= head)
+    figures = drain_figures(first=head)
+    if figures.jobs < head:
+        raise SystemExit(f"only {figures.jobs} of the head's {head} jobs finished")
+    return figures.rate
+
+
+def explain_claim() -> list[str]:
+    """The claim's plan with its buffers, as a pump would run it now (rolled back)."""
+    lease = uuid.uuid4()
+    lines: list[str] = []
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                'INSERT INTO backwave_lease (id, worker_id, "group", hostname, pid, created_at, renewed_at, expires_at) '
+                "VALUES (%s, 'bench', 'bench', 'bench', 0, now(), now(), now() + interval '1 minute')",
+                [lease],
+            )
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + QUERIES["claim_jobs_one_queue"], {"lease_id": lease, "worker_id": "bench", "limit": 16, "queue": "bench"})
+            lines = [row[0] for row in cursor.fetchall()]
+            raise _RolledBack
+    except _RolledBack:
+        pass
+    return lines
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def buffers_of_claim_scan(plan: list[str]) -> str:
+    """The Buffers line under the claim index's scan, and the plan's execution time."""
+    found = []
+    for i, line in enumerate(plan):
+        if "backwave_job_claim on backwave_job" in line:
+            for following in plan[i + 1 : i + 5]:
+                if "Buffers:" in following:
+                    found.append(following.strip())
+                    break
+        if line.startswith("Execution Time"):
+            found.append(line.strip())
+    return "; ".join(found)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--head", type=int, default=None)
+    parser.add_argument("--backlog", type=int, default=None)
+    parser.add_argument("--plans", action="store_true", help="print the whole EXPLAIN of each case")
+    args = parser.parse_args(argv)
+    head = args.head or (20_000 if args.quick else 100_000)
+    backlog = args.backlog or (200_000 if args.quick else 1_000_000)
+    print(f"backlog: the rate over {head:,} jobs, autovacuum off; {uptime_line()}")
+    rates, plans = {}, {}
+    set_autovacuum(False)
+    try:
+        for case in ("empty table", f"head of {backlog:,} ready", f"beside {backlog:,} finished"):
+            reset()
+            if case.startswith("beside"):
+                fill(noop.using(queue_name="reports"), [0], backlog, state="succeeded")
+            fill(noop, [0], backlog if case.startswith("head") else head)
+            # A backlog that built up over time has been checkpointed; one made by a single INSERT
+            # a moment ago would have its WAL flushed by the checkpointer during the drain, and
+            # the drain pay for the fill. Fresh statistics, as autovacuum's analyze is off too.
+            sql("ANALYZE backwave_job")
+            sql("CHECKPOINT")
+            rates[case] = drain_head(head)
+            plans[case] = explain_claim()
+            print(f"{case:<28} {rates[case]:>8.0f} jobs/s  {rates[case] / rates['empty table']:>5.0%} of the empty table's   claim now: {buffers_of_claim_scan(plans[case])}")
+            if args.plans:
+                print("\n".join("    " + line for line in plans[case]))
+    finally:
+        reset()
+        set_autovacuum(True)
+    empty = rates["empty table"]
+    ready_case, finished_case = list(rates)[1:]
+    return [
+        {"benchmark": "backlog", "what": f"rate over {head:,} at the {ready_case} / empty table", "value": rates[ready_case] / empty, "goal": 0.9, "unit": "x"},
+        {"benchmark": "backlog", "what": f"rate {finished_case} rows / empty table", "value": rates[finished_case] / empty, "goal": 0.95, "unit": "x"},
+    ]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""ORM jobs: each runs one query through Django's ORM with the project's default database
+settings (``CONN_MAX_AGE`` unset, so Django's 0), beside no-op jobs on the same configuration.
+
+    python bench/orm_jobs.py            # 3,000 jobs of each kind, 1 process, pool 16
+    python bench/orm_jobs.py --quick    # 1,500
+
+Each ORM job returns the PostgreSQL session id (backend pid) that answered its query, so the
+sessions the handler threads opened are counted exactly: distinct return values. Goal: at most
+one per worker thread for the whole run, and a drain rate of at least 70% of the no-op rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import drain_figures, fill, ran_once, reset, run, sql, uptime_line, worker_command, worker_env
+
+from django.db import connection
+
+from project.demo.tasks import noop, orm_probe
+
+
+def drain(task, jobs: int, pool_size: int) -> tuple[float, int | None]:
+    reset()
+    fill(task, [0], jobs)
+    run(worker_command(pool_size=pool_size), worker_env())
+    problem = ran_once(jobs)
+    if problem:
+        raise SystemExit(f"{task.name}: {problem}")
+    sessions = None
+    if task is orm_probe:
+        sessions = sql("SELECT count(DISTINCT return_value) FROM backwave_job WHERE queue = 'bench'")[0][0]
+    return drain_figures().rate, sessions
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--pool-size", type=int, default=16)
+    args = parser.parse_args(argv)
+    jobs = args.jobs or (1500 if args.quick else 3000)
+    conn_max_age = connection.settings_dict.get("CONN_MAX_AGE")
+    print(f"ORM jobs: {jobs} per kind, 1 process, pool {args.pool_size}, CONN_MAX_AGE {conn_max_age}; {uptime_line()}")
+    noop_rate, _ = drain(noop, jobs, args.pool_size)
+    orm_rate, sessions = drain(orm_probe, jobs, args.pool_size)
+    print(f"{'kind':<10} {'jobs/s':>8} {'sessions opened by handlers':>28}")
+    print(f"{'no-op':<10} {noop_rate:>8.0f} {'-':>28}")
+    print(f"{'ORM query':<10} {orm_rate:>8.0f} {sessions:>28}")
+    return [
+        {"benchmark": "orm", "what": f"ORM drain / no-op drain ({orm_rate:.0f} / {noop_rate:.0f} jobs/s)", "value": orm_rate / noop_rate, "goal": 0.7, "unit": "x"},
+        {"benchmark": "orm", "what": f"sessions opened by {args.pool_size} handler threads for {jobs} jobs", "value": sessions, "goal": args.pool_size, "unit": "", "below": True},
+    ]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Admission across real worker processes: a per-key limit and a rate limit hold cluster-wide.
+
+Counts, never timings: the per-key limit is checked on samples of the running rows (the peak
+per key), the rate limit on the rows' own start times (database clock) per aligned window.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections import Counter
+
+import pytest
+from django.db import connection
+from django.db.models import Count, Max, Min
+
+from backwave.models import Job, Queue
+from backwave.tasking.task import enqueue_many
+from tests.shell import worker_tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+FAST = ("--poll-interval", "0.05", "--maintenance-interval", "0.5", "--log-every", "5")
+
+
+def test_a_per_key_limit_of_two_holds_across_three_worker_processes(start_worker):
+    customers = [f"customer-{n}" for n in range(5)]
+    enqueue_many([(worker_tasks.per_customer, (customer, 0.15), {}) for _ in range(8) for customer in customers])
+    workers = [start_worker("--queues", "keyed", "--pool-size", "8", *FAST) for _ in range(3)]
+    peak: Counter[str] = Counter()
+    samples = 0
+    while Job.objects.filter(queue="keyed").exclude(state="succeeded").exists():
+        running = Job.objects.filter(queue="keyed", state="running").values("limit_key").annotate(n=Count("id"))
+        for row in running:
+            peak[row["limit_key"]] = max(peak[row["limit_key"]], row["n"])
+        samples += 1
+        for worker in workers:
+            assert worker.process.poll() is None, worker.output
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0, worker.output
+    assert samples > 20, "the run was sampled too rarely to say anything"
+    assert max(peak.values()) <= 2, peak
+    assert max(peak.values()) == 2, f"the limit was never reached, so it was not tested: {peak}"
+    assert Queue.objects.get(name="keyed").key_concurrency_limit == 2  # written by the workers at start
+    # No key waited for another to drain: every key started before the first key was done.
+    spans = Job.objects.filter(queue="keyed").values("limit_key").annotate(first=Min("started_at"), last=Max("finished_at"))
+    first_done = min(span["last"] for span in spans)
+    assert all(span["first"] < first_done for span in spans), list(spans)
+    # Several worker processes really shared the work.
+    assert len({":".join(worker_id.split(":")[:2]) for worker_id in Job.objects.values_list("worker_id", flat=True)}) >= 2
+
+
+def test_a_rate_limit_of_fifty_a_second_holds_across_two_workers(start_worker):
+    total = 650
+    enqueue_many([(worker_tasks.rated_noop, (n,), {}) for n in range(total)])
+    workers = [start_worker("--queues", "rated", "--pool-size", "10", *FAST) for _ in range(2)]
+    workers[0].wait_for(lambda: Job.objects.filter(queue="rated", state="succeeded").count() == total, timeout=60, what="every rated job done")
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0, worker.output
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT floor(extract(epoch FROM started_at))::bigint FROM backwave_job WHERE queue = 'rated'")
+        windows = Counter(row[0] for row in cursor.fetchall())
+    assert max(windows.values()) <= 50, sorted(windows.items())  # exact in every aligned window
+    first = min(windows)
+    ten_seconds = sum(windows[first + n] for n in range(1, 11))  # the ten full windows after the first
+    assert 450 <= ten_seconds <= 550, sorted(windows.items())
+    assert len({":".join(worker_id.split(":")[:2]) for worker_id in Job.objects.filter(queue="rated").values_list("worker_id", flat=True)}) == 2
+    assert math.isclose(Queue.objects.get(name="rated").rate_period, 1.0)
