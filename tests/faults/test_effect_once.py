@@ -97,7 +97,8 @@ def test_an_observer_that_crashes_mid_delivery_is_delivered_again(start_worker, 
     # Every job finishes; the next worker's loop delivers what the dead one left.
     survivor = start_worker("--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
     applied = lambda: sorted(  # noqa: E731
-        (a.job_id, a.number, {"succeeded": "succeeded", "failed": "retried"}[a.state])
+        # A job still running when the observer killed its worker lapses with it (forgiven, run again).
+        (a.job_id, a.number, {"succeeded": "succeeded", "failed": "retried", "lapsed": "lapsed"}[a.state])
         for a in Attempt.objects.filter(job_id__in=jobs)
     )
     wait_until(
@@ -108,7 +109,12 @@ def test_an_observer_that_crashes_mid_delivery_is_delivered_again(start_worker, 
     assert survivor.wait() == 0, survivor.output
 
     outcomes = applied()
-    assert outcomes == sorted([(jobs[0], 1, "retried"), (jobs[0], 2, "succeeded"), (jobs[1], 1, "succeeded"), (jobs[2], 1, "succeeded")])
+    # Without a lapse: job 0 retried then succeeded, the others succeeded at once. A job that ran
+    # while the crash took its worker down adds its lapsed attempt (how many depends on timing).
+    assert (jobs[0], 1, "retried") in outcomes
+    assert [(job, kind) for job, _, kind in outcomes if kind != "lapsed"] == sorted(
+        [(jobs[0], "retried"), (jobs[0], "succeeded"), (jobs[1], "succeeded"), (jobs[2], "succeeded")]
+    )
     rows = seen()
     # One transition per applied outcome, each seen, none for anything else ...
     by_transition = {}
