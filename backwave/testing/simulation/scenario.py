@@ -64,8 +64,7 @@ class Config:
 
 CLASSIC = Config(
     hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
-    thread_checks=False, observers=False, report_checks=False, max_databases=1, dependencies=False,
-    thread_checks=False, observers=False, report_checks=False, max_databases=1, admission=False,
+    thread_checks=False, observers=False, report_checks=False, max_databases=1, dependencies=False, admission=False,
 )
 
 
