@@ -120,6 +120,11 @@ def test_an_unstorable_output_costs_its_row_alone(store, lease, rows):
 def test_releasing_a_fan_out_of_10000_is_one_statement(store, lease, rows):
     ids = store.enqueue_many([new(), *(new(after=[After(position=0)]) for _ in range(10_000))])
     (root,) = claim(store, lease, limit=1)
+    # The point is the count of round-trips, not the time: on a cold CI server this one statement
+    # took longer than the test store's statement timeout (57014), so it gets a minute here. A
+    # worker's own timeout (WORKER_STATEMENT_TIMEOUT, 6 s) is the open problem noted for issue 11.
+    sql, settings = store._transaction_settings
+    store._transaction_settings = (sql, {**settings, "statement_timeout": "60000"})
     before = store.round_trips
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(root)])
     assert store.round_trips == before + 1
