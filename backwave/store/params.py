@@ -328,9 +328,10 @@ def applied_from_rows(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) 
 
 def lock_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any] | None:
     """lock_outcome_jobs' parameters: the jobs whose outcome ends them (a retry or a snooze
-    settles no dependent), or None when there are none and the lock is not sent."""
-    ending = [o.job_id for o in outcomes if o.kind not in (OutcomeKind.RETRY, OutcomeKind.SNOOZED)]
-    return {"lease_id": lease_id, "job_ids": ending} if ending else None
+    settles no dependent), as an array literal, or None when there are none and the lock is not
+    sent."""
+    ending = [str(o.job_id) for o in outcomes if o.kind not in (OutcomeKind.RETRY, OutcomeKind.SNOOZED)]
+    return {"lease_id": lease_id, "job_ids": "{" + ",".join(ending) + "}"} if ending else None
 
 
 # -- the second wall: a batch the server refuses for one row's data ----------------------------

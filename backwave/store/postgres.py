@@ -57,7 +57,7 @@ from .params import (
     applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, insert_statement, inserted_ids,
     is_refused_heartbeat, known_params, lease_seconds, lock_params, outcome_batch, transition_record, write_isolating, write_then_claim,
 )
-from .queries import QUERIES
+from .queries import QUERIES, native_statement
 from .storable import clean_text
 
 DEFAULT_APPLICATION_NAME = "backwave"
@@ -340,13 +340,13 @@ class PostgresStore:
                 self.round_trips += 1
                 if len(statements) == 1:
                     ((refused, sql, params),) = statements
-                    cursor = conn.execute(sql, params)
+                    cursor = _send(conn, sql, params)
                     return [_rows(cursor)]
                 cursors: list[psycopg.Cursor] = []
                 try:
                     with conn.pipeline():
                         for _, sql, params in statements:
-                            cursors.append(conn.execute(sql, params))
+                            cursors.append(_send(conn, sql, params))
                 except psycopg.Error:
                     # The statement refused is the first without an answer: earlier ones have
                     # their results, the server skipped the later ones.
@@ -529,6 +529,22 @@ class PostgresStore:
                 detail = f" [{refusal}], and retrying will not help: check the connection settings" if refusal else ""
                 raise StoreError(f"cannot connect to PostgreSQL{detail}: {exc}".strip()) from exc
         return self._conn
+
+
+_NATIVE: dict[str, tuple[bytes, tuple[str, ...]] | None] = {}
+
+
+def _send(conn: psycopg.Connection, sql: str, params: Any) -> psycopg.Cursor:
+    """Execute one statement of a round-trip: named parameters through its native form."""
+    if isinstance(params, Mapping):
+        try:
+            native = _NATIVE[sql]
+        except KeyError:
+            native = _NATIVE[sql] = native_statement(sql)
+        if native is not None:
+            text, names = native
+            return psycopg.RawCursor(conn).execute(text, [params[name] for name in names])
+    return conn.execute(sql, params)
 
 
 def _rows(cursor: psycopg.Cursor) -> list[tuple]:

@@ -200,13 +200,47 @@ def test_the_charts_live_tail_starts_at_the_watermark(attempts):
     assert scan["Index Name"] == "backwave_attempt_pkey" and re.search(r"id > (\$\d|\(InitPlan \d+\))", scan.get("Index Cond", "")), scan
 
 
-def test_the_outcome_write_finds_each_job_by_its_primary_key(backlog):
+@pytest.fixture
+def queue_analyzed_idle(transactional_db):
+    """10,000 ready jobs analyzed before anything ran (every lease_id NULL), as the throughput
+    benchmark leaves them, then 16 claimed under one lease: the planner expects the fence's
+    "lease_id = ..." to match about one row, and on a table this small a plan that filters the
+    whole table by it first looks cheap."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
+                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
+            SELECT 't.t', 'default', 0, '{"args": [0], "kwargs": {}}', 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
+            FROM generate_series(1, 10000)
+        """)
+        cursor.execute("ANALYZE backwave_job")
+        lease_id = uuid.uuid4()
+        cursor.execute(
+            "INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, created_at, renewed_at, expires_at)"
+            " VALUES (%s, 'w', 'g', 'h', 1, now(), now(), now() + interval '1 hour')",
+            [lease_id],
+        )
+        cursor.execute(
+            "UPDATE backwave_job SET state = 'running', lease_id = %s, attempts = 1"
+            " WHERE id IN (SELECT id FROM backwave_job ORDER BY id LIMIT 16)",
+            [lease_id],
+        )
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("statistics", ["backlog", "queue_analyzed_idle"])
+def test_the_outcome_write_finds_each_job_by_its_primary_key(statistics, plan_cache_mode, request):
     """The write's fence names the lease and the running state, which the partial indexes on
     running rows also do; those hold a dead entry for every job finished since the last VACUUM,
     so reading them would make every write walk a run's whole history. One primary-key probe per
     outcome, and nothing else read from the job table (the settling of dependents reads theirs
-    by primary key too: one probe per dependency row found, none here, where nothing waits)."""
+    by primary key too: one probe per dependency row found, none here, where nothing waits).
+    Measured in the throughput benchmark with idle statistics: a hash join over a sequential
+    scan of the job table, 2.96 ms a batch of 16 at 10,000 rows against 0.69 ms by probes. The
+    worker's statements are prepared, so the generic plan must hold as well as the custom one."""
+    request.getfixturevalue(statistics)
     with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = %s" % plan_cache_mode)
         cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' ORDER BY lease_id, id LIMIT 16")
         rows = cursor.fetchall()
     lease_id = rows[0][0]
@@ -219,7 +253,8 @@ def test_the_outcome_write_finds_each_job_by_its_primary_key(backlog):
 
     job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
     assert {(n["Node Type"], n.get("Index Name")) for n in job_reads} == {("Index Scan", "backwave_job_pkey")}, job_reads
-    assert "job_id" in job_reads[0]["Index Cond"]  # the fence's probe, per outcome
+    # The fence's probes: the batch's ids, as one array, through the primary key.
+    assert re.fullmatch(r"\(id = ANY \((\$\d+|\(InitPlan \d+\)\.col1)\)\)", job_reads[0]["Index Cond"]), job_reads[0]["Index Cond"]
 
 
 def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
