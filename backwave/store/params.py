@@ -262,7 +262,7 @@ def outcome_batch(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tup
 
 
 def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
-    return {
+    row = {
         "job_id": o.job_id,
         "attempt": o.attempt,
         "kind": o.kind.value,
@@ -271,12 +271,20 @@ def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
         "error_class": error_class_text(o.error_class),
         "traceback": clean_text(o.traceback),
         "duration": float(o.duration),
-        "progress": o.progress,
-        "metadata": o.metadata,
-        "output": o.output or None,
-        "tag_add": list(o.tags_added) or None,
-        "tag_remove": list(o.tags_removed) or None,
     }
+    # The side channels only when the attempt used them: a key left out reads as NULL in
+    # jsonb_to_recordset, and most jobs report none of them (less to encode, send and parse).
+    if o.progress is not None:
+        row["progress"] = o.progress
+    if o.metadata is not None:
+        row["metadata"] = o.metadata
+    if o.output:
+        row["output"] = o.output
+    if o.tags_added:
+        row["tag_add"] = list(o.tags_added)
+    if o.tags_removed:
+        row["tag_remove"] = list(o.tags_removed)
+    return row
 
 
 def _row_problem(outcome: OutcomeRecord) -> str | None:

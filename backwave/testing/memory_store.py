@@ -1014,7 +1014,8 @@ class InMemoryStore:
         """The applied ids, and how many dependents were made ready."""
         # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
         for row in rows:
-            for value in (row["boxed"], row["output"], row.get("progress"), row.get("metadata")):
+            # A side channel the attempt did not use is left out of its row (NULL in jsonb_to_recordset).
+            for value in (row["boxed"], row.get("output"), row.get("progress"), row.get("metadata")):
                 if value is not None and (refusal := _jsonb_refusal(value)):
                     raise _refused(*refusal)
         if not _live(db, lease_id, now):
@@ -1045,11 +1046,11 @@ class InMemoryStore:
             _report(job, row)
             job.lease_id = None
             job.suspect = False  # the attempt ended without taking its worker down
-            if row["output"] is not None:  # coalesce(j.output, '{}') || o.output
+            if row.get("output") is not None:  # coalesce(j.output, '{}') || o.output
                 job.output_json = json.dumps({**(job.output or {}), **row["output"]})
-            if row["tag_add"] is not None or row["tag_remove"] is not None:
-                removed = set(row["tag_remove"] or ())
-                job.tags = [tag for tag in dict.fromkeys([*job.tags, *(row["tag_add"] or ())]) if tag not in removed]
+            if row.get("tag_add") is not None or row.get("tag_remove") is not None:
+                removed = set(row.get("tag_remove") or ())
+                job.tags = [tag for tag in dict.fromkeys([*job.tags, *(row.get("tag_add") or ())]) if tag not in removed]
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
                 id=db.next_attempt_id(), job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
                 started_at=job.last_attempted_at, finished_at=finished_at,
