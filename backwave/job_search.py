@@ -74,13 +74,21 @@ class _Within(Func):
     output_field = BooleanField()
 
 
+# The predicates of the partial GIN indexes (Job.Meta.indexes), stated as they are so that
+# PostgreSQL can prove them: the second conjunct is what no other statement says.
+SEARCHABLE = {
+    "payload": ~Q(state="running") & ~Q(payload={}),
+    "tags": ~Q(state="running") & ~Q(tags=[]),
+}
+
+
 def contains(column: str, value: Any) -> Q:
     """Jobs whose ``column`` (payload or tags) contains ``value``. The GIN indexes leave running
     rows out (a claim then writes no GIN entry), so the rest is read through them, and running
     jobs, at most the jobs in flight, through the partial running-jobs index."""
     field = Job._meta.get_field(column)
     within = _Within(Cast(Value(json.dumps(value) if column == "payload" else value), field.__class__(**_cast_options(field))), F(column))
-    return (Q(**{f"{column}__contains": value}) & ~Q(state="running")) | (Q(within) & Q(state="running"))
+    return (Q(**{f"{column}__contains": value}) & SEARCHABLE[column]) | (Q(within) & Q(state="running"))
 
 
 def _cast_options(field) -> dict:

@@ -313,9 +313,16 @@ class Job(models.Model):
             # Partial, leaving running rows out: a claim (ready -> running) then writes no GIN
             # entry (it tripled the claim's WAL bytes otherwise); the search looks for running
             # jobs through the small running-jobs index instead (backwave/job_search.py).
-            GinIndex(fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"], condition=~models.Q(state="running")),
-            # The tag filter: tags @> ARRAY['tenant:7'], partial for the same reason.
-            GinIndex(fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running")),
+            # The second conjunct keeps the index out of reach of every statement that does not
+            # search: "NOT state = 'running'" alone is implied by "state = 'ready'", and with
+            # statistics from an empty table the claim read this index as a bitmap over every
+            # row (10 ms a claim at 20,000 jobs). Only the search states "payload <> '{}'"
+            # (job_search.SEARCHABLE), and no payload that '{}' has can match a search anyway.
+            GinIndex(fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"],
+                     condition=~models.Q(state="running") & ~models.Q(payload={})),
+            # The tag filter: tags @> ARRAY['tenant:7'], partial for the same reasons (a job
+            # without tags matches no tag).
+            GinIndex(fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running") & ~models.Q(tags=[])),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_job_priority_range"),

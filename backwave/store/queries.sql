@@ -30,7 +30,13 @@ SELECT CASE WHEN %(statement_timeout)s::text IS NOT NULL
        -- JIT off: these are short statements, and a plan whose estimate passes jit_above_cost
        -- (the outcome write's settling CTEs beside a wide fan-in) would spend about half a
        -- second compiling itself on every execution.
-       set_config('jit', 'off', true)
+       set_config('jit', 'off', true),
+       -- Generic plans: every statement here is written so that its plan does not depend on
+       -- its parameters' values (ids as arrays, states behind sub-selects), and each is
+       -- prepared. Left to choose, PostgreSQL kept planning the outcome write and the claim
+       -- afresh on every call whenever the statistics made a custom plan look cheaper (1.2 ms
+       -- and 0.65 ms of planning a call, measured with statistics from an empty table).
+       set_config('plan_cache_mode', 'force_generic_plan', true)
 
 
 -- name: open_lease

@@ -4,9 +4,11 @@ statement, the failure policies, Job Output and tag deltas."""
 from __future__ import annotations
 
 import threading
+import uuid
 
 import psycopg
 import pytest
+from django.db import connection
 
 from backwave.core.jobs import OutcomeKind
 from backwave.store.contract import After, DependencyRefused, NewJob, OutcomeRecord
@@ -174,3 +176,37 @@ def test_the_stores_statements_run_without_jit():
     finally:
         del QUERIES["probe_jit"]
         store.close()
+
+
+@pytest.mark.stores("postgres")
+def test_the_stores_prepared_statements_are_planned_once(rows):
+    """Each prepared statement gets one generic plan, never a custom plan per call: with
+    statistics from an empty table PostgreSQL re-planned the outcome write (1.2 ms) and the
+    claim (0.65 ms) on every call. Counted by the server for this connection."""
+    from backwave.store.contract import OutcomeRecord
+    from backwave.store.queries import QUERIES
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE backwave_job")
+    rows.make_jobs(200)
+    store = PostgresStore.from_django(statement_timeout=5, lock_timeout=1)
+    lease_id = uuid.uuid4()
+    store.open_lease(lease_id=lease_id, worker_id="w", group="g", hostname="h", pid=1, duration=60.0)
+    jobs = store.claim_jobs(lease_id=lease_id, worker_id="w", queues=["default"], limit=10)
+    for _ in range(12):
+        _, jobs = store.write_outcomes_then_claim(
+            lease_id=lease_id, worker_id="w", queues=["default"], limit=10,
+            outcomes=[OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED) for job in jobs],
+        )
+    # The settings statement itself is planned before its set_config runs (by the session's
+    # setting, custom for its first five calls): a SELECT of constants, left out here.
+    QUERIES["probe_plans"] = (
+        "SELECT coalesce(sum(custom_plans), 0), coalesce(sum(generic_plans), 0) FROM pg_prepared_statements"
+        " WHERE statement NOT LIKE 'SELECT CASE WHEN%%set_config%%'"
+    )
+    try:
+        ((custom, generic),) = store._execute("probe_plans", {})
+    finally:
+        del QUERIES["probe_plans"]
+        store.close()
+    assert custom == 0 and generic > 0, (custom, generic)
