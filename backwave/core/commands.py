@@ -102,6 +102,12 @@ class RollUpStats(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AnalyzeTables(Command):
+    """Maintenance: ANALYZE BackWave's busy tables whose planner statistics fell behind their
+    changes, when autovacuum has not (it may be off, or slow to get to them)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PurgePumps(Command):
     """Maintenance: forget the health rows of pumps silent for ``older_than`` seconds."""
 

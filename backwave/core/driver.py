@@ -455,6 +455,7 @@ _HANDLERS = {
     ev.JobsPurged: NodeDriver._on_jobs_purged,
     ev.StatsRolledUp: NodeDriver._on_stats_rolled_up,
     ev.PumpsPurged: NodeDriver._on_nothing_to_do,
+    ev.TablesAnalyzed: NodeDriver._on_nothing_to_do,
     ev.JobsReleased: NodeDriver._on_nothing_to_do,
     ev.LeaseReleased: NodeDriver._on_lease_released,
     ev.LeaseReconciled: NodeDriver._on_lease_reconciled,

@@ -127,6 +127,13 @@ class StatsRolledUp(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TablesAnalyzed(Event):
+    """A maintenance run analyzed these tables (none: every table's statistics were fresh)."""
+
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PumpsPurged(Event):
     """A maintenance run forgot ``purged`` silent pumps."""
 

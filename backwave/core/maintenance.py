@@ -1,8 +1,8 @@
 """When a pump runs maintenance, and what one run sends.
 
 Every step is harmless when other nodes run it at the same time: lease expiry, schedule minting,
-the rollup of finished attempts into per-task statistics, and retention's purge of finished jobs
-and silent pumps. The rollup and the purge work a page at a time; a full page means more is due,
+the rollup of finished attempts into per-task statistics, retention's purge of finished jobs
+and silent pumps, and the refresh of the planner's statistics of tables autovacuum left behind. The rollup and the purge work a page at a time; a full page means more is due,
 done on the next tick, so a large backlog never holds the pump (and its heartbeat) for long. The
 rollup goes before the purge: the purge keeps a job until its attempts are rolled up.
 """
@@ -38,6 +38,7 @@ class Maintenance:
             self.next_run = now + self.options.maintenance_interval
             commands: list[cmd.Command] = [cmd.ExpireLeases(limit=cmd.EXPIRY_BATCH), cmd.MintSchedules()]
             commands += self._roll_up(now)
+            commands.append(cmd.AnalyzeTables())
             commands += self._purge(now)
             if self.options.retention.pumps is not None:
                 commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))

@@ -283,6 +283,11 @@ class Executor:
                 if rolled:
                     maintenance_logger.debug("Statistics: rolled up %d finished attempt(s)", rolled)
                 return ev.StatsRolledUp(now=self._clock(), rolled=rolled)
+            case cmd.AnalyzeTables():
+                tables = store.refresh_statistics()
+                if tables:
+                    maintenance_logger.info("Statistics: analyzed %s (they fell behind their changes)", ", ".join(tables))
+                return ev.TablesAnalyzed(now=self._clock(), tables=tuple(tables))
             case cmd.PurgePumps():
                 purged = store.purge_pumps(older_than=command.older_than)
                 if purged:

@@ -194,6 +194,13 @@ class DeliveryResult:
 # No observer watches anything: the outcome statements note no transition.
 NOTHING_OBSERVED = "[]"
 
+# When refresh_statistics analyzes a table: more rows changed since its last analysis than this
+# many plus this share of its rows (autovacuum's own default is 50 plus 10%; this leaves it the
+# first go, and keeps a busy queue from being analyzed on every maintenance run).
+STALE_STATISTICS = (1000, 0.2)
+# The tables whose statistics the hot statements' plans depend on.
+ANALYZED_TABLES = ("backwave_job", "backwave_attempt", "backwave_dependency", "backwave_transition")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleDefinition:
@@ -402,6 +409,12 @@ class Store(Protocol):
 
     def purge_pumps(self, *, older_than: float) -> int:
         """Delete the health rows of pumps silent for more than ``older_than`` seconds."""
+
+    def refresh_statistics(self) -> list[str]:
+        """ANALYZE those of BackWave's busy tables whose planner statistics fell behind: changed
+        since their last analysis by more than ``STALE_STATISTICS`` allows. Returns their names
+        (none when all are fresh, or another session is analyzing them). A store without a planner
+        has nothing to refresh."""
 
     def close(self) -> None:
         """Close the connection."""

@@ -50,7 +50,7 @@ from backwave.core.jobs import ClaimedJob
 from backwave.core.options import store_timeouts
 
 from .contract import (
-    NOTHING_OBSERVED, ROLLUP_SETTLE, Applied, DeliveryResult, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth,
+    ANALYZED_TABLES, NOTHING_OBSERVED, ROLLUP_SETTLE, STALE_STATISTICS, Applied, DeliveryResult, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth,
     ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
 )
 from .params import (
@@ -469,6 +469,16 @@ class PostgresStore:
         if not worker_ids:
             return 0
         return self._execute("forget_pumps_many", {"worker_ids": list(worker_ids)})[0][0]
+
+    def refresh_statistics(self) -> list[str]:
+        """ANALYZE the busy tables whose statistics fell behind (see the contract); SKIP_LOCKED,
+        so a table another session is vacuuming or analyzing is left to it. Two round-trips when
+        something is stale (ANALYZE is a utility statement, chosen after the check), one when not."""
+        base, fraction = STALE_STATISTICS
+        stale = [row[0] for row in self._execute("stale_statistics", {"tables": list(ANALYZED_TABLES), "base": base, "fraction": fraction})]
+        if stale:
+            self._pipeline("refresh_statistics", [(f"analyze_{table}", {}) for table in stale])
+        return stale
 
     def purge_pumps(self, *, older_than: float) -> int:
         """Delete health rows silent for more than ``older_than`` seconds; returns how many."""

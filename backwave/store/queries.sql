@@ -1258,6 +1258,40 @@ WITH gone AS (
 SELECT count(*) FROM gone
 
 
+-- name: stale_statistics
+-- The tables of %(tables)s whose planner statistics fell behind: changed since their last
+-- ANALYZE (by anyone, autovacuum included) by more than base + fraction * their rows. With
+-- statistics taken while a table was empty, every estimate of it is about one row, and plans
+-- that are right for one row (a sequential scan for the outcome write) are kept for 20,000.
+-- The counters come from the cumulative statistics system, which lags its writers by up to a
+-- second: a refresh can come one maintenance run late, never wrong.
+SELECT s.relname::text
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+WHERE s.relid IN (SELECT to_regclass(t) FROM unnest(%(tables)s::text[]) AS t)
+  AND s.n_mod_since_analyze > %(base)s + %(fraction)s * greatest(c.reltuples, 0)
+ORDER BY s.relname
+
+
+-- name: analyze_backwave_job
+-- refresh_statistics' ANALYZE of each table stale_statistics may name, one fixed statement a
+-- table (no identifier is ever built from data). SKIP_LOCKED: a table another session is
+-- vacuuming or analyzing is left to it.
+ANALYZE (SKIP_LOCKED) backwave_job
+
+
+-- name: analyze_backwave_attempt
+ANALYZE (SKIP_LOCKED) backwave_attempt
+
+
+-- name: analyze_backwave_dependency
+ANALYZE (SKIP_LOCKED) backwave_dependency
+
+
+-- name: analyze_backwave_transition
+ANALYZE (SKIP_LOCKED) backwave_transition
+
+
 -- name: purge_pumps
 -- Pumps that stopped reporting long ago (killed, host gone): forgotten by maintenance.
 WITH gone AS (

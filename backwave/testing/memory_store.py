@@ -854,6 +854,10 @@ class InMemoryStore:
                 del db.pumps[worker_id]
             return len(gone)
 
+    def refresh_statistics(self) -> list[str]:
+        """No planner here, so no statistics to fall behind: nothing to analyze."""
+        return []
+
     def purge_pumps(self, *, older_than: float) -> int:
         """Delete health rows silent for more than ``older_than`` seconds; returns how many."""
         with self._operation() as (db, now):

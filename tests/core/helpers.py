@@ -28,7 +28,7 @@ QUEUES = ("default",)
 # Traces keep nothing to purge unless a test asks: maintenance is then the three steps every
 # run has (purging and rollup pages are traced on their own in test_driver_maintenance.py).
 NO_RETENTION = Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None)
-MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules(), cmd.RollUpStats(limit=ROLLUP_BATCH)]
+MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules(), cmd.RollUpStats(limit=ROLLUP_BATCH), cmd.AnalyzeTables()]
 
 
 # Traces batch outcomes by the full batch and the idle pool alone unless a test asks: the

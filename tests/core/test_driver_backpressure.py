@@ -116,6 +116,8 @@ class Model:
                 self.send(ev.StatsRolledUp(now=self.now, rolled=self.rng.choice([0, limit])))
             case cmd.PurgePumps():
                 self.send(ev.PumpsPurged(now=self.now, purged=0))
+            case cmd.AnalyzeTables():
+                self.send(ev.TablesAnalyzed(now=self.now, tables=self.rng.choice([(), ("backwave_job",)])))
             case cmd.ReleaseJobs(job_ids=ids):
                 self.send(ev.JobsReleased(now=self.now, released=frozenset(ids)))
             case cmd.ReleaseLease():

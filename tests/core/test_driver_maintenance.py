@@ -120,7 +120,7 @@ def test_a_rollup_still_running_is_not_sent_again():
     t = settled(maintenance_interval=1.0)
     assert t.tick(1.0) == FULL_MAINTENANCE
     t.purged(0, now=1.1)
-    assert t.tick(2.0) == [*MAINTENANCE[:2], PURGE, cmd.PurgePumps(older_than=600.0)]
+    assert t.tick(2.0) == [*MAINTENANCE[:2], cmd.AnalyzeTables(), PURGE, cmd.PurgePumps(older_than=600.0)]
 
 
 def test_a_failed_rollup_waits_for_the_next_run():

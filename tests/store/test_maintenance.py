@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 
 from backwave.core.options import Retention
 from backwave.shell.schedules import mint_due, plan_slots
@@ -205,3 +206,50 @@ def test_silent_pumps_are_purged(store, rows):
     rows.silence_pump("old", seconds=7200)
     assert store.purge_pumps(older_than=3600) == 1
     assert list(rows.pumps()) == ["fresh"]
+
+
+# -- the planner's statistics --------------------------------------------------------------------
+
+
+def _planner_rows(table: str) -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.stores("postgres")
+def test_statistics_that_fell_behind_are_refreshed_and_fresh_ones_left_alone(store, rows):
+    """Analyzed while empty, then 5,000 jobs later: the planner still counts about none, and
+    (with autovacuum off, as on this test server) nothing would ever tell it otherwise."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE backwave_job, backwave_attempt, backwave_dependency, backwave_transition")
+    assert store.refresh_statistics() == []  # all fresh: the check, and no ANALYZE
+    rows.make_jobs(5000)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # the counters this session owes, now
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    assert _planner_rows("backwave_job") < 100
+
+    before = store.round_trips
+    assert store.refresh_statistics() == ["backwave_job"]
+    assert store.round_trips == before + 2  # the check, then the ANALYZE of what it found
+    assert _planner_rows("backwave_job") >= 4000
+    assert store.refresh_statistics() == []
+
+
+@pytest.mark.stores("memory")
+def test_a_store_without_a_planner_has_no_statistics_to_refresh(store, rows):
+    rows.make_jobs(5000)
+    before = store.round_trips
+    assert store.refresh_statistics() == []
+    assert store.round_trips == before
+
+
+def test_every_table_the_check_may_name_has_its_analyze_statement():
+    from backwave.store.contract import ANALYZED_TABLES
+    from backwave.store.queries import QUERIES
+
+    assert {f"analyze_{table}": f"ANALYZE (SKIP_LOCKED) {table}" for table in ANALYZED_TABLES} == {
+        name: text for name, text in QUERIES.items() if name.startswith("analyze_")
+    }

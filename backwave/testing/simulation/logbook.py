@@ -56,6 +56,8 @@ def fmt_event(event: ev.Event) -> str:
             detail = str(getattr(event, "released", getattr(event, "purged", "")))
         case ev.StatsRolledUp():
             detail = str(event.rolled)
+        case ev.TablesAnalyzed():
+            detail = ",".join(event.tables)
         case ev.JobsReleased():
             detail = ",".join(map(str, sorted(event.released)))
         case ev.DrainRequested():
