@@ -99,6 +99,7 @@ class _Attempt:
         self.max_traceback_chars = max_traceback_chars
         self.max_result_bytes = max_result_bytes
         self.control = control if control is not None else AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout, clock=clock)
+        self.control.started_as = (self.result, sender, job.queue, job.task_path)
         # Made before the handler runs (and before its try), so whatever the handler recorded
         # through it is read back however the handler ends.
         self.context = (
@@ -252,14 +253,14 @@ class AttemptControls:
             if self._running.get((control.job_id, control.attempt)) is control:
                 del self._running[(control.job_id, control.attempt)]
 
-    def stop(self, job_id: int, attempt: int, reason: str) -> bool:
-        """Flag that attempt's handler to stop; False when it is not running (any more)."""
+    def stop(self, job_id: int, attempt: int, reason: str) -> AttemptControl | None:
+        """Flag that attempt's handler to stop; its control, or None when it is not running (any more)."""
         with self._lock:
             control = self._running.get((job_id, attempt))
         if control is None:
-            return False
+            return None
         control.stop(reason)
-        return True
+        return control
 
     def forget(self, job: ClaimedJob) -> None:
         with self._lock:
@@ -480,10 +481,15 @@ def _running_result(job: ClaimedJob, task, worker_id: str) -> TaskResult:
 def send_finished(report: AttemptReport, written: OutcomeRecord | None = None) -> None:
     """Django's task_finished for an attempt whose outcome the store applied: sent once, after the
     write landed, from the pump's thread. ``written`` is the record the store wrote in place of
-    the attempt's own when it could not store that one (backwave.UnstorableResult): the signal
-    then says what was stored, a failure. A receiver that raises is logged; the others still run,
-    and neither the batch nor the pump ever hears of it."""
-    result = report.task_result
+    the attempt's own when it could not store that one (backwave.UnstorableResult), or the
+    driver's when it ended the attempt (a time limit): the signal then says what was stored, a
+    failure. A receiver that raises is logged; the others still run, and neither the batch nor
+    the pump ever hears of it."""
+    send_finished_for(report.task_result, report.sender, written)
+
+
+def send_finished_for(result: TaskResult | None, sender: type | None, written: OutcomeRecord | None = None) -> None:
+    """send_finished for an attempt known by its TaskResult and sender alone."""
     if result is None:
         return  # an unroutable job never started: no task_started, no task_finished
     try:
@@ -493,6 +499,6 @@ def send_finished(report: AttemptReport, written: OutcomeRecord | None = None) -
             result.errors.append(TaskError(exception_class_path=written.error_class, traceback=written.traceback))
         # send_robust: every receiver runs, and each one's exception is logged by Django
         # ("django.dispatch", with its traceback) instead of raised into the pump.
-        task_finished.send_robust(sender=report.sender, task_result=result)
+        task_finished.send_robust(sender=sender, task_result=result)
     except Exception:
         logger.exception("task_finished could not be sent for job %s", result.id)

@@ -46,6 +46,7 @@ goes stale for ``backwave_health`` and the admin.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import queue
@@ -68,7 +69,7 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import NOTHING_OBSERVED, PumpHealth, Store, StoreError, TransientStoreError
 from backwave.store.in_transaction import write_outcome
 
-from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished
+from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished, send_finished_for
 from .executor import Executor
 from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
@@ -79,6 +80,9 @@ logger = logging.getLogger("backwave.pump")
 # While its channel never runs dry, a pump publishes its snapshot at least every this many events.
 SNAPSHOT_EVERY = 64
 
+
+# How many stopped attempts a pump remembers for their task_finished (see Pump._stopped).
+_STOPPED_KEPT = 1000
 
 class PumpSnapshot(NamedTuple):
     """The driver's state as other threads may know it, published by the pump thread after each
@@ -234,6 +238,10 @@ class Pump:
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
         self.controls = AttemptControls()  # the running attempts' stop flags and progress
+        # The attempts this pump's driver told to stop, by (job id, attempt), until their outcome
+        # is applied: one the driver ends itself (a time limit) has no handler report to send
+        # task_finished from. Pump thread only; bounded, as a refused outcome never comes back.
+        self._stopped: dict[tuple[int, int], object] = {}
         self._executor = Executor(
             None,  # the store, once it is open: see _store
             options=options,
@@ -458,8 +466,11 @@ class Pump:
         )
 
     def _stop_attempt(self, command) -> None:
-        if self.controls.stop(command.job_id, command.attempt, command.reason):
+        if (control := self.controls.stop(command.job_id, command.attempt, command.reason)) is not None:
             logger.warning("Pump %s: job %s attempt %s told to stop (%s)", self.worker_id, command.job_id, command.attempt, command.reason)
+            if len(self._stopped) >= _STOPPED_KEPT:
+                del self._stopped[next(iter(self._stopped))]
+            self._stopped[(command.job_id, command.attempt)] = control
 
     def _event_loop(self) -> EventLoopThread:
         # Started on the first async job: a pump that runs only sync tasks never has one. The
@@ -478,10 +489,20 @@ class Pump:
 
     def _applied(self, outcome, written) -> None:
         report = outcome.report
+        control = self._stopped.pop((outcome.job_id, outcome.attempt), None)
         if report is not None:
             # Counted as stored: an outcome the store could not write is stored as a failure.
             self._tally.applied(report.queue, report.task_path, outcome.kind if written is None else written.kind, report.duration)
             send_finished(report, written)
+        elif control is not None and control.started_as is not None and written is not None:
+            # Ended by the driver (a time limit) while its handler runs on: what was stored is
+            # the driver's record. A copy of the attempt's TaskResult, which its handler's thread
+            # may still be changing.
+            running, sender, queue_name, task_path = control.started_as
+            result = copy.copy(running)
+            object.__setattr__(result, "errors", list(running.errors))
+            self._tally.applied(queue_name, task_path, written.kind, control.elapsed())
+            send_finished_for(result, sender, written)
 
     # ---- health -----------------------------------------------------------------------------------
 

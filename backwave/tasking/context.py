@@ -78,8 +78,16 @@ class AttemptControl:
         self._metadata: Any = None
         self.last_progress: Any = None  # for the outcome: the attempt's last values
         self.last_metadata: Any = None
+        # Set by the handler's thread as its attempt starts: (TaskResult, sender, queue, task
+        # path), so that an attempt the driver ends (a time limit), whose handler has not
+        # reported, still gets its task_finished once that outcome is written.
+        self.started_as: tuple | None = None
 
     # -- the pump's side ------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        """Seconds since the attempt was handed to its thread."""
+        return self._clock() - self.started
 
     def stop(self, reason: str) -> None:
         """Make should_stop() true (a timeout or a cancel; the first reason stays)."""

@@ -23,7 +23,7 @@ from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REGISTRY = TaskRegistry([worker_tasks.noop, worker_tasks.flaky, worker_tasks.waits_for_gate_on_first_attempt])
+REGISTRY = TaskRegistry([worker_tasks.noop, worker_tasks.flaky, worker_tasks.waits_for_gate_on_first_attempt, worker_tasks.overruns_first_attempt])
 
 
 
@@ -90,6 +90,26 @@ def test_one_signal_per_applied_attempt_after_its_outcome_is_written(received, p
     assert {r["sender"] for r in received} == {BackWaveBackend}
     assert [r["written"] for r in received] == [1, 2, 3]  # each sent once its attempt row was there
     assert {r["thread"] for r in received} == {"backwave-pump-signals-0"}
+
+
+def test_an_attempt_the_worker_ends_at_its_time_limit_is_signalled_once_written(received, pump_factory):
+    """The driver ends attempt 1 at its limit and writes it failed while its thread goes on; its
+    task_finished comes after that write (the handler's late return sends nothing more), then
+    attempt 2's."""
+    (result,) = enqueue_many([(worker_tasks.overruns_first_attempt, (), {})])
+    pump = pump_factory()
+    wait_until(lambda: len(received) == 2, what="two task_finished signals", timeout=30)
+    wait_until(lambda: pump.driver.unreported == 0)
+
+    assert Job.objects.get(id=result.id).state == "succeeded"
+    assert [(r["attempt"], r["status"]) for r in received] == [(1, "FAILED"), (2, "SUCCESSFUL")]
+    assert received[0]["errors"] == [Attempt.objects.get(job_id=result.id, number=1).error_class]
+    assert received[0]["written"] == 1
+    assert {r["thread"] for r in received} == {"backwave-pump-signals-0"}
+    # The first attempt's handler returns at last: its report is no second signal.
+    wait_until(lambda: pump.controls.stopped_running() == [], what="the overrunning handler returning", timeout=30)
+    wait_until(lambda: pump.driver.unreported == 0)
+    assert len(received) == 2
 
 
 def test_an_outcome_the_fence_refuses_sends_nothing(received, pump_factory):
