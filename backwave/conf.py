@@ -604,6 +604,13 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
             raise
         except Exception as error:  # InvalidTask, TypeError from .using(): the message says what is wrong
             raise ScheduleConfigError(f"{where}: {error}") from error
+        if job.unique_key is not None:
+            # A schedule's uniqueness is its slot (one job per slot, by constraint); a task's
+            # Unique would be silently ignored on minted jobs, so it is refused here instead.
+            raise ScheduleConfigError(
+                f"{where}: the task {job.task_path!r} declares uniqueness (unique=...), which minted jobs do not apply: a "
+                "schedule makes one job per slot already. Schedule a task without unique=, or enqueue it yourself."
+            )
         definitions.append(
             ScheduleDefinition(
                 name=name,
@@ -619,6 +626,7 @@ def definitions_from_settings(schedules: Mapping[str, Mapping], registry: TaskRe
                 backend=job.backend,
                 tags=tuple(job.tags),
                 timeout=job.timeout,
+                limit_key=job.limit_key,
                 enabled=spec.get("enabled", True),
             )
         )

@@ -152,6 +152,10 @@ class Schedule(models.Model):
     backend = models.CharField(max_length=64, default="default")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).")
+    limit_key = models.CharField(
+        max_length=255, null=True, blank=True,
+        help_text="The per-key concurrency key of each minted job (the task's limit_by or limit_key, from the schedule's arguments).",
+    )
     enabled = models.BooleanField(default=True)
     last_slot = models.DateTimeField(null=True, blank=True, help_text="The latest slot minted as a job.")
     next_run = models.DateTimeField(null=True, blank=True, help_text="The next slot due (database clock); NULL until computed.")

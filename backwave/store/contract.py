@@ -219,6 +219,7 @@ class ScheduleDefinition:
     backend: str = "default"
     tags: Sequence[str] = ()
     timeout: float | None = None  # the task's time limit, carried by every job minted
+    limit_key: str | None = None  # the task's per-key concurrency key for these arguments, likewise
     enabled: bool = True
 
 

@@ -413,7 +413,7 @@ class PostgresStore:
                 "name": d.name, "task_path": d.task_path, "cron": d.cron, "args": list(d.args), "kwargs": dict(d.kwargs),
                 "queue": d.queue, "priority": d.priority, "max_attempts": d.max_attempts, "backoff_base": d.backoff_base,
                 "backoff_max": d.backoff_max, "backend": d.backend, "tags": list(d.tags), "enabled": d.enabled,
-                "timeout": d.timeout,
+                "timeout": d.timeout, "limit_key": d.limit_key,
             }
             for d in schedules
         ]

@@ -946,14 +946,14 @@ WITH declared AS (
     FROM jsonb_to_recordset(%(schedules)s::jsonb)
          AS d(name text, task_path text, cron text, args jsonb, kwargs jsonb, queue text,
               priority smallint, max_attempts int, backoff_base float8, backoff_max float8,
-              backend text, tags varchar[], enabled boolean, timeout float8)
+              backend text, tags varchar[], enabled boolean, timeout float8, limit_key text)
 ), written AS (
     INSERT INTO backwave_schedule AS s (name, task_path, cron, args, kwargs, queue, priority,
                                         max_attempts, backoff_base, backoff_max, backend, tags,
-                                        enabled, last_slot, next_run, created_at, updated_at, timeout)
+                                        enabled, last_slot, next_run, created_at, updated_at, timeout, limit_key)
     SELECT d.name, d.task_path, d.cron, d.args, d.kwargs, d.queue, d.priority, d.max_attempts,
            d.backoff_base, d.backoff_max, d.backend, coalesce(d.tags, '{}'::varchar[]), d.enabled,
-           NULL, NULL, now(), now(), d.timeout
+           NULL, NULL, now(), now(), d.timeout, d.limit_key
     FROM declared AS d
     ON CONFLICT (name) DO UPDATE
     SET task_path = excluded.task_path,
@@ -968,6 +968,7 @@ WITH declared AS (
         backend = excluded.backend,
         tags = excluded.tags,
         timeout = excluded.timeout,
+        limit_key = excluded.limit_key,
         enabled = excluded.enabled,
         next_run = CASE WHEN s.cron = excluded.cron AND s.enabled AND excluded.enabled
                         THEN s.next_run END,
@@ -1014,7 +1015,7 @@ WITH due AS (
          AS d(schedule_id bigint, cron text, slot timestamptz, next_run timestamptz)
 ), locked AS MATERIALIZED (
     SELECT s.id, s.task_path, s.args, s.kwargs, s.queue, s.priority, s.max_attempts,
-           s.backoff_base, s.backoff_max, s.backend, s.tags, s.timeout, s.last_slot, d.slot, d.next_run
+           s.backoff_base, s.backoff_max, s.backend, s.tags, s.timeout, s.limit_key, s.last_slot, d.slot, d.next_run
     FROM backwave_schedule AS s
     JOIN due AS d ON d.schedule_id = s.id
     WHERE s.enabled AND s.cron = d.cron
@@ -1023,10 +1024,10 @@ WITH due AS (
 ), minted AS (
     INSERT INTO backwave_job (task_path, payload, queue, priority, run_at, max_attempts,
                               backoff_base, backoff_max, backend, tags, state, attempts,
-                              enqueued_at, worker_id, schedule_id, schedule_slot, timeout)
+                              enqueued_at, worker_id, schedule_id, schedule_slot, timeout, limit_key)
     SELECT l.task_path, jsonb_build_object('args', l.args, 'kwargs', l.kwargs), l.queue,
            l.priority, l.slot, l.max_attempts, l.backoff_base, l.backoff_max, l.backend, l.tags,
-           'ready', 0, now(), '', l.id, l.slot, l.timeout
+           'ready', 0, now(), '', l.id, l.slot, l.timeout, l.limit_key
     FROM locked AS l
     WHERE l.slot IS NOT NULL AND (l.last_slot IS NULL OR l.slot > l.last_slot)
     ON CONFLICT (schedule_id, schedule_slot) WHERE schedule_id IS NOT NULL DO NOTHING

@@ -198,6 +198,7 @@ class ScheduleRow:
     enabled: bool
     created_at: datetime
     timeout: float | None = None
+    limit_key: str | None = None
     updated_at: datetime
     last_slot: datetime | None = None
     next_run: datetime | None = None
@@ -709,6 +710,7 @@ class InMemoryStore:
                     task_path=d.task_path, cron=d.cron, args=json.loads(json.dumps(list(d.args))), kwargs=json.loads(json.dumps(dict(d.kwargs))),
                     queue=d.queue, priority=d.priority, max_attempts=d.max_attempts, backoff_base=d.backoff_base,
                     backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled, timeout=d.timeout,
+                    limit_key=d.limit_key,
                 )
                 row = by_name.get(d.name)
                 if row is None:
@@ -756,6 +758,7 @@ class InMemoryStore:
                     payload_json=json.dumps({"args": row.args, "kwargs": row.kwargs}), state="ready", backend=row.backend,
                     tags=list(row.tags), run_at=s.slot, enqueued_at=now, max_attempts=row.max_attempts,
                     backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot, timeout=row.timeout,
+                    limit_key=row.limit_key,
                 )
                 taken.add((row.id, s.slot))
                 minted.append(db.last_id)

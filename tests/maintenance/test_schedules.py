@@ -137,6 +137,29 @@ def test_a_minted_job_carries_its_tasks_time_limit(store):
     assert Job.objects.get(id=job_id).timeout == 0.5
 
 
+def test_a_minted_job_carries_its_tasks_per_key_limit_key(store):
+    """A schedule of a task with limit_by mints jobs under that key, as an enqueue would: without
+    it a scheduled job would run outside its queue's per-key limit."""
+    registry = TaskRegistry([worker_tasks.per_customer])
+    sync_schedules(store, {"nightly": {"task": worker_tasks.per_customer.module_path, "cron": "*/5 * * * *", "args": ["acme"]}}, registry)
+    assert Schedule.objects.get().limit_key == "acme"
+    mint_due(store)
+    due_in_the_past("nightly", minutes=10)
+    (job_id,) = mint_due(store)
+    assert (Job.objects.get(id=job_id).limit_key, Job.objects.get(id=job_id).queue) == ("acme", "keyed")
+
+
+def test_a_schedule_of_a_unique_task_is_refused_before_anything_is_written(store):
+    from tests.backend import sample_tasks
+
+    registry = TaskRegistry([worker_tasks.noop, sample_tasks.sync_order])
+    spec = {"task": sample_tasks.sync_order.module_path, "cron": "* * * * *", "kwargs": {"order_id": 1}}
+    with pytest.raises(ScheduleConfigError, match="declares uniqueness") as error:
+        sync_schedules(store, {"good": {"task": NOOP, "cron": "* * * * *"}, "orders": spec}, registry)
+    assert "BACKWAVE['SCHEDULES']['orders']" in str(error.value)
+    assert Schedule.objects.count() == 0
+
+
 def test_after_downtime_only_the_latest_missed_slot_is_minted_once(store):
     sync_schedules(store, {"minutely": {"task": NOOP, "cron": "* * * * *"}}, REGISTRY)
     mint_due(store)

@@ -78,6 +78,15 @@ def test_a_due_slot_becomes_one_job_like_an_enqueued_one(store, rows):
     assert mint_due(store) == []
 
 
+def test_a_minted_job_carries_the_schedules_limit_key(store, rows):
+    store.sync_schedules(schedules=[definition("keyed", "*/5 * * * *", limit_key="acme"), definition("plain", "*/5 * * * *")])
+    mint_due(store)
+    rows.make_due("keyed", seconds_ago=600)
+    rows.make_due("plain", seconds_ago=600)
+    minted = mint_due(store)
+    assert sorted(rows.job(job_id).limit_key or "" for job_id in minted) == ["", "acme"]
+
+
 def test_after_downtime_only_the_latest_missed_slot_is_minted_once(store, rows):
     store.sync_schedules(schedules=[definition("minutely")])
     mint_due(store)
