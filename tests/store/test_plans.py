@@ -26,6 +26,18 @@ def plan_nodes(node: dict):
         yield from plan_nodes(child)
 
 
+def run_under_a_lease(cursor, selection: str) -> uuid.UUID:
+    """A new live lease, and the jobs ``SELECT id FROM backwave_job <selection>`` running under it."""
+    lease_id = uuid.uuid4()
+    cursor.execute(
+        "INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, created_at, renewed_at, expires_at)"
+        " VALUES (%s, 'w', 'g', 'h', 1, now(), now(), now() + interval '1 hour')",
+        [lease_id],
+    )
+    cursor.execute(f"UPDATE backwave_job SET state = 'running', lease_id = %s, attempts = 1 WHERE id IN (SELECT id FROM backwave_job {selection})", [lease_id])
+    return lease_id
+
+
 @pytest.fixture
 def backlog(transactional_db):
     """20,000 finished and 5,000 ready jobs over three queues, 300 of them running under 15 leases
@@ -40,17 +52,7 @@ def backlog(transactional_db):
             FROM generate_series(1, 25000) AS g
         """)
         for _ in range(15):
-            lease_id = uuid.uuid4()
-            cursor.execute(
-                "INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, created_at, renewed_at, expires_at)"
-                " VALUES (%s, 'w', 'g', 'h', 1, now(), now(), now() + interval '1 hour')",
-                [lease_id],
-            )
-            cursor.execute(
-                "UPDATE backwave_job SET state = 'running', lease_id = %s, attempts = 1"
-                " WHERE id IN (SELECT id FROM backwave_job WHERE state = 'ready' ORDER BY id DESC LIMIT 20)",
-                [lease_id],
-            )
+            run_under_a_lease(cursor, "WHERE state = 'ready' ORDER BY id DESC LIMIT 20")
         cursor.execute("ANALYZE backwave_job")
 
 
@@ -259,17 +261,7 @@ def queue_analyzed_idle(transactional_db):
             FROM generate_series(1, 10000)
         """)
         cursor.execute("ANALYZE backwave_job")
-        lease_id = uuid.uuid4()
-        cursor.execute(
-            "INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, created_at, renewed_at, expires_at)"
-            " VALUES (%s, 'w', 'g', 'h', 1, now(), now(), now() + interval '1 hour')",
-            [lease_id],
-        )
-        cursor.execute(
-            "UPDATE backwave_job SET state = 'running', lease_id = %s, attempts = 1"
-            " WHERE id IN (SELECT id FROM backwave_job ORDER BY id LIMIT 16)",
-            [lease_id],
-        )
+        run_under_a_lease(cursor, "ORDER BY id LIMIT 16")
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["custom", "generic"])
