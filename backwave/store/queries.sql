@@ -754,7 +754,10 @@ FOR NO KEY UPDATE OF j
     FROM dep_effects AS f
     LEFT JOIN dep_cause AS c ON c.id = f.job_id
     WHERE j.id = f.job_id AND j.state IN ('waiting', 'held')
-    RETURNING j.id, j.state
+    -- A released dependent wakes the pumps of its queue, as an enqueue does: it may be a queue
+    -- the pump that wrote this outcome does not serve, whose pumps would otherwise wait for
+    -- their next poll. One pg_notify per row; PostgreSQL delivers one per queue at commit.
+    RETURNING j.id, j.state, CASE WHEN j.state = 'ready' THEN pg_notify('backwave_hint', j.queue) END AS hinted
 )
 
 

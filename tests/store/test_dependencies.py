@@ -59,6 +59,26 @@ def test_the_last_ancestors_success_releases_the_dependent_in_the_same_statement
     assert (applied.released, [job.id for job in claimed]) == (1, [fan_in])  # claimed in that round-trip
 
 
+@pytest.mark.stores("postgres")
+def test_a_released_dependent_wakes_the_pumps_of_its_own_queue(store, lease, rows):
+    """The ancestor runs on "default"; its dependent is on "reports", which the writing pump may not
+    serve: the write that releases it sends that queue's wake-up hint, one however many it releases."""
+    import psycopg
+    from django.db import connection as django_connection
+
+    listener = psycopg.connect(**{**django_connection.get_connection_params(), "autocommit": True})
+    try:
+        listener.execute("LISTEN backwave_hint")
+        a, *_ = store.enqueue_many([new(), new(after=[After(position=0)], queue="reports"), new(after=[After(position=0)], queue="reports")])
+        list(listener.notifies(timeout=0.2))  # the enqueue's own hint for "default"
+        (job,) = claim(store, lease)
+        assert store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job)]).released == 2
+        heard = [n.payload for n in listener.notifies(timeout=1.0, stop_after=2)]
+    finally:
+        listener.close()
+    assert heard == ["reports"]
+
+
 @pytest.mark.parametrize("kind", [OutcomeKind.RETRY, OutcomeKind.SNOOZED])
 def test_a_retry_or_a_snooze_settles_nothing(store, lease, rows, kind):
     a, b = store.enqueue_many([new(), new(after=[After(position=0)])])
