@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -313,10 +314,17 @@ def _validate_limit_key(task) -> None:
         raise InvalidTask(f"limit_key of task {path!r} must be a string of 1 to {MAX_LIMIT_KEY_LENGTH} characters, got {limit_key!r}.")
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(func) -> inspect.Signature:
+    """A task function's signature, built once: inspect.signature per call was a sixth of a bulk
+    unique enqueue's client time (20,000 jobs, py-spy)."""
+    return inspect.signature(func)
+
+
 def _bound_arguments(task, args, kwargs) -> dict[str, Any]:
     """The call's arguments by parameter name (defaults filled in); extra positional arguments
     under "*" and extra keywords under their own names."""
-    signature = inspect.signature(task.func)
+    signature = _signature(task.func)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:
