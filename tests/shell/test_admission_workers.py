@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 from django.db.models import Count, Max, Min
 
-from backwave.models import Job, Queue
+from backwave.models import Job, Lease, Queue
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
@@ -25,8 +25,11 @@ FAST = ("--poll-interval", "0.05", "--maintenance-interval", "0.5", "--log-every
 
 def test_a_per_key_limit_of_two_holds_across_three_worker_processes(start_worker):
     customers = [f"customer-{n}" for n in range(5)]
-    enqueue_many([(worker_tasks.per_customer, (customer, 0.15), {}) for _ in range(8) for customer in customers])
     workers = [start_worker("--queues", "keyed", "--pool-size", "8", *FAST) for _ in range(3)]
+    # Every worker claiming before the jobs exist: enqueued first, the 40 jobs (under a second of
+    # work) could all go to the one worker that happened to start first (seen on a CI run).
+    workers[0].wait_for(lambda: Lease.objects.count() == 3, what="the three workers polling", timeout=60)
+    enqueue_many([(worker_tasks.per_customer, (customer, 0.15), {}) for _ in range(8) for customer in customers])
     peak: Counter[str] = Counter()
     samples = 0
     while Job.objects.filter(queue="keyed").exclude(state="succeeded").exists():
