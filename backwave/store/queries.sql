@@ -110,6 +110,46 @@ WITH gone AS MATERIALIZED (
 SELECT id FROM released ORDER BY id
 
 
+-- name: claimed_jobs
+-- Not a statement: the claims' shared CTE ({{claimed_jobs}}), after a CTE "picked"(id) of the
+-- rows each locked. It claims them under the lease and returns what the driver needs (the limit
+-- key for the admitted claim's debits; the other claims do not read it).
+claimed AS (
+    UPDATE backwave_job AS j
+    SET state = 'running',
+        lease_id = %(lease_id)s,
+        worker_id = %(worker_id)s,
+        attempts = j.attempts + 1,
+        last_attempted_at = now(),
+        started_at = coalesce(j.started_at, now())
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
+              j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
+              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
+              j.cancel_requested_at, j.cancel_requested_by, j.limit_key
+)
+
+
+-- name: claimed_rows
+-- Not a statement: the claims' final SELECT ({{claimed_rows}}), over "claimed". RETURNING
+-- order is unspecified, so it puts the batch back in claim order; it lists who ran the job's
+-- earlier attempts (one probe of the attempt table's unique (job_id, number) index per job, none
+-- for a first attempt).
+SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
+       c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
+       c.last_attempted_at,
+       CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
+            THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
+                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
+       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
+       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
+       -- the driver cancels it instead of running it.
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
+FROM claimed AS c
+ORDER BY c.priority DESC, c.run_at, c.id
+
+
 -- name: claim_jobs_one_queue
 -- One queue. "queue = %(queue)s" pins the leading column of the partial index
 -- backwave_job_claim (queue, priority DESC, run_at, id) WHERE state = 'ready', so an ordered
@@ -194,33 +234,8 @@ WITH lease AS MATERIALIZED (
     -- A constant LIMIT on top: the planner cannot read the room's value and would otherwise
     -- expect a large pick and look the ids up with a scan of the table instead of the primary key.
     LIMIT %(limit)s
-), claimed AS (
-    UPDATE backwave_job AS j
-    SET state = 'running',
-        lease_id = %(lease_id)s,
-        worker_id = %(worker_id)s,
-        attempts = j.attempts + 1,
-        last_attempted_at = now(),
-        started_at = coalesce(j.started_at, now())
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
-              j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
-              j.cancel_requested_at, j.cancel_requested_by
-)
-SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
-       c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
-       c.last_attempted_at,
-       CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
-            THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
-                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
-       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
-       -- the driver cancels it instead of running it.
-       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
-FROM claimed AS c
-ORDER BY c.priority DESC, c.run_at, c.id
+), {{claimed_jobs}}
+{{claimed_rows}}
 
 
 -- name: claim_jobs_many_queues
@@ -301,33 +316,8 @@ WITH lease AS MATERIALIZED (
     WHERE t.rank <= t.n
     ORDER BY t.position, t.priority DESC, t.run_at, t.id
     LIMIT %(limit)s
-), claimed AS (
-    UPDATE backwave_job AS j
-    SET state = 'running',
-        lease_id = %(lease_id)s,
-        worker_id = %(worker_id)s,
-        attempts = j.attempts + 1,
-        last_attempted_at = now(),
-        started_at = coalesce(j.started_at, now())
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
-              j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
-              j.cancel_requested_at, j.cancel_requested_by
-)
-SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
-       c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
-       c.last_attempted_at,
-       CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
-            THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
-                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
-       -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
-       -- the driver cancels it instead of running it.
-       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
-FROM claimed AS c
-ORDER BY c.priority DESC, c.run_at, c.id
+), {{claimed_jobs}}
+{{claimed_rows}}
 
 
 -- name: claim_jobs_admitted
@@ -458,21 +448,7 @@ WITH lease AS MATERIALIZED (
     WHERE t.rank <= t.n
     ORDER BY t.position, t.priority DESC, t.run_at, t.id
     LIMIT %(limit)s
-), claimed AS (
-    UPDATE backwave_job AS j
-    SET state = 'running',
-        lease_id = %(lease_id)s,
-        worker_id = %(worker_id)s,
-        attempts = j.attempts + 1,
-        last_attempted_at = now(),
-        started_at = coalesce(j.started_at, now())
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
-              j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
-              j.cancel_requested_at, j.cancel_requested_by, j.limit_key
-), debited AS (
+), {{claimed_jobs}}, debited AS (
     -- A data-modifying CTE runs whether or not it is referenced.
     UPDATE backwave_queue AS qs
     SET rate_window_used = CASE WHEN qs.rate_window_start = r.window_start THEN qs.rate_window_used ELSE 0 END + d.started,
@@ -497,17 +473,7 @@ WITH lease AS MATERIALIZED (
     WHERE r.key_rate IS NOT NULL AND w.queue = r.name AND w.window_start < r.window_start
       AND NOT EXISTS (SELECT FROM claimed AS c WHERE c.queue = w.queue AND c.limit_key = w.limit_key)
 )
-SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_attempts,
-       c.backoff_base, c.backoff_max, c.backend, c.enqueued_at, c.started_at,
-       c.last_attempted_at,
-       CASE WHEN c.attempts > 1  -- a first attempt has no history: skip the lookup
-            THEN ARRAY(SELECT a.worker_id FROM backwave_attempt AS a
-                       WHERE a.job_id = c.id ORDER BY a.number) END AS previous_worker_ids,
-       c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
-       -- A cancel requested while an earlier attempt ran: the driver cancels it instead of running it.
-       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
-FROM claimed AS c
-ORDER BY c.priority DESC, c.run_at, c.id
+{{claimed_rows}}
 
 
 -- name: write_outcomes_many

@@ -228,16 +228,22 @@ def test_a_claim_that_ignores_per_key_limits_is_caught(monkeypatch):
     assert "per-key limit" in failure.problem, failure.problem
 
 
-def test_a_claim_that_never_debits_the_rate_window_is_caught(monkeypatch):
+def _claims_forgetting(monkeypatch, windows: str) -> None:
+    """A planted bug: every claim runs, then loses what it debited from the memory store's
+    ``windows`` (its rate windows, or its per-key ones)."""
     real_claim = memory.InMemoryStore._claim
 
     def forgetting(db, now, claim):
         try:
             return real_claim(db, now, claim)
         finally:
-            db.rate_windows.clear()
+            getattr(db, windows).clear()
 
     monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(forgetting))
+
+
+def test_a_claim_that_never_debits_the_rate_window_is_caught(monkeypatch):
+    _claims_forgetting(monkeypatch, "rate_windows")
     failure = first_failure()
     assert "rate limit" in failure.problem, failure.problem
 
@@ -327,14 +333,6 @@ def test_a_dependent_released_at_enqueue_is_caught(monkeypatch):
 
 
 def test_a_claim_that_never_debits_the_key_rate_windows_is_caught(monkeypatch):
-    real_claim = memory.InMemoryStore._claim
-
-    def forgetting(db, now, claim):
-        try:
-            return real_claim(db, now, claim)
-        finally:
-            db.key_rate_windows.clear()
-
-    monkeypatch.setattr(memory.InMemoryStore, "_claim", staticmethod(forgetting))
+    _claims_forgetting(monkeypatch, "key_rate_windows")
     failure = first_failure()
     assert "per-key rate limit" in failure.problem, failure.problem

@@ -49,6 +49,7 @@ def test_enqueueing_nothing_costs_no_round_trip(store):
 def test_every_statement_the_store_uses_is_loaded():
     assert set(QUERIES) == {
         "open_lease", "renew_lease", "release_lease", "claim_jobs_one_queue", "claim_jobs_many_queues",
+        "claimed_jobs", "claimed_rows",  # the claims' shared CTE and final SELECT, included by each
         "write_outcomes_many", "release_jobs_many", "expire_leases",
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs", "roll_up_task_stats",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
