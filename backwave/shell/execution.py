@@ -13,10 +13,10 @@ through, so a receiver never hears of an outcome that did not stick.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
-import threading
 import time
 import traceback as traceback_module
 from collections.abc import Callable
@@ -53,7 +53,9 @@ class Unroutable(Exception):
     """The job cannot be run here: its task is unknown or its payload does not decode."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: one is built per attempt, and a frozen dataclass's __init__ sets each of its 17
+# fields through object.__setattr__ (2.5 us a report more). Nothing changes one once built.
+@dataclass(slots=True, kw_only=True)
 class AttemptReport:
     """What one attempt produced: the result the driver needs plus the shell's side channel."""
 
@@ -227,55 +229,54 @@ def _resolver_for(job: ClaimedJob):
 
 
 class AttemptControls:
-    """The controls of a pump's running attempts, by (job id, attempt): the handler threads add
-    and discard theirs, the pump thread stops one (StopAttempt) and collects what to report with
-    the heartbeat. One lock, held for a dict operation at a time."""
+    """The controls of a pump's running attempts, by (job id, attempt): the pump thread registers
+    each as it hands the job over, stops one (StopAttempt) and collects what to report with the
+    heartbeat; the handler thread takes its own and discards it at the end.
+
+    No lock: each method is one operation on a dict (a store, a lookup, a pop, a copy of its
+    values), and those are atomic on CPython's dict. A lock here cost three acquisitions a job,
+    contended between the pump and sixteen handler threads, for a third of the worker's added
+    time per job when attempt control came in."""
 
     def __init__(self):
-        self._lock = threading.Lock()
         self._running: dict[tuple[int, int], AttemptControl] = {}
 
     def add(self, control: AttemptControl) -> None:
-        with self._lock:
-            self._running[(control.job_id, control.attempt)] = control
+        self._running[(control.job_id, control.attempt)] = control
 
     def register(self, job: ClaimedJob) -> None:
         """The pump thread, as it hands the job to a thread: from now on a StopAttempt for it
         finds its control, however soon it comes (its time limit counts from here)."""
-        self.add(AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout))
+        self._running[(job.id, job.attempt)] = AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout)
 
     def get(self, job: ClaimedJob) -> AttemptControl | None:
-        with self._lock:
-            return self._running.get((job.id, job.attempt))
+        return self._running.get((job.id, job.attempt))
 
     def discard(self, control: AttemptControl) -> None:
-        with self._lock:
-            if self._running.get((control.job_id, control.attempt)) is control:
-                del self._running[(control.job_id, control.attempt)]
+        # Only the pump registers an attempt, once (a job claimed again has a new attempt
+        # number), so nothing can replace this control between the lookup and the pop.
+        key = (control.job_id, control.attempt)
+        if self._running.get(key) is control:
+            self._running.pop(key, None)
 
     def stop(self, job_id: int, attempt: int, reason: str) -> AttemptControl | None:
         """Flag that attempt's handler to stop; its control, or None when it is not running (any more)."""
-        with self._lock:
-            control = self._running.get((job_id, attempt))
+        control = self._running.get((job_id, attempt))
         if control is None:
             return None
         control.stop(reason)
         return control
 
     def forget(self, job: ClaimedJob) -> None:
-        with self._lock:
-            self._running.pop((job.id, job.attempt), None)
+        self._running.pop((job.id, job.attempt), None)
 
     def stopped_running(self) -> list[AttemptControl]:
         """The attempts told to stop whose handlers still run."""
-        with self._lock:
-            return [control for control in self._running.values() if control.stop_reason]
+        return [control for control in self._running.copy().values() if control.stop_reason]
 
     def reports(self) -> list[ProgressReport]:
         """Every running attempt's progress and metadata set since the last call."""
-        with self._lock:
-            controls = list(self._running.values())
-        return [report for control in controls if (report := control.take_report()) is not None]
+        return [report for control in self._running.copy().values() if (report := control.take_report()) is not None]
 
 
 def is_atomic(job: ClaimedJob, registry: TaskRegistry) -> bool:
@@ -287,7 +288,12 @@ def is_atomic(job: ClaimedJob, registry: TaskRegistry) -> bool:
 def is_async(job: ClaimedJob, registry: TaskRegistry) -> bool:
     """Whether the job's task is an ``async def`` (it then runs on the pump's event loop)."""
     task = registry.get(job.task_path)
-    return task is not None and iscoroutinefunction(task.func)
+    return task is not None and _is_coroutine_function(task.func)
+
+
+# Asked for every job handed over; inspect's answer walks the function's wrappers and flags
+# each time (a worker runs few distinct functions, all of them module-level).
+_is_coroutine_function = functools.lru_cache(maxsize=1024)(iscoroutinefunction)
 
 
 def run_attempt(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:
@@ -321,11 +327,13 @@ def _run_attempt(
     handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection.
     ``commit`` is how an atomic task's success is written in its transaction (see run_atomic)."""
     controls = controls if controls is not None else AttemptControls()
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, controls.get(job))
+    registered = controls.get(job)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, registered)
     if isinstance(attempt, AttemptReport):
         controls.forget(job)  # unroutable: it never ran
         return attempt
-    controls.add(attempt.control)
+    if registered is None:  # run outside a pump, which registers each job it hands over
+        controls.add(attempt.control)
     try:
         enter()
         try:
@@ -400,11 +408,13 @@ async def _run_attempt_async(
     """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
     runs through sync_to_async, as Django's ASGI handler does around a request."""
     controls = controls if controls is not None else AttemptControls()
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock, controls.get(job))
+    registered = controls.get(job)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock, registered)
     if isinstance(attempt, AttemptReport):
         controls.forget(job)  # unroutable: it never ran
         return attempt
-    controls.add(attempt.control)
+    if registered is None:
+        controls.add(attempt.control)
     try:
         await sync_to_async(enter)()
         try:

@@ -63,6 +63,12 @@ MAX_PROGRESS_BYTES = 8 * 1024
 class AttemptControl:
     """One running attempt's stop flag, deadline and unreported progress (thread-safe)."""
 
+    # One is built per attempt, on the pump's thread.
+    __slots__ = (
+        "job_id", "attempt", "_clock", "started", "deadline", "stop_reason", "stopped_at", "_lock", "_progress", "_metadata",
+        "last_progress", "last_metadata", "started_as",
+    )
+
     def __init__(self, *, job_id: int, attempt: int, timeout: float | None, clock=time.monotonic):
         self.job_id = job_id
         self.attempt = attempt
