@@ -382,7 +382,7 @@ def write_then_claim(
 def is_refused_data(error: StoreError) -> bool:
     """Whether the outcome write was refused for the data it carried (SQLSTATE class 22: a
     jsonb escape, a number or a timestamp out of range, a character the encoding lacks)."""
-    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement == "write_outcomes_many"
+    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement in ("write_outcomes_many", "write_outcomes_plain")
 
 
 def write_isolating(

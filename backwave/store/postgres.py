@@ -83,6 +83,9 @@ DEFAULT_PREPARE_THRESHOLD = 1
 # of the default lease: 6 s for a statement, 2 s for a lock wait.
 DEFAULT_STORE_TIMEOUTS = store_timeouts(())
 
+# Claimed jobs with dependents a store remembers until their outcome (see PostgresStore._ancestors).
+_ANCESTORS_KEPT = 10_000
+
 # SQLSTATEs worth a retry on a later tick; class 08 (connection exception) and class 53
 # (insufficient resources: too many connections, out of memory) are transient as a whole.
 TRANSIENT_SQLSTATES = frozenset({
@@ -212,6 +215,12 @@ class PostgresStore:
         self._closed = False
         # Which transitions the outcome statements note for observers (see the Storage Contract).
         self.observed = NOTHING_OBSERVED
+        # The claimed jobs that had dependents when claimed, oldest first (a dict as an ordered
+        # set): their outcome goes behind lock_outcome_jobs and settles them; any other job's
+        # goes through write_outcomes_plain. Pump thread only. Only a hint: a job missing here
+        # (dropped past the bound, or given a dependent while it ran) is refused by the plain
+        # write's fence and written by the settling one after it.
+        self._ancestors: dict[int, None] = {}
         # Network round-trips of store operations, one per call that reaches the server. Not
         # counted: connecting, and the one extra exchange psycopg spends preparing each
         # statement the first time it is prepared on a connection.
@@ -282,7 +291,17 @@ class PostgresStore:
         if claim is None:
             return []
         _, claimed = self._pipeline("claim_jobs", [_lock_statement(claim), claim])
-        return [_claimed_job(row) for row in claimed]
+        return self._claimed(claimed)
+
+    def _claimed(self, rows: list[tuple]) -> list[ClaimedJob]:
+        jobs = []
+        for row in rows:
+            if row[-1]:  # has_dependents
+                self._ancestors[row[0]] = None
+            jobs.append(_claimed_job(row[:-1]))
+        while len(self._ancestors) > _ANCESTORS_KEPT:  # a job whose outcome this store never wrote
+            del self._ancestors[next(iter(self._ancestors))]
+        return jobs
 
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids.
@@ -299,24 +318,48 @@ class PostgresStore:
         def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
             params, replaced = outcome_batch(lease_id, outcomes)
             params["observed"] = self.observed
-            *_, written, _, claimed = self._pipeline(
-                "write_outcomes_then_claim", [*_write_statements(lease_id, outcomes, params), _lock_statement(claim), claim]
-            )
-            return applied_from_rows(written, replaced), [_claimed_job(row) for row in claimed]
+            statements = self._write_statements(lease_id, outcomes, params)
+            *_, written, _, claimed = self._pipeline("write_outcomes_then_claim", [*statements, _lock_statement(claim), claim])
+            applied = self._settle_missed(lease_id, outcomes, statements, applied_from_rows(written, replaced))
+            return applied, self._claimed(claimed)
 
         return write_then_claim(
             self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
             together=together, write=lambda records: self._write_outcomes(lease_id, records),
         )
 
-    def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
-        """One write_outcomes_many statement, behind lock_outcome_jobs (one round-trip)."""
+    def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], *, settling: bool = False) -> Applied:
+        """One outcome statement (one round-trip): write_outcomes_plain when no job of the batch
+        had dependents when claimed, else write_outcomes_many behind lock_outcome_jobs; then,
+        only if the plain write left some outcome unapplied, the settling write of those."""
         params, replaced = outcome_batch(lease_id, outcomes)
         params["observed"] = self.observed
-        statements = _write_statements(lease_id, outcomes, params)
-        if len(statements) == 1:
-            return applied_from_rows(self._execute("write_outcomes_many", params), replaced)
-        return applied_from_rows(self._pipeline("write_outcomes_many", statements)[-1], replaced)
+        statements = self._write_statements(lease_id, outcomes, params, settling=settling)
+        written = self._pipeline(statements[-1][0], statements)[-1]
+        return self._settle_missed(lease_id, outcomes, statements, applied_from_rows(written, replaced))
+
+    def _write_statements(
+        self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], params: dict[str, Any], *, settling: bool = False
+    ) -> list[tuple[str, dict[str, Any]]]:
+        ancestors = self._ancestors
+        if not settling and not any(o.job_id in ancestors for o in outcomes):
+            return [("write_outcomes_plain", params)]
+        for o in outcomes:
+            ancestors.pop(o.job_id, None)
+        lock = lock_params(lease_id, outcomes)
+        return [("lock_outcome_jobs", lock), ("write_outcomes_many", params)] if lock else [("write_outcomes_many", params)]
+
+    def _settle_missed(
+        self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], statements: list[tuple[str, Any]], applied: Applied
+    ) -> Applied:
+        """``applied``, and when the plain write left outcomes unapplied, those written again by
+        the settling write: a job given a dependent while it ran, or one the fence refuses (for
+        which the second write is refused too)."""
+        if statements[-1][0] != "write_outcomes_plain" or len(applied) == len(outcomes):
+            return applied
+        missed = [o for o in outcomes if o.job_id not in applied]
+        again = self._write_outcomes(lease_id, missed, settling=True)
+        return Applied(applied | again, {**applied.replaced, **again.replaced}, released=applied.released + again.released)
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
         """Run the named statements in order in one round-trip and one transaction."""
@@ -575,12 +618,6 @@ def _milliseconds(name: str, seconds: float | None) -> str | None:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{name} must be a finite number of seconds above 0, or None to leave the session's value; got {seconds!r}")
     return f"{max(1, round(seconds * 1000))}ms"
-
-
-def _write_statements(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], params: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """write_outcomes_many, behind lock_outcome_jobs when some outcome ends its job."""
-    lock = lock_params(lease_id, outcomes)
-    return [("lock_outcome_jobs", lock), ("write_outcomes_many", params)] if lock else [("write_outcomes_many", params)]
 
 
 def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:

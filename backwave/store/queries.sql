@@ -127,7 +127,7 @@ claimed AS (
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
               j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
-              j.cancel_requested_at, j.cancel_requested_by, j.limit_key
+              j.cancel_requested_at, j.cancel_requested_by, j.limit_key, j.has_dependents
 )
 
 
@@ -145,7 +145,10 @@ SELECT c.id, c.task_path, c.queue, c.priority, c.payload, c.attempts, c.max_atte
        c.forgiven_attempts, c.suspect, c.trace_context, c.timeout,
        -- A cancel requested while an earlier attempt ran (its worker died, or gave it back):
        -- the driver cancels it instead of running it.
-       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END
+       CASE WHEN c.cancel_requested_at IS NOT NULL THEN c.cancel_requested_by END,
+       -- The store writes the outcome of a job nobody waited for without settling (see
+       -- write_outcomes_plain).
+       c.has_dependents
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id
 
@@ -509,7 +512,44 @@ WITH lease AS MATERIALIZED (
 -- when this statement commits. lock_outcome_jobs runs just before this statement, in the same
 -- transaction, so that this statement's snapshot sees every dependency committed on these jobs
 -- (see there). The count of dependents made ready rides on every returned row.
-WITH RECURSIVE lease AS MATERIALIZED (
+WITH RECURSIVE {{outcome_applied}}
+    RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
+              o.error_class, o.traceback, o.duration
+), settling AS (
+    SELECT a.id, CASE a.kind WHEN 'succeeded' THEN 'succeeded'
+                             WHEN 'quarantined' THEN 'quarantined'
+                             WHEN 'cancelled' THEN 'cancelled'
+                             ELSE 'failed' END AS state
+    FROM applied AS a
+    WHERE a.kind NOT IN ('retry', 'snoozed')
+), {{outcome_noted}}
+{{settle_dependents}}
+{{outcome_attempts}}
+RETURNING job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready') AS released
+
+
+-- name: write_outcomes_plain
+-- write_outcomes_many for a batch none of whose jobs had dependents when claimed (the store
+-- knows from the claim's has_dependents): no lock_outcome_jobs before it and no settling, so
+-- one statement of the round-trip instead of two, and no probe of the dependency table. The
+-- fence has one more condition, NOT has_dependents: a dependent enqueued while the job ran
+-- flagged it (enqueue_with_dependencies), by an update this statement waits for and re-checks,
+-- so such a job is left as this statement found it. The store then writes the outcomes not
+-- applied here with write_outcomes_many, behind its lock (a refused one is refused again: the
+-- same fence). "released" is always 0.
+WITH {{outcome_applied}}
+      AND NOT j.has_dependents
+    RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
+              o.error_class, o.traceback, o.duration
+), {{outcome_noted}}
+{{outcome_attempts}}
+RETURNING job_id, 0::bigint AS released
+
+
+-- name: outcome_applied
+-- Not a statement: the outcome writes' fence and update (the CTEs lease, outcome and the head
+-- of applied, up to its RETURNING), shared by write_outcomes_many and write_outcomes_plain.
+lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
@@ -567,16 +607,11 @@ WITH RECURSIVE lease AS MATERIALIZED (
       AND j.state = (SELECT 'running')
       AND j.attempts = o.attempt
       AND EXISTS (SELECT FROM lease)
-    RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
-              o.error_class, o.traceback, o.duration
-), settling AS (
-    SELECT a.id, CASE a.kind WHEN 'succeeded' THEN 'succeeded'
-                             WHEN 'quarantined' THEN 'quarantined'
-                             WHEN 'cancelled' THEN 'cancelled'
-                             ELSE 'failed' END AS state
-    FROM applied AS a
-    WHERE a.kind NOT IN ('retry', 'snoozed')
-), noted AS (
+
+
+-- name: outcome_noted
+-- Not a statement: the outcome writes' "noted" CTE, over "applied".
+noted AS (
     -- The durable record of applied transitions that observers are fed from (see
     -- noted_transitions below expire_leases): written from "applied", so an outcome the fence
     -- refused never gets one, and in this statement, so a crash never loses one. Only the
@@ -593,7 +628,11 @@ WITH RECURSIVE lease AS MATERIALIZED (
                   WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
                     AND (w.queue IS NULL OR w.queue = j.queue))
 )
-{{settle_dependents}}
+
+
+-- name: outcome_attempts
+-- Not a statement: the outcome writes' INSERT of the attempt log, over "applied", without its
+-- RETURNING.
 INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at,
                               error_class, traceback, return_value)
 SELECT a.id, a.attempt,
@@ -607,7 +646,6 @@ SELECT a.id, a.attempt,
        coalesce(a.last_attempted_at, now()) + make_interval(secs => greatest(a.duration, 0)),
        a.error_class, a.traceback, a.return_value
 FROM applied AS a
-RETURNING job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready') AS released
 
 
 -- name: lock_outcome_jobs
@@ -1379,9 +1417,10 @@ SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
 -- DAG): the jobs and their dependency rows in one statement, or nothing at all. Each job's
 -- "after" is a JSON array of {job, pos, on_failure}: an existing job's id, or the 1-based
 -- position of a job of this batch (the caller has refused cycles). An existing ancestor is
--- locked FOR SHARE, in id order, until the enqueuing transaction commits: a worker writing its
--- outcome meanwhile waits for the commit (lock_outcome_jobs) and then sees this dependent, and
--- one that wrote first is read here as it ended. A job waits (state waiting, waiting_on =
+-- locked FOR SHARE, in id order, until the enqueuing transaction commits, and flagged
+-- has_dependents: a worker writing its outcome meanwhile waits for the commit (lock_outcome_jobs,
+-- or the flag's update for write_outcomes_plain) and then sees this dependent, and one that
+-- wrote first is read here as it ended. A job waits (state waiting, waiting_on =
 -- ancestors not yet succeeded) or, when every ancestor has already succeeded, is ready.
 -- Refused, with nothing inserted: an ancestor id that names no job ("refused" returns it with a
 -- NULL state) and one that already failed, was cancelled or quarantined when its dependency's
@@ -1416,6 +1455,14 @@ WITH given AS MATERIALIZED (
     LEFT JOIN ancestors AS a ON a.id = w.ancestor_id
     WHERE w.ancestor_id IS NOT NULL
       AND (a.id IS NULL OR (a.state IN ('failed', 'cancelled', 'quarantined') AND w.on_failure <> 'run'))
+), flagged AS (
+    -- An update, not only the lock: an outcome write of the ancestor that waits for this
+    -- transaction then re-checks the updated row, finds it has dependents and leaves the job
+    -- to the write that settles them (write_outcomes_plain). Once set, never cleared.
+    UPDATE backwave_job AS j
+    SET has_dependents = true
+    FROM ancestors AS a
+    WHERE j.id = a.id AND NOT j.has_dependents AND NOT EXISTS (SELECT FROM refused)
 ), waits AS (
     SELECT w.job_position,
            count(*) FILTER (WHERE w.ancestor_position IS NOT NULL
@@ -1426,12 +1473,14 @@ WITH given AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
-        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id, trace_context, timeout, limit_key
+        backend, tags, state, waiting_on, attempts, enqueued_at, worker_id, trace_context, timeout, limit_key,
+        has_dependents
     )
     SELECT g.task_path, g.payload, g.queue, g.priority, coalesce(g.run_at, now()), g.max_attempts,
            g.backoff_base, g.backoff_max, g.backend, coalesce(g.tags, '{}'::varchar[]),
            CASE WHEN coalesce(x.n, 0) > 0 THEN 'waiting' ELSE 'ready' END, coalesce(x.n, 0),
-           0, now(), '', g.trace_context, g.timeout, g.limit_key
+           0, now(), '', g.trace_context, g.timeout, g.limit_key,
+           EXISTS (SELECT FROM wanted AS w WHERE w.ancestor_position = g.position)
     FROM given AS g
     LEFT JOIN waits AS x ON x.job_position = g.position
     WHERE NOT EXISTS (SELECT FROM refused)

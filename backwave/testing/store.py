@@ -68,6 +68,7 @@ class DjangoConnectionStore(PostgresStore):
         self.round_trips = 0
         self._closed = False
         self.observed = NOTHING_OBSERVED
+        self._ancestors: dict[int, None] = {}  # as PostgresStore's
 
     @property
     def backend_pid(self) -> int:

@@ -51,6 +51,8 @@ def test_every_statement_the_store_uses_is_loaded():
         "open_lease", "renew_lease", "release_lease", "claim_jobs_one_queue", "claim_jobs_many_queues",
         "claimed_jobs", "claimed_rows",  # the claims' shared CTE and final SELECT, included by each
         "write_outcomes_many", "release_jobs_many", "expire_leases",
+        # the plain outcome write (no job of its batch has dependents) and the blocks both share
+        "write_outcomes_plain", "outcome_applied", "outcome_noted", "outcome_attempts",
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs", "roll_up_task_stats",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",

@@ -264,9 +264,10 @@ def queue_analyzed_idle(transactional_db):
         run_under_a_lease(cursor, "ORDER BY id LIMIT 16")
 
 
+@pytest.mark.parametrize("statement", ["write_outcomes_many", "write_outcomes_plain"])
 @pytest.mark.parametrize("plan_cache_mode", ["custom", "generic"])
 @pytest.mark.parametrize("statistics", ["backlog", "queue_analyzed_idle"])
-def test_the_outcome_write_finds_each_job_by_its_primary_key(statistics, plan_cache_mode, request):
+def test_the_outcome_write_finds_each_job_by_its_primary_key(statistics, plan_cache_mode, statement, request):
     """The write's fence names the lease and the running state, which the partial indexes on
     running rows also do; those hold a dead entry for every job finished since the last VACUUM,
     so reading them would make every write walk a run's whole history. One primary-key probe per
@@ -285,7 +286,7 @@ def test_the_outcome_write_finds_each_job_by_its_primary_key(statistics, plan_ca
          "error_class": "", "traceback": "", "duration": 0.001}
         for lease, job_id, attempt in rows if lease == lease_id
     ]
-    nodes = explain("write_outcomes_many", {"lease_id": lease_id, "outcomes": json.dumps(outcomes), "observed": "[]"},
+    nodes = explain(statement, {"lease_id": lease_id, "outcomes": json.dumps(outcomes), "observed": "[]"},
                     generic=plan_cache_mode == "generic")
 
     job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
