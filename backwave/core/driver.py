@@ -251,7 +251,18 @@ class NodeDriver:
         if event.minted < 0:
             raise InvalidEvent(event, self.state, f"minted must not be negative, got {event.minted}")
         self.stats.minted += event.minted
-        return []
+        return self._claim_made_ready(event.minted, event.now)
+
+    def _on_leases_expired(self, event: ev.LeasesExpired) -> list[cmd.Command]:
+        return self._claim_made_ready(event.released, event.now)
+
+    def _claim_made_ready(self, made_ready: int, now: float) -> list[cmd.Command]:
+        """Jobs this pump's own statement made ready: claimed now, room permitting. The wake-up
+        hint that statement sent is not heard here (a pump drops its own store session's), and
+        a claim in flight runs after it on the same connection and sees them anyway."""
+        if made_ready <= 0 or self._claim_limit or not self.free_slots:
+            return []
+        return self._claim(now)
 
     def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
         if not 0 <= event.purged <= PURGE_BATCH:
@@ -450,7 +461,7 @@ _HANDLERS = {
     ev.JobFinished: NodeDriver._on_job_finished,
     ev.OutcomesWritten: NodeDriver._on_outcomes_written,
     ev.LeaseRenewed: NodeDriver._on_lease_renewed,
-    ev.LeasesExpired: NodeDriver._on_nothing_to_do,
+    ev.LeasesExpired: NodeDriver._on_leases_expired,
     ev.SchedulesMinted: NodeDriver._on_schedules_minted,
     ev.JobsPurged: NodeDriver._on_jobs_purged,
     ev.StatsRolledUp: NodeDriver._on_stats_rolled_up,

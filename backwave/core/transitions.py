@@ -70,9 +70,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     any*              | CancelRequested  | outside RUNNING and DRAINING: nothing               | same
     any*              | LeasesExpired,   | maintenance results: nothing to do; a full purge    | same
                       | SchedulesMinted, | or rollup page goes on on the next tick in RUNNING  |
-                      | PumpsPurged,     | only                                                |
-                      | JobsPurged,      |                                                     |
-                      | StatsRolledUp,   |                                                     |
+                      | PumpsPurged,     | only; in RUNNING, jobs expiry released or minting   |
+                      | JobsPurged,      | made ready: ClaimJobs(free) unless one is in flight |
+                      | StatsRolledUp,   | (the pump does not hear its own hints)              |
                       | TablesAnalyzed   |                                                     |
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |

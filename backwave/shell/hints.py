@@ -44,7 +44,8 @@ class HintListener:
 
     def __init__(self, connect_params: Mapping[str, Any], *, max_backoff: float = 5.0, wait_step: float = 0.5):
         self._session = HintConnection(connect_params)
-        self._subscribers: dict[str, list[Callable[[], None]]] = defaultdict(list)
+        # Per queue: (callback, the server session whose hints that subscriber does not take).
+        self._subscribers: dict[str, list[tuple[Callable[[], None], Callable[[], int | None]]]] = defaultdict(list)
         self._cancel_subscribers: list[Callable[[int, str], None]] = []
         self._stop = threading.Event()
         self._max_backoff = max_backoff
@@ -61,10 +62,12 @@ class HintListener:
         cancel of a running job (cancel_jobs NOTIFYs ``cancel:<id>:<who>`` on the hint channel)."""
         self._cancel_subscribers.append(callback)
 
-    def subscribe(self, queues: Iterable[str], callback: Callable[[], None]) -> None:
-        """Call ``callback`` (from the listener thread; it must not block) on a hint for any of ``queues``."""
+    def subscribe(self, queues: Iterable[str], callback: Callable[[], None], *, own_session: Callable[[], int | None] = lambda: None) -> None:
+        """Call ``callback`` (from the listener thread; it must not block) on a hint for any of
+        ``queues``, but not on one sent by the server session whose process id ``own_session()``
+        returns (a pump's own store: what its statements make ready, it claims itself)."""
         for queue in queues:
-            self._subscribers[queue].append(callback)
+            self._subscribers[queue].append((callback, own_session))
 
     def start(self) -> None:
         self._thread.start()
@@ -134,13 +137,14 @@ class HintListener:
         logger.debug("Listening for wake-up hints on %s", CHANNEL)
         while not self._stop.is_set():
             # A bounded wait, so stop() is noticed even when no hint ever comes.
-            for queue in self._session.notifies(timeout=self._wait_step):
+            for queue, sender in self._session.notifies(timeout=self._wait_step):
                 self.hints_received += 1
                 if queue.startswith(CANCEL_PREFIX):
                     self._deliver_cancel(queue)
                     continue
-                for callback in self._subscribers.get(queue, ()):
-                    self._deliver(callback, queue)
+                for callback, own_session in self._subscribers.get(queue, ()):
+                    if sender != own_session():
+                        self._deliver(callback, queue)
 
     def _deliver_cancel(self, payload: str) -> None:
         _prefix, job_id, who = (payload.split(":", 2) + ["", ""])[:3]

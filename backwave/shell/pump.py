@@ -293,6 +293,13 @@ class Pump:
         if self.snapshot.free_slots and self._hint_flag.raise_():
             self._channel.put(ev.HintReceived(now=self._clock()))
 
+    def own_session(self) -> int | None:
+        """The process id of this pump's store session on the server (None before it connects),
+        read by the listener thread: a hint that session sent is one of this pump's own writes,
+        whose driver claims what it made ready without it (a chain's every link was a second,
+        empty claim)."""
+        return getattr(self._store, "session_pid", None)
+
     def cancel_requested(self, job_id: int, by: str) -> None:
         """A cancel of a running job was heard (from the listener thread): tell the driver, which
         knows whether it runs here. The heartbeat tells it too, should this be lost."""

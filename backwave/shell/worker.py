@@ -102,7 +102,7 @@ class Worker:
             raise ValueError(f"no hint listener for database(s) {', '.join(missing)}")
         for pump in self.pumps:
             if pump.options.database in self.hints:
-                self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint)
+                self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint, own_session=pump.own_session)
                 self.hints[pump.options.database].subscribe_cancels(pump.cancel_requested)
         self._signals = 0
         self._all_halted_logged = False

@@ -43,13 +43,14 @@ class HintConnection:
         except psycopg.Error as exc:
             raise self._lost(exc) from exc
 
-    def notifies(self, timeout: float) -> Iterator[str]:
-        """The queue name of each hint as it arrives, for at most ``timeout`` seconds."""
+    def notifies(self, timeout: float) -> Iterator[tuple[str, int]]:
+        """Each hint as it arrives, for at most ``timeout`` seconds: its payload (the queue name)
+        and the process id of the server session that sent it."""
         if self._conn is None:
             raise StoreError("this HintConnection is not open; call open() first")
         try:
             for notify in self._conn.notifies(timeout=timeout):
-                yield notify.payload
+                yield notify.payload, notify.pid
         except psycopg.Error as exc:
             raise self._lost(exc) from exc
 

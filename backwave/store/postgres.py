@@ -213,6 +213,9 @@ class PostgresStore:
         self._connect_params = params
         self._conn: psycopg.Connection | None = None
         self._closed = False
+        # The server process of the current connection, set on each connect: read from other
+        # threads (the hint listener), so a plain attribute, never the connection itself.
+        self.session_pid: int | None = None
         # Which transitions the outcome statements note for observers (see the Storage Contract).
         self.observed = NOTHING_OBSERVED
         # The claimed jobs that had dependents when claimed, oldest first (a dict as an ordered
@@ -575,6 +578,7 @@ class PostgresStore:
             self._conn = None
             try:
                 self._conn = psycopg.connect(**self._connect_params)
+                self.session_pid = self._conn.info.backend_pid
             except psycopg.Error as exc:
                 if is_transient(exc):
                     raise TransientStoreError(f"cannot connect to PostgreSQL: {exc}".strip()) from exc

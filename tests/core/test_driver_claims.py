@@ -275,3 +275,22 @@ def test_a_reconcile_that_gives_back_an_attempt_the_driver_holds_is_refused():
     with pytest.raises(InvalidEvent, match=r"gave back attempts this pump holds: \[\(1, 1\)\]"):
         t.send(ev.LeaseReconciled(now=2.2, released=frozenset({(job.id, 1)})))
     assert t.driver.executing == 1
+
+
+def test_jobs_the_pumps_own_maintenance_made_ready_are_claimed_at_once():
+    """A pump does not take its own wake-up hints (the shell drops a hint its own store session
+    sent), so what its own statements make ready it claims itself: after a write (the claim
+    riding it, or the re-poll), and after minting schedules or expiring leases."""
+    t = Trace.running(poll_interval=1000.0)
+    assert t.returned(now=0.1) == []
+    assert t.minted(3, now=0.2) == [claim(20)]
+    assert t.returned(now=0.3) == []
+    assert t.expired(released=2, now=0.4) == [claim(20)]
+    assert t.minted(1, now=0.5) == []  # a claim in flight runs after the mint and sees them
+    assert t.returned(now=0.6) == []
+    assert t.minted(0, now=0.7) == [] and t.expired(released=0, now=0.8) == []
+
+
+def test_jobs_made_ready_by_maintenance_wait_when_no_slot_is_free():
+    t, _ = Trace.with_jobs(4, pool_size=4, poll_interval=1000.0)
+    assert t.minted(3, now=0.2) == [] and t.expired(released=2, now=0.3) == []

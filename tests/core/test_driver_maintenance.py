@@ -174,7 +174,7 @@ def test_a_purge_page_larger_than_asked_is_refused():
 
 def test_minted_jobs_are_counted():
     t = settled()
-    assert t.minted(4, now=0.1) == []
+    assert t.minted(4, now=0.1) == [claim(t.first_claim_limit)]  # and claimed (its own hint is not heard)
     assert t.driver.stats.minted == 4
     with pytest.raises(InvalidEvent, match="minted must not be negative"):
         t.minted(-1, now=0.2)
