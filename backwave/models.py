@@ -566,7 +566,8 @@ class Transition(models.Model):
     has run: the durable feed of ``backwave.observers``.
 
     Written by the statement that applies the transition (the fenced outcome write, lease expiry,
-    the admin's cancel), so a refused outcome never gets a row and a crash never loses one. The
+    the admin's cancel; the cancels of the dependents these settle, by the same statement), so a
+    refused outcome never gets a row and a crash never loses one. The
     observer loop claims due rows with SKIP LOCKED, pushing ``next_attempt_at`` a lease ahead
     (a crashed deliverer's rows come due again then), and deletes a row once every observer of
     it ran; a row whose observer kept failing is left ``dead`` for an operator to retry. No
