@@ -311,6 +311,19 @@ class Job(models.Model):
                 name="backwave_job_failed_queue",
                 condition=models.Q(state__in=["failed", "quarantined"]),
             ),
+            # The same for the workflow jobs held back (waiting for their ancestors, or held for
+            # an operator): the Queues page counts them and finds the queues that have any. Only
+            # dependents write an entry (a release makes the row ready, which it leaves out).
+            # The second conjunct keeps it out of reach of every other statement: with the first
+            # alone, the settling of dependents ("j.state IN ('waiting', 'held')", by id) read
+            # the whole index instead of probing the primary key whenever the statistics said it
+            # was empty, and it holds a dead entry for every dependent released since the last
+            # VACUUM. Only the overview states "queue <> ''" (no queue name is empty).
+            models.Index(
+                fields=["queue", "state"],
+                name="backwave_job_waiting_held",
+                condition=models.Q(state__in=["waiting", "held"]) & ~models.Q(queue=""),
+            ),
             # The admin's and backwave_jobs' search by argument value: payload @> '{"kwargs":
             # {"order_id": 42}}'. jsonb_path_ops indexes only containment (@>, @?, @@), which
             # is all the search asks, and is a third the size of the default jsonb_ops.

@@ -1805,10 +1805,14 @@ WHERE c.oid = 'backwave_job'::regclass
 -- name: admin_queue_overview
 -- The loose index scans ("recursive skip scans") find each distinct queue with one probe of an
 -- index whose leading column is queue: the claim index for ready rows, the failed-queue index
--- for failed and quarantined ones. Running rows are few (at most the jobs in flight). Every
--- depth is counted up to "limit" rows only. statement_timestamp(), not now(): the same clock as
--- Django's Now() (the job filters, and the db_default of run_at), and the moment of this read
--- even inside a long transaction.
+-- for failed and quarantined ones, backwave_job_waiting_held for the workflow jobs held back.
+-- Running rows are few (at most the jobs in flight). Every depth is counted up to "limit" rows
+-- only, each through the index its state has (no other index holds waiting or held rows: without
+-- theirs, each of those counts would read the whole table). "j.queue <> ''" is what lets the
+-- waiting and held reads use backwave_job_waiting_held: the second conjunct of its predicate,
+-- which no other statement states (see the index in models.py); no queue name is empty.
+-- statement_timestamp(), not now(): the same clock as Django's Now() (the job filters, and the
+-- db_default of run_at), and the moment of this read even inside a long transaction.
 WITH RECURSIVE ready_queues(name) AS (
     (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue LIMIT 1)
     UNION ALL
@@ -1823,9 +1827,18 @@ WITH RECURSIVE ready_queues(name) AS (
             WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
             ORDER BY j.queue LIMIT 1)
     FROM failed_queues AS f WHERE f.name IS NOT NULL
+), waiting_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('waiting', 'held') AND j.queue <> '' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('waiting', 'held') AND j.queue <> '' AND j.queue > w.name
+            ORDER BY j.queue LIMIT 1)
+    FROM waiting_queues AS w WHERE w.name IS NOT NULL
 ), names(name) AS (
     SELECT name FROM ready_queues WHERE name IS NOT NULL
     UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT name FROM waiting_queues WHERE name IS NOT NULL
     UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
     UNION SELECT q.name FROM backwave_queue AS q
     UNION SELECT unnest(%(names)s::text[])
@@ -1841,6 +1854,10 @@ SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false
          WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
          WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'waiting' AND j.queue = n.name AND j.queue <> '' LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'held' AND j.queue = n.name AND j.queue <> '' LIMIT %(limit)s) AS c),
        q.key_concurrency_limit, q.rate_limit, q.rate_period, q.key_rate_limit
 FROM names AS n
 LEFT JOIN backwave_queue AS q ON q.name = n.name
