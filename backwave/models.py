@@ -316,6 +316,19 @@ class Job(models.Model):
                 name="backwave_job_failed_queue",
                 condition=models.Q(state__in=["failed", "quarantined"]),
             ),
+            # The same for the workflow jobs held back (waiting for their ancestors, or held for
+            # an operator): the Queues page counts them and finds the queues that have any. Only
+            # dependents write an entry (a release makes the row ready, which it leaves out).
+            # The second conjunct keeps it out of reach of every other statement: with the first
+            # alone, the settling of dependents ("j.state IN ('waiting', 'held')", by id) read
+            # the whole index instead of probing the primary key whenever the statistics said it
+            # was empty, and it holds a dead entry for every dependent released since the last
+            # VACUUM. Only the overview states "queue <> ''" (no queue name is empty).
+            models.Index(
+                fields=["queue", "state"],
+                name="backwave_job_waiting_held",
+                condition=models.Q(state__in=["waiting", "held"]) & ~models.Q(queue=""),
+            ),
             # The admin's and backwave_jobs' search by argument value: payload @> '{"kwargs":
             # {"order_id": 42}}'. jsonb_path_ops indexes only containment (@>, @?, @@), which
             # is all the search asks, and is a third the size of the default jsonb_ops.
@@ -571,7 +584,8 @@ class Transition(models.Model):
     has run: the durable feed of ``backwave.observers``.
 
     Written by the statement that applies the transition (the fenced outcome write, lease expiry,
-    the admin's cancel), so a refused outcome never gets a row and a crash never loses one. The
+    the admin's cancel; the cancels of the dependents these settle, by the same statement), so a
+    refused outcome never gets a row and a crash never loses one. The
     observer loop claims due rows with SKIP LOCKED, pushing ``next_attempt_at`` a lease ahead
     (a crashed deliverer's rows come due again then), and deletes a row once every observer of
     it ran; a row whose observer kept failing is left ``dead`` for an operator to retry. No

@@ -9,20 +9,23 @@
 An observer is a module-level function decorated with ``@observe(kind, ..., tasks=..., queues=...)``
 in a module the worker already imports for tasks (an installed app's ``tasks.py``, or
 ``BACKWAVE["TASK_MODULES"]``) or in an app's ``observers.py``. The kinds: ``succeeded``,
-``failed`` (for good: no attempts left), ``retried`` (failed, will run again), ``cancelled`` (by an
-operator), ``quarantined`` (unroutable) and ``lapsed`` (its worker's lease lapsed mid-attempt).
-``tasks`` (Task objects or their import paths) and ``queues`` narrow it; left out, every task or
-queue matches.
+``failed`` (for good: no attempts left), ``retried`` (failed, will run again), ``cancelled`` (by
+an operator, or a workflow's dependent whose ancestor failed, was cancelled or quarantined under
+``on_failure="cancel"``), ``quarantined`` (unroutable) and ``lapsed`` (its worker's lease lapsed
+mid-attempt). A dependent held for an operator (``on_failure="hold"``) is no transition: it
+ended nothing. ``tasks`` (Task objects or their import paths) and ``queues`` narrow it; left
+out, every task or queue matches.
 
 How it is fed. The statement that applies a transition (the fenced outcome write, lease expiry,
-the admin's cancel) also inserts a row into ``backwave_transition`` for it when some observer
-watches it, in the same statement: an outcome the lease fence refused never gets one, and a crash
-after the write cannot lose one. Each worker runs an observer loop per database it serves
-(``backwave/shell/observers.py``) that claims due rows with SKIP LOCKED and calls the matching
-observers, each call in its own attempt scope, off the pumps' threads. A row is deleted once every
-observer of it ran. An observer that raises is retried with backoff (the observers of that row
-that already ran are not run again); after ``OBSERVER_MAX_DELIVERIES`` tries the row is left
-*dead*, shown in the admin (Transitions), where an operator can retry it.
+the admin's cancel, and for the dependents these cancel, the same statement) also inserts a row
+into ``backwave_transition`` for it when some observer watches it, in the same statement: an
+outcome the lease fence refused never gets one, and a crash after the write cannot lose one.
+Each worker runs an observer loop per database it serves (``backwave/shell/observers.py``) that
+claims due rows with SKIP LOCKED and calls the matching observers, each call in its own attempt
+scope, off the pumps' threads. A row is deleted once every observer of it ran. An observer that
+raises is retried with backoff (the observers of that row that already ran are not run again);
+after ``OBSERVER_MAX_DELIVERIES`` tries the row is left *dead*, shown in the admin
+(Transitions), where an operator can retry it.
 
 At least once: a worker that dies mid-delivery leaves its rows to be claimed again when their
 claim lapses (``OBSERVER_LEASE``), so an observer may see one transition twice; ``transition.id``
@@ -62,7 +65,8 @@ class Transition:
     """One applied transition, as an observer receives it.
 
     ``id`` identifies the transition across redeliveries; ``delivery`` counts the tries (1 the
-    first time). ``attempt`` is the attempt that ended (for a cancel, the job's attempts so far).
+    first time). ``attempt`` is the attempt that ended (for a cancel, the job's attempts so far:
+    0 for a job that never ran, such as a dependent cancelled because its ancestor failed).
     """
 
     id: int

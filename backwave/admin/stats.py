@@ -4,15 +4,16 @@ Every number here is read through an index whose size is bounded by work that is
 done, or is bounded by a cap, or comes from the planner's statistics; none is a ``COUNT(*)`` over
 the whole job table:
 
-* **Depths** (ready, scheduled, running, failed, quarantined per queue): one statement, a bounded
-  count per (queue, state), each an index scan that stops after ``COUNT_CAP + 1`` rows. Ready and
-  scheduled rows are counted in the claim index (queue leading), failed and quarantined ones in
-  the partial ``backwave_job_failed_queue`` index, running ones through the running-jobs index
-  (as many rows as jobs in flight). A count that reaches the cap shows as "10,000+", with the
-  planner's estimate beside it.
-* **Queue names**: the Queue rows, the settings, and the queues that have ready, running, failed
-  or quarantined jobs, found by a loose index scan (one index probe per distinct queue), plus the
-  most common values the planner keeps for ``queue``.
+* **Depths** (ready, scheduled, running, failed, quarantined, waiting, held per queue): one
+  statement, a bounded count per (queue, state), each an index scan that stops after
+  ``COUNT_CAP + 1`` rows. Ready and scheduled rows are counted in the claim index (queue
+  leading), failed and quarantined ones in the partial ``backwave_job_failed_queue`` index,
+  waiting and held ones (a workflow's jobs held back) in the partial ``backwave_job_waiting_held``
+  index, running ones through the running-jobs index (as many rows as jobs in flight). A count
+  that reaches the cap shows as "10,000+", with the planner's estimate beside it.
+* **Queue names**: the Queue rows, the settings, and the queues that have ready, running, failed,
+  quarantined, waiting or held jobs, found by a loose index scan (one index probe per distinct
+  queue), plus the most common values the planner keeps for ``queue``.
 * **Throughput**: outcomes per minute over the last hour, read backwards from the partial
   finished-state index, at most ``THROUGHPUT_CAP`` rows per state; an hour busier than that is
   drawn for the minutes those rows cover.
@@ -40,6 +41,9 @@ COUNT_CAP = 10_000
 THROUGHPUT_CAP = 50_000  # rows read per finished state for the last hour's sparkline
 THROUGHPUT_MINUTES = 60
 COUNTED_STATES = ("ready", "scheduled", "running", "failed", "quarantined")
+# The Queues page (and the dashboard's lines) also count the workflow jobs held back; the metrics
+# view counts COUNTED_STATES.
+QUEUE_LINE_STATES = (*COUNTED_STATES, "waiting", "held")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +173,7 @@ def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | 
     lines = []
     for name, has_row, limit, paused, *numbers, key_limit, rate_limit, rate_period, key_rate_limit in rows:
         counts = {}
-        for state, number in zip(COUNTED_STATES, numbers, strict=True):
+        for state, number in zip(QUEUE_LINE_STATES, numbers, strict=True):
             if number > cap:
                 db_state = "ready" if state == "scheduled" else state
                 counts[state] = Count(cap, capped=True, estimate=statistics.estimate(state=db_state, queue=name))

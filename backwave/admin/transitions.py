@@ -22,7 +22,7 @@ from .common import BigintIds, EngineRows, RefuseUnpermittedActions, timestamp
 @admin.register(Transition)
 class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Transitions waiting for their observers (dead ones first)"
-    list_display = ("id", "state_shown", "kind", "job_link", "attempt", "task_path", "queue", "deliveries", "failed_observer", "error_shown", "due", "occurred")
+    list_display = ("id", "state_shown", "kind", "job_link", "attempt_shown", "task_path", "queue", "deliveries", "failed_observer", "error_shown", "due", "occurred")
     list_display_links = ("id",)
     list_filter = ("state", "kind", "queue")
     search_fields = ("task_path", "failed_observer")
@@ -50,6 +50,14 @@ class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Mod
     @admin.display(description="job", ordering="job_id")
     def job_link(self, obj):
         return format_html('<a href="{}">{}</a>', reverse("admin:backwave_job_change", args=[obj.job_id]), obj.job_id)
+
+    @admin.display(description="attempt", ordering="attempt")
+    def attempt_shown(self, obj):
+        # A cancel notes the job's attempts so far: 0 for a job no worker ever took (a dependent
+        # whose ancestor failed, a job cancelled while it waited), an attempt no job page lists.
+        if obj.attempt == 0:
+            return format_html('<span class="bw-muted" title="{}">{}</span>', "Cancelled before any attempt", "never ran")
+        return obj.attempt
 
     @admin.display(description="last error")
     def error_shown(self, obj):

@@ -361,7 +361,7 @@ class Store(Protocol):
     # ``observed`` (a store attribute, NOTHING_OBSERVED unless set: the JSON list of {kind,
     # task_path, queue} of ObserverRegistry.observed) says which transitions write_outcomes_many,
     # write_outcomes_then_claim and expire_leases note in backwave_transition, in the statement
-    # that applies them.
+    # that applies them: the outcomes and lapses, and the cancels of the dependents they settle.
 
     def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
         """Claim up to ``limit`` due pending transitions (oldest due first), skipping rows other

@@ -627,6 +627,8 @@ noted AS (
       AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
                   WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
                     AND (w.queue IS NULL OR w.queue = j.queue))
+), watching AS NOT MATERIALIZED (
+    SELECT %(observed)s::jsonb AS observed
 )
 
 
@@ -677,8 +679,11 @@ FOR NO KEY UPDATE OF j
 
 -- name: settle_dependents
 -- Not a statement: the CTEs every statement that ends jobs includes ({{settle_dependents}}),
--- after a CTE "settling"(id, state) of the jobs it ends and their new state. The statement must
--- be WITH RECURSIVE. No parameters (act_on_jobs formats its text, and takes positional ones).
+-- after a CTE "settling"(id, state) of the jobs it ends and their new state, and a CTE
+-- "watching"(observed), one row: the statement's observed transitions (jsonb, as its own "noted"
+-- CTE reads them). The statement must be WITH RECURSIVE. No parameters (act_on_jobs formats its
+-- text, and takes positional ones), hence "watching"; no braces either (cancel_jobs is formatted
+-- after this block is included).
 --
 -- What an ended ancestor does to its dependents (backwave_dependency, found through its
 -- ancestor index, so a fan-out of 10,000 is one index range scan):
@@ -689,6 +694,10 @@ FOR NO KEY UPDATE OF j
 --     a DAG has no cycle, and UNION stops on a row found twice anyway); "run" counts as a
 --     success; "hold" holds the dependent for an operator (state held: retrying the ancestor
 --     from the admin re-arms it).
+-- A dependent cancelled here gets its 'cancelled' transition here too (dep_noted), for the
+-- observers that watch it, as the including statement notes the jobs it ends: an outcome the
+-- fence refused cancels nothing, so it notes nothing, and a crash cannot lose one. Held is no
+-- transition observers can watch (backwave/observers.py KINDS): nothing ended.
 -- A dependent is updated once however many of its ancestors end here (dep_effects aggregates
 -- them), and never when the statement ends it itself. Each reason names the ancestor.
 -- "ancestor_id = ANY(ARRAY(...))": the ids as one array (an InitPlan), which the planner reads
@@ -761,7 +770,20 @@ FOR NO KEY UPDATE OF j
     -- A released dependent wakes the pumps of its queue, as an enqueue does: it may be a queue
     -- the pump that wrote this outcome does not serve, whose pumps would otherwise wait for
     -- their next poll. One pg_notify per row; PostgreSQL delivers one per queue at commit.
-    RETURNING j.id, j.state, CASE WHEN j.state = 'ready' THEN pg_notify('backwave_hint', j.queue) END AS hinted
+    RETURNING j.id, j.state, j.attempts, j.task_path, j.queue,
+              CASE WHEN j.state = 'ready' THEN pg_notify('backwave_hint', j.queue) END AS hinted
+), dep_noted AS (
+    -- The attempt is the job's attempts so far, as a cancel's always is: 0 for a dependent that
+    -- never ran. With nothing watched, the gate is one constant test ("watching" is inlined).
+    INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
+    SELECT r.id, r.attempts, 'cancelled', r.task_path, r.queue, now(), 'pending', 0, now(), ARRAY[]::varchar[], '', ''
+    FROM dep_released AS r
+    CROSS JOIN watching AS k
+    WHERE r.state = 'cancelled' AND k.observed <> '[]'::jsonb
+      AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
+                  WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = r.task_path)
+                    AND (w.queue IS NULL OR w.queue = r.queue))
 )
 
 
@@ -881,6 +903,8 @@ WITH RECURSIVE lapsed AS MATERIALIZED (
       AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
                   WHERE w.kind = 'lapsed' AND (w.task_path IS NULL OR w.task_path = j.task_path)
                     AND (w.queue IS NULL OR w.queue = j.queue))
+), watching AS NOT MATERIALIZED (
+    SELECT %(observed)s::jsonb AS observed
 )
 {{settle_dependents}}
 SELECT count(*) FROM released
@@ -1631,15 +1655,18 @@ WITH RECURSIVE target AS MATERIALIZED (
     FROM target AS t
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id, j.attempts, j.task_path, j.queue
+), watching AS NOT MATERIALIZED (
+    -- Parameters: the action's transition (a cancel's; NULL for a retry, which observers do not
+    -- watch), then the observed transitions (jsonb), which a cancel's dependents are noted by too.
+    SELECT %s::text AS kind, %s::jsonb AS observed
 ), noted AS (
-    -- The action's transition (a cancel's; NULL for a retry, which observers do not watch) for
-    -- each changed job some observer watches, as write_outcomes_many notes outcomes.
-    -- Parameters: the kind (text or NULL), then the observed transitions (jsonb).
+    -- The action's transition for each changed job some observer watches, as
+    -- write_outcomes_many notes outcomes.
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
                                      deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
     SELECT c.id, c.attempts, k.kind, c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', ''
     FROM changed AS c
-    CROSS JOIN (SELECT %s::text AS kind, %s::jsonb AS observed) AS k
+    CROSS JOIN watching AS k
     WHERE k.kind IS NOT NULL
       AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
                   WHERE w.kind = k.kind AND (w.task_path IS NULL OR w.task_path = c.task_path)
@@ -1743,15 +1770,18 @@ WITH RECURSIVE target AS MATERIALIZED (
     FROM target AS t
     WHERE j.id = t.id AND j.state = ANY(%s)
     RETURNING j.id, t.state, j.attempts, j.task_path, j.queue
+), watching AS NOT MATERIALIZED (
+    -- Parameter: the observed transitions (jsonb), for the cancelled jobs and their dependents.
+    SELECT %s::jsonb AS observed
 ), noted AS (
     -- A job cancelled at once gets its 'cancelled' transition here, for the observers that watch
     -- it, as act_on_jobs notes its cancels (a running job's comes with its cancelled outcome,
-    -- from write_outcomes_many). Parameter: the observed transitions (jsonb).
+    -- from write_outcomes_many).
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
                                      deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
     SELECT c.id, c.attempts, 'cancelled', c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', ''
     FROM changed AS c
-    CROSS JOIN (SELECT %s::jsonb AS observed) AS k
+    CROSS JOIN watching AS k
     WHERE c.state <> 'running'
       AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
                   WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = c.task_path)
@@ -1824,10 +1854,14 @@ WHERE c.oid = 'backwave_job'::regclass
 -- name: admin_queue_overview
 -- The loose index scans ("recursive skip scans") find each distinct queue with one probe of an
 -- index whose leading column is queue: the claim index for ready rows, the failed-queue index
--- for failed and quarantined ones. Running rows are few (at most the jobs in flight). Every
--- depth is counted up to "limit" rows only. statement_timestamp(), not now(): the same clock as
--- Django's Now() (the job filters, and the db_default of run_at), and the moment of this read
--- even inside a long transaction.
+-- for failed and quarantined ones, backwave_job_waiting_held for the workflow jobs held back.
+-- Running rows are few (at most the jobs in flight). Every depth is counted up to "limit" rows
+-- only, each through the index its state has (no other index holds waiting or held rows: without
+-- theirs, each of those counts would read the whole table). "j.queue <> ''" is what lets the
+-- waiting and held reads use backwave_job_waiting_held: the second conjunct of its predicate,
+-- which no other statement states (see the index in models.py); no queue name is empty.
+-- statement_timestamp(), not now(): the same clock as Django's Now() (the job filters, and the
+-- db_default of run_at), and the moment of this read even inside a long transaction.
 WITH RECURSIVE ready_queues(name) AS (
     (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue LIMIT 1)
     UNION ALL
@@ -1842,9 +1876,18 @@ WITH RECURSIVE ready_queues(name) AS (
             WHERE j.state IN ('failed', 'quarantined') AND j.queue > f.name
             ORDER BY j.queue LIMIT 1)
     FROM failed_queues AS f WHERE f.name IS NOT NULL
+), waiting_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j
+     WHERE j.state IN ('waiting', 'held') AND j.queue <> '' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j
+            WHERE j.state IN ('waiting', 'held') AND j.queue <> '' AND j.queue > w.name
+            ORDER BY j.queue LIMIT 1)
+    FROM waiting_queues AS w WHERE w.name IS NOT NULL
 ), names(name) AS (
     SELECT name FROM ready_queues WHERE name IS NOT NULL
     UNION SELECT name FROM failed_queues WHERE name IS NOT NULL
+    UNION SELECT name FROM waiting_queues WHERE name IS NOT NULL
     UNION SELECT j.queue FROM backwave_job AS j WHERE j.state = 'running'
     UNION SELECT q.name FROM backwave_queue AS q
     UNION SELECT unnest(%(names)s::text[])
@@ -1860,6 +1903,10 @@ SELECT n.name, q.name IS NOT NULL, q.concurrency_limit, coalesce(q.paused, false
          WHERE j.state = 'failed' AND j.queue = n.name LIMIT %(limit)s) AS c),
        (SELECT count(*) FROM (SELECT FROM backwave_job AS j
          WHERE j.state = 'quarantined' AND j.queue = n.name LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'waiting' AND j.queue = n.name AND j.queue <> '' LIMIT %(limit)s) AS c),
+       (SELECT count(*) FROM (SELECT FROM backwave_job AS j
+         WHERE j.state = 'held' AND j.queue = n.name AND j.queue <> '' LIMIT %(limit)s) AS c),
        q.key_concurrency_limit, q.rate_limit, q.rate_period, q.key_rate_limit
 FROM names AS n
 LEFT JOIN backwave_queue AS q ON q.name = n.name

@@ -504,7 +504,7 @@ class InMemoryStore:
                     error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
                 _note(db, now, self.observed, job, job.attempts, "lapsed")  # the "noted" CTE
-            settle_dependents(db, now, failed_for_good)
+            settle_dependents(db, now, failed_for_good, self.observed)
             return len(released)
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -532,7 +532,7 @@ class InMemoryStore:
         def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
             rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
-                applied, released = self._write(db, now, lease_id, rows)
+                applied, released = self._write(db, now, lease_id, rows, self.observed)
                 self._note_outcomes(db, now, rows, applied)
                 return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim)
 
@@ -544,7 +544,7 @@ class InMemoryStore:
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         rows, replaced = _outcome_rows(lease_id, outcomes)
         with self._operation() as (db, now):
-            applied, released = self._write(db, now, lease_id, rows)
+            applied, released = self._write(db, now, lease_id, rows, self.observed)
             self._note_outcomes(db, now, rows, applied)
         return applied_from_rows([(job_id, released) for job_id in applied], replaced)
 
@@ -1017,7 +1017,7 @@ class InMemoryStore:
         return claimed
 
     @staticmethod
-    def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]]) -> tuple[set[int], int]:
+    def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]], observed: str) -> tuple[set[int], int]:
         """The applied ids, and how many dependents were made ready."""
         # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
         for row in rows:
@@ -1064,7 +1064,7 @@ class InMemoryStore:
                 error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
             )
         settling = {job.id: _ATTEMPT_STATE[row["kind"]] for job, row, *_ in applied if row["kind"] not in _AGAIN}
-        return {job.id for job, *_ in applied}, settle_dependents(db, now, settling)
+        return {job.id for job, *_ in applied}, settle_dependents(db, now, settling, observed)
 
 
 class _Operation:
@@ -1087,9 +1087,10 @@ class _Operation:
         self._db.lock.release()
 
 
-def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str]) -> int:
+def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str], observed: str) -> int:
     """settle_dependents in queries.sql: what the jobs ``settling`` ends (id -> new state) do to
-    their dependents; returns how many were made ready. Also what the admin's cancel does."""
+    their dependents, a cancelled one noted as ``observed`` says (dep_noted); returns how many
+    were made ready. Also what the admin's cancel does."""
     if not settling or not db.dependencies:
         return 0
     dependents: dict[int, list[tuple[int, str]]] = {}  # ancestor -> [(dependent, on_failure)]
@@ -1134,6 +1135,7 @@ def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str
         if job_id in doomed:
             job.state, job.finished_at = "cancelled", now
             job.reason = f"Cancelled: ancestor #{doomed[job_id]}{_ended_words(ended[doomed[job_id]])}."
+            _note(db, now, observed, job, job.attempts, "cancelled")
         elif was == "held" or job_id in held_by:
             job.state = "held"
             if was == "waiting":

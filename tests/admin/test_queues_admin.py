@@ -39,11 +39,30 @@ def test_one_line_per_queue_with_its_depths(admin_client):
     make_job(queue="emails", state="failed")
     make_job(queue="emails", state="quarantined")
     make_job(queue="emails", state="succeeded")
+    make_job(queue="emails", state="waiting", waiting_on=1)
+    make_job(queue="emails", state="waiting", waiting_on=2)
+    make_job(queue="emails", state="held")
 
     lines = lines_by_name(admin_client.get(QUEUES))
 
-    assert counts(lines["emails"]) == {"ready": "2", "scheduled": "1", "running": "1", "failed": "1", "quarantined": "1"}
-    assert counts(lines["reports"]) == {"ready": "0", "scheduled": "0", "running": "0", "failed": "0", "quarantined": "0"}
+    assert counts(lines["emails"]) == {
+        "ready": "2", "scheduled": "1", "running": "1", "failed": "1", "quarantined": "1", "waiting": "2", "held": "1"}
+    assert counts(lines["reports"]) == {
+        "ready": "0", "scheduled": "0", "running": "0", "failed": "0", "quarantined": "0", "waiting": "0", "held": "0"}
+
+
+def test_waiting_and_held_counts_link_to_those_jobs(admin_client):
+    make_job(queue="emails", state="waiting", waiting_on=1)
+    make_job(queue="emails", state="held")
+    make_job(queue="emails", state="held")
+
+    content = admin_client.get(QUEUES).content.decode()
+
+    jobs = reverse("admin:backwave_job_changelist")
+    line = content.split('id="queue-emails"')[1].split("</tr>")[0]
+    assert f'<td class="num waiting"><a href="{jobs}?queue=emails&amp;state=waiting">1</a></td>' in line
+    assert f'<td class="num held"><a href="{jobs}?queue=emails&amp;state=held">2</a></td>' in line
+    assert ">Waiting</th>" in content and ">Held</th>" in content
 
 
 def test_queues_come_from_settings_rows_and_jobs(admin_client):
@@ -51,10 +70,15 @@ def test_queues_come_from_settings_rows_and_jobs(admin_client):
     make_job(queue="only-ready")
     make_job(queue="only-running", state="running")
     make_job(queue="only-failed", state="failed")
+    make_job(queue="only-waiting", state="waiting", waiting_on=1)
+    make_job(queue="only-held", state="held")
 
     lines = lines_by_name(admin_client.get(QUEUES))
 
-    assert {"default", "emails", "reports", "only-a-row", "only-ready", "only-running", "only-failed"} <= set(lines)
+    assert {
+        "default", "emails", "reports", "only-a-row", "only-ready", "only-running", "only-failed", "only-waiting", "only-held",
+    } <= set(lines)
+    assert (str(lines["only-waiting"].counts["waiting"]), str(lines["only-held"].counts["held"])) == ("1", "1")
     row = lines["only-a-row"]
     assert (row.paused, row.concurrency_limit, row.has_row) == (True, 3, True)
     assert (lines["only-ready"].paused, lines["only-ready"].concurrency_limit) == (False, None)
@@ -64,12 +88,14 @@ def test_depths_are_capped_not_counted_in_full(admin_client, monkeypatch):
     monkeypatch.setattr(admin_stats, "COUNT_CAP", 3)
     for _ in range(5):
         make_job(queue="big", state="failed")
+        make_job(queue="big", state="waiting", waiting_on=1)
     make_job(queue="big")
 
     line = lines_by_name(admin_client.get(QUEUES))["big"]
 
     assert str(line.counts["failed"]) == "3+"
     assert line.counts["failed"].capped
+    assert (str(line.counts["waiting"]), line.counts["waiting"].capped) == ("3+", True)
     assert str(line.counts["ready"]) == "1"
     assert "3+" in admin_client.get(QUEUES).content.decode()
 
@@ -80,12 +106,15 @@ def test_capped_counts_carry_the_planners_estimate(admin_client, monkeypatch):
     monkeypatch.setattr(admin_stats, "COUNT_CAP", 3)
     for _ in range(6):
         make_job(queue="big", state="failed")
+    for _ in range(4):
+        make_job(queue="big", state="held")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE backwave_job")
 
     line = lines_by_name(admin_client.get(QUEUES))["big"]
 
     assert line.counts["failed"].estimate == 6
+    assert line.counts["held"].estimate == 4
 
 
 def test_throughput_per_minute_over_the_last_hour(admin_client):
@@ -177,7 +206,7 @@ def test_pausing_and_limiting_are_separate_permissions(client):
 
 def test_queues_page_queries_are_pinned(admin_client, django_assert_num_queries):
     for queue in ("default", "emails", "reports", "extra"):
-        for state in ("ready", "running", "failed", "quarantined", "succeeded"):
+        for state in ("ready", "running", "failed", "quarantined", "succeeded", "waiting", "held"):
             make_job(queue=queue, state=state)
     Queue.objects.create(name="emails", paused=True)
     with django_assert_num_queries(QUEUES_PAGE_QUERIES):

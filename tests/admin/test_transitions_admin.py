@@ -38,6 +38,17 @@ def test_dead_transitions_come_first_with_the_observer_and_its_error(admin_clien
     assert "ConnectionError: pager down" in content and ">dead<" in content
 
 
+def test_a_cancel_of_a_job_that_never_ran_shows_no_attempt_number(admin_client):
+    """A dependent cancelled because its ancestor failed (or a job cancelled before any worker
+    took it) is noted with attempt 0, the job's attempts so far: the page says it never ran
+    rather than show an attempt 0 that no job page has."""
+    make_transition(job_id=7, attempt=0, kind="cancelled")
+    make_transition(job_id=8, attempt=2, kind="failed")
+    content = admin_client.get(TRANSITIONS).content.decode()
+    assert content.count("never ran") == 1
+    assert '<td class="field-attempt_shown">2</td>' in content
+
+
 def test_retry_makes_dead_ones_due_with_a_full_set_of_tries_and_discard_deletes_them(operator_client):
     dead = make_transition(state="dead", deliveries=8, delivered_to=["a.ran"], failed_observer="a.fails")
     response = operator_client.post(TRANSITIONS, {"action": "redeliver", "_selected_action": [dead.pk], "index": 0}, follow=True)

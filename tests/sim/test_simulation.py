@@ -165,14 +165,14 @@ def first_failure(config: Config = Config(), seeds=range(200)) -> SimulationFail
 def test_a_fence_that_ignores_the_lease_is_caught(monkeypatch):
     real_write = memory.InMemoryStore._write
 
-    def unfenced(db, now, lease_id, rows):
+    def unfenced(db, now, lease_id, rows, observed):
         # Applies any outcome of a running job, whoever holds it: a late write lands.
         for row in rows:
             job = db.jobs.get(row["job_id"])
             if job is not None and job.state == "running":
                 job.lease_id, job.attempts = lease_id, row["attempt"]
                 db.leases.setdefault(lease_id, next(iter(db.leases.values())))
-        return real_write(db, now, lease_id, rows)
+        return real_write(db, now, lease_id, rows, observed)
 
     monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(unfenced))
     # Without dependencies (fewer jobs wait, so more attempts race a late write), and a late write
@@ -309,7 +309,7 @@ def test_the_command_line_runs_seeds_and_one_seed_with_its_log(capsys):
 
 
 def test_the_command_line_prints_each_failure_with_its_replay(monkeypatch, capsys):
-    monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(lambda db, now, lease_id, rows: set()))  # no outcome ever lands
+    monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(lambda db, now, lease_id, rows, observed: set()))  # no outcome ever lands
     assert main(["--seeds", "2", "--quiesce-limit", "20.0"]) == 1
     out = capsys.readouterr().out
     assert "replay: python -m backwave.testing.simulation --seed 0 --quiesce-limit 20.0 --log" in out

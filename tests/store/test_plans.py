@@ -194,6 +194,71 @@ def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
     assert all(not (n.get("Relation Name") == "backwave_job" and n["Node Type"] == "Seq Scan") for n in nodes)
 
 
+WAITING_HELD_INDEX = "backwave_job_waiting_held"
+
+
+def test_the_queue_overview_counts_waiting_and_held_jobs_through_their_own_index(waiting_backlog):
+    """20,000 waiting dependents (a tenth of them held): their counts per queue, and the search
+    for the queues that have any, read the partial index of waiting and held rows; without it
+    each would read the whole table, once per queue (no other index holds those rows)."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE backwave_job SET state = 'held' WHERE state = 'waiting' AND id % 10 = 0")
+        cursor.execute("ANALYZE backwave_job")
+    nodes = explain("admin_queue_overview", {"names": ["default"], "limit": 10_001})
+    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" or n.get("Index Name", "").startswith("backwave_job")]
+    assert not [n for n in job_scans if n["Node Type"] == "Seq Scan"], [(n["Node Type"], n.get("Index Name")) for n in job_scans]
+    waiting_reads = [n for n in job_scans if "waiting" in n.get("Index Cond", "") + n.get("Filter", "")
+                     or "held" in n.get("Index Cond", "") + n.get("Filter", "")]
+    assert waiting_reads and {n.get("Index Name") for n in waiting_reads} == {WAITING_HELD_INDEX}, [
+        (n["Node Type"], n.get("Index Name"), n.get("Index Cond")) for n in waiting_reads
+    ]
+
+
+def _failing_outcomes_of_one_lease() -> dict:
+    """write_outcomes_many's parameters: every job running under one of the backlog's leases
+    failed for good (so the statement settles their dependents)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' ORDER BY lease_id, id")
+        rows = cursor.fetchall()
+    outcomes = [
+        {"job_id": job_id, "attempt": attempt, "kind": "failed", "retry_delay": 0.0, "boxed": None,
+         "error_class": "x.E", "traceback": "", "duration": 0.001}
+        for lease, job_id, attempt in rows if lease == rows[0][0]
+    ]
+    return {"lease_id": rows[0][0], "outcomes": json.dumps(outcomes), "observed": "[]"}
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("claim_jobs_one_queue", {"queue": "default"}),
+    ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
+    ("claim_jobs_admitted", {"queues": ["default", "emails"]}),
+    ("admin_queue_latency", {"names": ["default"]}),
+    ("has_due_jobs", {"queues": ["default"]}),
+    ("write_outcomes_many", None),
+])
+def test_the_waiting_and_held_index_can_serve_no_statement_but_the_overview(backlog, name, params):
+    """No claim can read it: "state = 'ready'" does not imply state IN ('waiting', 'held'). The
+    settling of dependents says "j.state IN ('waiting', 'held')" of the rows it updates by id,
+    which does; with that predicate alone, and statistics that said no row was waiting, the
+    outcome write read the whole index instead of probing the primary key. Its second conjunct
+    (queue <> '') is stated by the overview alone. As for the search indexes: with every other
+    index of the table gone (inside a transaction rolled back) and sequential scans priced out,
+    a statement that could read it would."""
+    params = _failing_outcomes_of_one_lease() if params is None else {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, **params}
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'backwave_job' AND indexname NOT IN ('backwave_job_pkey', %s)",
+                [WAITING_HELD_INDEX],
+            )
+            for (index,) in cursor.fetchall():
+                cursor.execute(f'DROP INDEX "{index}"')
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        nodes = explain(name, params)
+        transaction.set_rollback(True)
+    assert WAITING_HELD_INDEX not in {n.get("Index Name") for n in nodes}
+
+
 # ---- the statistics rollup and the dashboard's reads ---------------------------------------------
 
 

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from backwave.core.jobs import OutcomeKind
-from backwave.store.contract import DeliveryResult, OutcomeRecord
+from backwave.store.contract import After, DeliveryResult, NewJob, OutcomeRecord
 
 WATCH_ALL = json.dumps([{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")])
 
@@ -176,3 +176,91 @@ def test_a_batch_with_observers_is_still_one_round_trip(store, lease, rows):
     store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in jobs])
     assert store.round_trips == before + 1
     assert len(rows.transitions()) == 5
+
+
+# ---- dependents a failure cancels (settle_dependents) --------------------------------------------
+
+WATCH_CANCELS = json.dumps([{"kind": "failed", "task_path": None, "queue": None}, {"kind": "cancelled", "task_path": None, "queue": None}])
+
+
+def new(after=(), **fields) -> NewJob:
+    fields.setdefault("task_path", "app.tasks.t")
+    return NewJob(payload={"args": [], "kwargs": {}}, max_attempts=1, after=tuple(after), **fields)
+
+
+def a_workflow(store):
+    """A root, a chain of two behind it (cancelled when it fails), one that runs anyway and one
+    held for an operator: their ids in that order."""
+    return store.enqueue_many([
+        new(),
+        new(after=[After(position=0)]),
+        new(after=[After(position=1)]),
+        new(after=[After(position=0, on_failure="run")]),
+        new(after=[After(position=0, on_failure="hold")]),
+    ])
+
+
+def test_each_dependent_a_failure_cancels_is_noted_once_as_never_run(store, lease, rows):
+    store.observed = WATCH_CANCELS
+    root, child, grandchild, runs_anyway, held = a_workflow(store)
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.FAILED)])
+    assert rows.states([child, grandchild, runs_anyway, held]) == {child: "cancelled", grandchild: "cancelled", runs_anyway: "ready", held: "held"}
+    # The dependents never ran: their attempt is the job's attempts so far, none.
+    assert noted(rows) == sorted([(root, 1, "failed"), (child, 0, "cancelled"), (grandchild, 0, "cancelled")])
+    assert {(t.task_path, t.queue, t.state, t.deliveries, tuple(t.delivered_to)) for t in rows.transitions()} == {
+        ("app.tasks.t", "default", "pending", 0, ())}
+
+
+def test_a_cancelled_dependent_is_noted_only_when_watched(store, lease, rows):
+    store.observed = json.dumps([{"kind": "failed", "task_path": None, "queue": None}])
+    root, *_ = a_workflow(store)
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.FAILED)])
+    assert noted(rows) == [(root, 1, "failed")]
+
+
+def test_nothing_is_noted_for_cancelled_dependents_while_nothing_is_observed(store, lease, rows):
+    child = a_workflow(store)[1]
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.QUARANTINED)])
+    assert rows.job(child).state == "cancelled"
+    assert rows.transitions() == []
+
+
+def test_a_cancelled_dependent_is_noted_by_its_own_task_and_queue(store, lease, rows):
+    store.observed = json.dumps([
+        {"kind": "cancelled", "task_path": "app.tasks.watched", "queue": None},
+        {"kind": "cancelled", "task_path": None, "queue": "emails"},
+    ])
+    root, by_task, by_queue, neither = store.enqueue_many([
+        new(),
+        new(after=[After(position=0)], task_path="app.tasks.watched"),
+        new(after=[After(position=0)], queue="emails"),
+        new(after=[After(position=0)], queue="reports"),
+    ])
+    (job,) = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.CANCELLED)])
+    assert rows.states([by_task, by_queue, neither]) == dict.fromkeys([by_task, by_queue, neither], "cancelled")
+    assert noted(rows) == sorted([(by_task, 0, "cancelled"), (by_queue, 0, "cancelled")])
+
+
+def test_an_outcome_the_fence_refuses_notes_no_dependent(store, lease, rows):
+    store.observed = WATCH_CANCELS
+    child = a_workflow(store)[1]
+    (job,) = claim(store, lease)
+    rows.lapse(lease.id)
+    assert store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.FAILED)]) == set()
+    assert rows.job(child).state == "waiting"
+    assert rows.transitions() == []
+
+
+def test_a_suspect_failed_by_expiry_notes_the_dependents_it_cancels(store, lease, rows):
+    store.observed = json.dumps([{"kind": "cancelled", "task_path": None, "queue": None}])
+    (root,) = rows.make_jobs(1, suspect=True, max_attempts=1)
+    child, grandchild = store.enqueue_many([new(after=[After(job_id=root.pk)]), new(after=[After(position=0)])])
+    claim(store, lease)
+    rows.lapse(lease.id)
+    assert store.expire_leases(limit=10) == 1
+    assert rows.job(root.pk).state == "failed"  # the suspect paid, with no attempt left
+    assert noted(rows) == sorted([(child, 0, "cancelled"), (grandchild, 0, "cancelled")])

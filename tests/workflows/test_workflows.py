@@ -11,11 +11,13 @@ from django.db import connection
 from django.utils import timezone
 
 from backwave.admin import actions
-from backwave.models import Dependency, Job
+from backwave.models import Dependency, Job, Transition
+from backwave.observers import ObserverRegistry
+from backwave.store import operator
 from backwave.testing import DeterministicPump
 from backwave.tasking.workflow import Dependency as After, InvalidDependency, Workflow, chain, dag, group
 
-from . import tasks
+from . import observers, tasks
 
 
 @pytest.fixture
@@ -170,6 +172,67 @@ def test_cancelling_a_waiting_or_held_job_cancels_its_own_dependents(pump):
     assert (job(behind_waiting).state, job(later).state) == ("cancelled", "ready")
     assert pump.drain().succeeded == 1  # runs_anyway
     assert job(runs_anyway).state == "succeeded"
+
+
+@pytest.fixture
+def observed_pump(db):
+    observers.SEEN.clear()
+    with DeterministicPump(tasks=[tasks], observers=[observers], pool_size=8) as pump:
+        yield pump
+
+
+def test_an_observer_of_cancels_hears_once_of_each_dependent_a_failure_cancels(observed_pump):
+    a, b, c = chain((tasks.fails,), (tasks.noop, [1]), (tasks.noop, [2]))
+
+    drained = observed_pump.drain()
+
+    assert (job(a).state, job(b).state, job(c).state) == ("failed", "cancelled", "cancelled")
+    # Neither ever ran: the attempt delivered is the job's attempts so far, none.
+    assert sorted(observers.SEEN) == sorted([(int(b.id), 0, "cancelled", 1), (int(c.id), 0, "cancelled", 1)])
+    assert drained.delivered == 2
+    assert not Transition.objects.exists()  # delivered, so gone
+    assert observed_pump.drain().delivered == 0 and len(observers.SEEN) == 2
+
+
+def test_with_no_observer_of_cancels_a_cancelled_dependent_writes_no_transition(db):
+    with DeterministicPump(tasks=[tasks], observers=[]) as pump:
+        a, b = chain((tasks.fails,), (tasks.noop, [1]))
+        pump.drain()
+    assert job(b).state == "cancelled"
+    assert not Transition.objects.exists()
+
+
+def test_the_admins_cancel_is_heard_of_for_the_job_and_each_dependent_it_cancels(observed_pump, monkeypatch):
+    monkeypatch.setattr(actions, "discovered_observers", lambda: observed_pump.observers)
+    root = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1)
+    dependent, behind = chain((tasks.noop, [2]), (tasks.noop, [3]), after=[root])
+    runs_anyway = tasks.noop.enqueue(4, after=[After(root, on_failure="run")])
+
+    assert actions.cancel_job_ids([int(root.id)]).changed == (int(root.id),)
+    assert observed_pump.drain().delivered == 3
+
+    assert sorted(observers.SEEN) == sorted((int(r.id), 0, "cancelled", 1) for r in (root, dependent, behind))
+    assert job(runs_anyway).state == "succeeded"
+
+
+def test_a_job_actions_cancel_notes_the_dependents_it_cancels_too(observed_pump):
+    """act_on_jobs's cancel (the job actions' statement, beside cancel_jobs) settles the dependents
+    in the same statement, and notes them by the same observed list."""
+    root = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1)
+    dependent = tasks.noop.enqueue(2, after=[root])
+    selection = Job.objects.filter(pk=root.id).values("id").query.sql_with_params()
+    with connection.cursor() as cursor:
+        rows = operator.act_on_jobs(cursor, "cancel", selection, ["ready"], observed=observed_pump.observers.observed)
+    assert [(job_id, done) for job_id, _state, done, _path in rows] == [(int(root.id), True)]
+    assert sorted(Transition.objects.values_list("job_id", "attempt", "kind")) == sorted(
+        [(int(root.id), 0, "cancelled"), (int(dependent.id), 0, "cancelled")])
+    unwatched = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(3)
+    behind_unwatched = tasks.noop.enqueue(4, after=[unwatched])
+    selection = Job.objects.filter(pk=unwatched.id).values("id").query.sql_with_params()
+    with connection.cursor() as cursor:
+        operator.act_on_jobs(cursor, "cancel", selection, ["ready"], observed=ObserverRegistry().observed)
+    assert job(behind_unwatched).state == "cancelled"
+    assert Transition.objects.count() == 2  # nobody watched those two
 
 
 def test_a_snoozed_ancestor_keeps_its_dependents_waiting_until_it_succeeds(pump):
