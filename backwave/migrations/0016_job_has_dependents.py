@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("backwave", "0014_schedule_limit_key"),
+        ("backwave", "0015_waiting_held_queue_index"),
     ]
 
     operations = [

@@ -522,7 +522,10 @@ WITH RECURSIVE {{outcome_applied}}
                              ELSE 'failed' END AS state
     FROM applied AS a
     WHERE a.kind NOT IN ('retry', 'snoozed')
-), {{outcome_noted}}
+), {{outcome_noted}}, watching AS NOT MATERIALIZED (
+    -- The observed transitions, for the cancelled dependents' own (see settle_dependents).
+    SELECT %(observed)s::jsonb AS observed
+)
 {{settle_dependents}}
 {{outcome_attempts}}
 RETURNING job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready') AS released
@@ -627,8 +630,6 @@ noted AS (
       AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
                   WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
                     AND (w.queue IS NULL OR w.queue = j.queue))
-), watching AS NOT MATERIALIZED (
-    SELECT %(observed)s::jsonb AS observed
 )
 
 
