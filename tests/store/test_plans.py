@@ -484,3 +484,42 @@ def test_a_unique_enqueue_is_arbitrated_by_the_partial_unique_index(transactiona
     (insert,) = [n for n in nodes if n.get("Operation") == "Insert"]
     assert insert["Conflict Resolution"] == "UPDATE"
     assert insert["Conflict Arbiter Indexes"] == ["backwave_job_unique_key"]
+
+
+@pytest.fixture
+def claim_index_outgrown(transactional_db):
+    """A queue that held 20,000 ready jobs, all since run and purged, then VACUUM: the heap shrinks
+    back to a few pages, the claim index keeps every page it grew to (an index never shrinks),
+    and 20 jobs are ready now, analyzed. The planner charges an index scan for the pages of the
+    whole index against its few live entries: a bloated claim index looked dearer than a
+    sequential scan and a sort of the whole table, on every claim (a chain drained at 6% of its
+    baseline in the workflow benchmark, each claim 2.4 ms)."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
+                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
+            SELECT 't.t', 'default', 0, '{}', 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
+            FROM generate_series(1, 20000)
+        """)
+        cursor.execute("UPDATE backwave_job SET state = 'succeeded'")
+        cursor.execute("DELETE FROM backwave_job")
+        cursor.execute("VACUUM backwave_job")
+        cursor.execute("""
+            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
+                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
+            SELECT 't.t', 'default', 0, '{}', 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
+            FROM generate_series(1, 20)
+        """)
+        cursor.execute("ANALYZE backwave_job")
+        cursor.execute("SELECT relpages FROM pg_class WHERE relname IN ('backwave_job', 'backwave_job_claim') ORDER BY relname")
+        heap_pages, index_pages = (row[0] for row in cursor.fetchall())
+        assert index_pages > 10 * heap_pages  # the shape this fixture is for
+
+
+def test_the_claim_reads_its_index_however_large_the_index_grew(claim_index_outgrown):
+    """Under the worker's transaction settings (set_transaction_settings heads every round-trip)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(QUERIES["set_transaction_settings"], {"statement_timeout": None, "lock_timeout": None, "synchronous_commit": None})
+        nodes = explain("claim_jobs_one_queue", {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 16, "queue": "default"}, generic=True)
+    job_scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert ("Index Scan", "backwave_job_claim") in job_scans and not any(kind == "Seq Scan" for kind, _ in job_scans), job_scans
