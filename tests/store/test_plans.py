@@ -38,6 +38,19 @@ def run_under_a_lease(cursor, selection: str) -> uuid.UUID:
     return lease_id
 
 
+def insert_ready_jobs(cursor, count: int, *, payload: str = '{"args": [0], "kwargs": {}}') -> None:
+    """``count`` ready jobs of one queue, "default", all due now, in one statement."""
+    cursor.execute(
+        """
+        INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
+                                  enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
+        SELECT 't.t', 'default', 0, %s::jsonb, 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
+        FROM generate_series(1, %s)
+        """,
+        [payload, count],
+    )
+
+
 @pytest.fixture
 def backlog(transactional_db):
     """20,000 finished and 5,000 ready jobs over three queues, 300 of them running under 15 leases
@@ -319,12 +332,7 @@ def queue_analyzed_idle(transactional_db):
     "lease_id = ..." to match about one row, and on a table this small a plan that filters the
     whole table by it first looks cheap."""
     with connection.cursor() as cursor:
-        cursor.execute("""
-            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
-                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
-            SELECT 't.t', 'default', 0, '{"args": [0], "kwargs": {}}', 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
-            FROM generate_series(1, 10000)
-        """)
+        insert_ready_jobs(cursor, 10000)
         cursor.execute("ANALYZE backwave_job")
         run_under_a_lease(cursor, "ORDER BY id LIMIT 16")
 
@@ -495,21 +503,11 @@ def claim_index_outgrown(transactional_db):
     sequential scan and a sort of the whole table, on every claim (a chain drained at 6% of its
     baseline in the workflow benchmark, each claim 2.4 ms)."""
     with connection.cursor() as cursor:
-        cursor.execute("""
-            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
-                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
-            SELECT 't.t', 'default', 0, '{}', 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
-            FROM generate_series(1, 20000)
-        """)
+        insert_ready_jobs(cursor, 20000, payload="{}")
         cursor.execute("UPDATE backwave_job SET state = 'succeeded'")
         cursor.execute("DELETE FROM backwave_job")
         cursor.execute("VACUUM backwave_job")
-        cursor.execute("""
-            INSERT INTO backwave_job (task_path, queue, priority, payload, state, backend, tags, run_at,
-                                      enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
-            SELECT 't.t', 'default', 0, '{}', 'ready', 'default', '{}', now(), now(), 0, 1, 1, 3600, ''
-            FROM generate_series(1, 20)
-        """)
+        insert_ready_jobs(cursor, 20, payload="{}")
         cursor.execute("ANALYZE backwave_job")
         cursor.execute("SELECT relpages FROM pg_class WHERE relname IN ('backwave_job', 'backwave_job_claim') ORDER BY relname")
         heap_pages, index_pages = (row[0] for row in cursor.fetchall())
