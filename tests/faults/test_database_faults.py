@@ -41,7 +41,10 @@ def test_4a_terminated_backends_degrade_the_pumps_which_recover_and_lose_nothing
     assert Job.objects.filter(state="succeeded").count() < 400, "the first blow must land mid-run"
     for blow in range(1, 4):
         wait_until(lambda: backwave_sessions() >= 2, what="both pumps connected", workers=[worker])
-        assert terminate_every_backend() >= 2
+        # Until a blow lands on them: twice in clean-clone runs the terminate found no other
+        # session (0) right after the check above had counted the pumps', the cause unknown;
+        # a blow that killed nothing is no blow, and the next try is one.
+        wait_until(lambda: terminate_every_backend() >= 2, what="a blow that ends the pumps' sessions", workers=[worker])
         wait_until(lambda: worker.output.count("recovered") >= blow, what="a pump recovering", workers=[worker])
     wait_until(lambda: states() == {"succeeded": 400}, what="every job succeeding", workers=[worker])
     worker.signal(signal.SIGTERM)
