@@ -260,9 +260,7 @@ class NodeDriver:
         """Jobs this pump's own statement made ready: claimed now, room permitting. The wake-up
         hint that statement sent is not heard here (a pump drops its own store session's), and
         a claim in flight runs after it on the same connection and sees them anyway."""
-        if made_ready <= 0 or self._claim_limit or not self.free_slots:
-            return []
-        return self._claim(now)
+        return self._claim(now) if made_ready > 0 else []  # _claim sends nothing without room or with one in flight
 
     def _on_jobs_purged(self, event: ev.JobsPurged) -> list[cmd.Command]:
         if not 0 <= event.purged <= PURGE_BATCH:

@@ -217,6 +217,21 @@ def _begin(
     )
 
 
+def _begin_under(
+    controls: AttemptControls, job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int,
+    backend_class, clock,
+) -> _Attempt | AttemptReport:
+    """_begin with the control the pump registered for the job (one is made and added when it
+    runs outside a pump); an unroutable job's control is dropped, as it never ran."""
+    registered = controls.get(job)
+    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, registered)
+    if isinstance(attempt, AttemptReport):
+        controls.forget(job)
+    elif registered is None:
+        controls.add(attempt.control)
+    return attempt
+
+
 def _resolver_for(job: ClaimedJob):
     """Ancestors are read on the handler thread's connection to the database of the job's backend."""
     from django.tasks import task_backends
@@ -247,7 +262,7 @@ class AttemptControls:
     def register(self, job: ClaimedJob) -> None:
         """The pump thread, as it hands the job to a thread: from now on a StopAttempt for it
         finds its control, however soon it comes (its time limit counts from here)."""
-        self._running[(job.id, job.attempt)] = AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout)
+        self.add(AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout))
 
     def get(self, job: ClaimedJob) -> AttemptControl | None:
         return self._running.get((job.id, job.attempt))
@@ -327,13 +342,9 @@ def _run_attempt(
     handler: the attempt scope in a worker; the test pump's own, which keeps the test's connection.
     ``commit`` is how an atomic task's success is written in its transaction (see run_atomic)."""
     controls = controls if controls is not None else AttemptControls()
-    registered = controls.get(job)
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock, registered)
+    attempt = _begin_under(controls, job, registry, worker_id, max_traceback_chars, max_result_bytes, backend_class, clock)
     if isinstance(attempt, AttemptReport):
-        controls.forget(job)  # unroutable: it never ran
         return attempt
-    if registered is None:  # run outside a pump, which registers each job it hands over
-        controls.add(attempt.control)
     try:
         enter()
         try:
@@ -408,13 +419,9 @@ async def _run_attempt_async(
     """run_attempt for an ``async def`` task, on an event loop. The scope's connection handling
     runs through sync_to_async, as Django's ASGI handler does around a request."""
     controls = controls if controls is not None else AttemptControls()
-    registered = controls.get(job)
-    attempt = _begin(job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock, registered)
+    attempt = _begin_under(controls, job, registry, worker_id, max_traceback_chars, max_result_bytes, None, clock)
     if isinstance(attempt, AttemptReport):
-        controls.forget(job)  # unroutable: it never ran
         return attempt
-    if registered is None:
-        controls.add(attempt.control)
     try:
         await sync_to_async(enter)()
         try:

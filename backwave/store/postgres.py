@@ -344,6 +344,9 @@ class PostgresStore:
     def _write_statements(
         self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], params: dict[str, Any], *, settling: bool = False
     ) -> list[tuple[str, dict[str, Any]]]:
+        """The plain write when no job of the batch had dependents when claimed (and ``settling``
+        is not asked for); else write_outcomes_many behind lock_outcome_jobs, the batch's jobs
+        forgotten as ancestors (a job claimed again is remembered again by its claim)."""
         ancestors = self._ancestors
         if not settling and not any(o.job_id in ancestors for o in outcomes):
             return [("write_outcomes_plain", params)]

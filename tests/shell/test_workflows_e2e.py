@@ -4,10 +4,12 @@ ancestor cancels its dependents."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from backwave.models import Attempt, Job
-from backwave.tasking.workflow import dag, group
+from backwave.tasking.workflow import chain, dag, group
 from tests.shell import worker_tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -52,10 +54,6 @@ def test_a_chain_costs_one_round_trip_a_link(start_worker):
     it: one round-trip a link. The release also sends the queue's wake-up hint (for the pumps
     elsewhere); the pump that wrote it took its own hint too, and each link cost a second claim,
     which found nothing (a chain of 3,000 drained at 6% of the rate of as many independent jobs)."""
-    import re
-
-    from backwave.tasking.workflow import chain
-
     chain(*[(worker_tasks.noop, (n,), {}) for n in range(100)])
     worker = start_worker("--queues", "e2e", "--pool-size", "4", "--until-idle", "--poll-interval", "5", "--maintenance-interval", "60")
     assert worker.wait() == 0, worker.output
