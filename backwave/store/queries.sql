@@ -120,7 +120,11 @@ SELECT id FROM released ORDER BY id
 -- name: claimed_jobs
 -- Not a statement: the claims' shared CTE ({{claimed_jobs}}), after a CTE "picked"(id) of the
 -- rows each locked. It claims them under the lease and returns what the driver needs (the limit
--- key for the admitted claim's debits; the other claims do not read it).
+-- key for the admitted claim's debits; the other claims do not read it). The picked ids come
+-- as one array, as the outcome write's do, so the UPDATE is a primary-key probe per id whatever
+-- the statistics say: joined to "picked" instead, a generic plan built while the statistics
+-- counted two rows (a drained, vacuumed table refilled since) walked the whole primary key on
+-- every claim and filtered each row against the picked ids.
 claimed AS (
     UPDATE backwave_job AS j
     SET state = 'running',
@@ -129,8 +133,7 @@ claimed AS (
         attempts = j.attempts + 1,
         last_attempted_at = now(),
         started_at = coalesce(j.started_at, now())
-    FROM picked
-    WHERE j.id = picked.id
+    WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p))
     RETURNING j.id, j.task_path, j.queue, j.priority, j.payload, j.attempts, j.max_attempts,
               j.backoff_base, j.backoff_max, j.backend, j.enqueued_at, j.started_at,
               j.last_attempted_at, j.run_at, j.forgiven_attempts, j.suspect, j.trace_context, j.timeout,
