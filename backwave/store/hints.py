@@ -14,6 +14,10 @@ can no longer come), and named ``backwave-hints`` so an operator finds it in pg_
 
 from __future__ import annotations
 
+import os
+import selectors
+import time
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,11 +32,23 @@ APPLICATION_NAME = "backwave-hints"
 
 class HintConnection:
     """One LISTEN session on CHANNEL, opened again after each loss. One thread reads it; another
-    may ``cancel()`` it to end a wait at once."""
+    may ``cancel()`` it to end a wait at once.
+
+    A wait is a select on the session's socket and on a pipe of its own: ``cancel()`` writes to
+    the pipe. A cancel request to the server could not end it: an idle LISTEN session runs no
+    query to cancel, so the wait went on to its timeout, and every worker's stop waited for it
+    (half a second, the listener's step)."""
 
     def __init__(self, connect_params: Mapping[str, Any]) -> None:
         self._connect_params = {**worker_connect_params(connect_params), "application_name": APPLICATION_NAME}
         self._conn: psycopg.Connection | None = None
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        # Closed with the object, never before: a cancel() after an explicit close could write
+        # into whatever file had taken the descriptor's number meanwhile.
+        weakref.finalize(self, _close_all, self._wake_read, self._wake_write)
+        self._cancelled = False
 
     def open(self) -> None:
         """Connect and LISTEN (a connection still open is closed first)."""
@@ -44,24 +60,44 @@ class HintConnection:
             raise self._lost(exc) from exc
 
     def notifies(self, timeout: float) -> Iterator[tuple[str, int]]:
-        """Each hint as it arrives, for at most ``timeout`` seconds: its payload (the queue name)
-        and the process id of the server session that sent it."""
-        if self._conn is None:
+        """Each hint as it arrives, for at most ``timeout`` seconds, or until ``cancel()``: its
+        payload (the queue name) and the process id of the server session that sent it."""
+        conn = self._conn
+        if conn is None:
             raise StoreError("this HintConnection is not open; call open() first")
+        deadline = time.monotonic() + timeout
         try:
-            for notify in self._conn.notifies(timeout=timeout):
-                yield notify.payload, notify.pid
+            with selectors.DefaultSelector() as selector:
+                selector.register(conn.fileno(), selectors.EVENT_READ)
+                selector.register(self._wake_read, selectors.EVENT_READ)
+                while not self._cancelled:
+                    # What libpq holds already (read with an earlier result) is not on the socket.
+                    for notify in conn.notifies(timeout=0):
+                        yield notify.payload, notify.pid
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._cancelled:
+                        return
+                    selector.select(left)
         except psycopg.Error as exc:
             raise self._lost(exc) from exc
+        finally:
+            self._drain_wake_ups()
 
     def cancel(self) -> None:
-        """Interrupt a wait in ``notifies`` from another thread; never raises."""
-        conn = self._conn
-        if conn is not None:
-            try:
-                conn.cancel_safe()
-            except Exception:
+        """End a wait in ``notifies`` from another thread, and every later one (the session is
+        being given up: its listener is stopping); never raises."""
+        self._cancelled = True
+        try:
+            os.write(self._wake_write, b"x")
+        except OSError:  # the pipe is full: a wake-up is already waiting to be read
+            pass
+
+    def _drain_wake_ups(self) -> None:
+        try:
+            while os.read(self._wake_read, 4096):
                 pass
+        except (BlockingIOError, OSError):
+            pass
 
     def close(self) -> None:
         """Close the session (no error: it is being given up)."""
@@ -77,3 +113,11 @@ class HintConnection:
         broken = self._conn is None or self._conn.closed
         error = TransientStoreError if is_transient(exc, connection_broken=broken) else StoreError
         return error(f"{type(exc).__name__}: {exc}", sqlstate=exc.sqlstate, statement="listen")
+
+
+def _close_all(*descriptors: int) -> None:
+    for descriptor in descriptors:
+        try:
+            os.close(descriptor)
+        except OSError:
+            pass

@@ -279,3 +279,25 @@ def test_a_burst_of_hints_while_the_pump_is_busy_wakes_it_once_and_costs_one_cla
         assert pump.join(10)
     assert owned_driver.handled["HintReceived"] == 1
     assert store.claims == 2  # the first poll, and one for the whole burst
+
+
+# ---- the listener stops at once -------------------------------------------------------------------
+
+
+def test_stop_ends_the_listeners_wait_at_once_however_long_its_step(caplog):
+    """stop() wakes the listener's wait: a cancel request to the server could not (an idle
+    LISTEN session runs no query to cancel), so the wait ran to the end of its step, and every
+    worker's stop waited for it. A step of a minute here: only a wake-up ends it within the
+    five seconds stop() waits for the thread."""
+    hints = HintListener(django_conninfo(connection.settings_dict), wait_step=60)
+    heard = threading.Event()
+    hints.subscribe(["stopping"], heard.set)
+    hints.start()
+    wait_until(hints.connected.is_set)
+    notify("stopping")  # the wait still hears hints
+    assert heard.wait(10)
+
+    hints.stop()
+
+    assert not hints.alive
+    assert hints.health()["status"] == "stopped"
