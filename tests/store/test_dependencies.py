@@ -296,3 +296,28 @@ def test_a_refused_plain_outcome_is_refused_again_by_the_settling_write(store, l
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[stale])
     assert applied == set()
     assert rows.states([job.id]) == {job.id: "running"}
+
+
+def _session():
+    """A session of its own, as an application process has: its plan cache is its own."""
+    return psycopg.connect(**{**connection.get_connection_params(), "autocommit": True})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_edges_keys_are_checked_when_their_statement_ends_and_cascade():
+    """Not deferred to COMMIT (migration 0017): the checks are planned inside the enqueue
+    statement, under its planner setting. Django rebuilds a key it alters as deferrable."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.attname, c.condeferrable, c.condeferred, c.confdeltype FROM pg_constraint AS c"
+            " JOIN pg_attribute AS a ON a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)"
+            " WHERE c.conrelid = 'backwave_dependency'::regclass AND c.confrelid = 'backwave_job'::regclass"
+            " AND c.contype = 'f' ORDER BY a.attname"
+        )
+        assert cursor.fetchall() == [("ancestor_id", False, False, "c"), ("job_id", False, False, "c")]
+    with _session() as session, session.cursor() as cursor:
+        first, middle, last = insert_jobs(cursor, [new(), new(after=[After(position=0)]), new(after=[After(position=1)])])
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            cursor.execute("INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position) VALUES (%s, 987654321, 'run', 1)", [last])
+        cursor.execute("DELETE FROM backwave_job WHERE id = %s", [middle])  # a purge's delete: its edges both ways go
+        assert cursor.execute("SELECT job_id, ancestor_id FROM backwave_dependency").fetchall() == []
