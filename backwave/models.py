@@ -395,7 +395,9 @@ class Dependency(models.Model):
     The primary key (job, ancestor) lists a job's ancestors; the index on ``ancestor`` is how
     the outcome statement finds the dependents of the jobs it settles, so releasing a fan-out of
     10,000 is one index range scan in that statement. Both foreign keys cascade: a purged job
-    takes its edges along.
+    takes its edges along. They are NOT DEFERRABLE (migration 0017), so the statement that
+    writes the edges checks them, under its own planner setting (enqueue_with_dependencies);
+    Django would rebuild a key it alters as deferrable (a test reads the catalog).
     """
 
     pk = models.CompositePrimaryKey("job", "ancestor")

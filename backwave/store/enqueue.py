@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from psycopg.pq import TransactionStatus
+
 from .contract import Inserted, NewJob
 from .params import inserted_from_rows, insert_statement
 from .queries import QUERIES
@@ -26,4 +28,17 @@ def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[I
         return []
     name, params = insert_statement(jobs, hint=hint)
     cursor.execute(QUERIES[name], params)
-    return inserted_from_rows(name, cursor.fetchall())
+    rows = cursor.fetchall()
+    restore_caller_settings(cursor, name, rows)
+    return inserted_from_rows(name, rows)
+
+
+def restore_caller_settings(cursor, name: str, rows: list[tuple]) -> None:
+    """After an enqueue statement on ``cursor`` (psycopg or Django): enqueue_with_dependencies
+    turns enable_seqscan off for the rest of the transaction, so that its foreign keys' checks
+    are planned as index scans; inside a caller's transaction, the caller's value goes back
+    before the caller's next statement (also when the statement refused the batch). In
+    autocommit, the statement's transaction has ended, and the setting with it."""
+    if name != "enqueue_with_dependencies" or cursor.connection.info.transaction_status == TransactionStatus.IDLE:
+        return
+    cursor.execute(QUERIES["restore_enable_seqscan"], {"enable_seqscan": rows[0][3]})

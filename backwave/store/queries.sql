@@ -1460,8 +1460,26 @@ SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
 -- Refused, with nothing inserted: an ancestor id that names no job ("refused" returns it with a
 -- NULL state) and one that already failed, was cancelled or quarantined when its dependency's
 -- on_failure is not "run" (returned with its state: a dependent cancelled or held at birth is a
--- mistake to report, not to store). Rows: the new ids in input order, or the refused ancestors.
-WITH given AS MATERIALIZED (
+-- mistake to report, not to store). Rows: the new ids in input order, or the refused ancestors,
+-- each with the caller's enable_seqscan (see "checked").
+--
+-- Each edge's two foreign keys are checked when this statement ends (NOT DEFERRABLE, migration
+-- 0017) by a lookup of backwave_job that PostgreSQL prepares once per session and keeps: after
+-- five custom plans, a generic one, used from then on whatever the table grows to. Planned
+-- while the table was a page or two (just emptied and vacuumed, a first small workflow), that
+-- lookup is a sequential scan, and a fan-in of 20,000 then read the whole table 40,000 times
+-- (50 s). "checked" turns enable_seqscan off for the rest of the transaction, so whenever the
+-- lookup is planned (the session's first edges, or again after an ANALYZE invalidated the
+-- plan) it is the primary key's index scan; a plan kept is not re-planned when the setting
+-- changes back, so it stays one. SET LOCAL: an autocommit statement's transaction ends with
+-- it; inside a caller's transaction, the caller puts back the value "caller" read
+-- (restore_enable_seqscan). This statement's own plan was made before it ran, under the
+-- caller's setting.
+WITH caller AS MATERIALIZED (
+    SELECT current_setting('enable_seqscan') AS enable_seqscan
+), checked AS MATERIALIZED (
+    SELECT c.enable_seqscan, set_config('enable_seqscan', 'off', true) FROM caller AS c
+), given AS MATERIALIZED (
     SELECT n.*
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
@@ -1536,11 +1554,18 @@ WITH given AS MATERIALIZED (
     FROM (SELECT DISTINCT queue FROM numbered WHERE state = 'ready') AS q
     WHERE %(hint)s::boolean
 )
-SELECT n.id, NULL::bigint AS refused_id, NULL::text AS refused_state
-FROM numbered AS n CROSS JOIN hinted
+SELECT n.id, NULL::bigint AS refused_id, NULL::text AS refused_state, k.enable_seqscan
+FROM numbered AS n CROSS JOIN hinted CROSS JOIN checked AS k
 UNION ALL
-SELECT NULL, r.ancestor_id, r.state FROM refused AS r
+SELECT NULL, r.ancestor_id, r.state, k.enable_seqscan FROM refused AS r CROSS JOIN checked AS k
 ORDER BY 1, 2
+
+
+-- name: restore_enable_seqscan
+-- After enqueue_with_dependencies inside a caller's transaction: the caller's enable_seqscan,
+-- which that statement returned, back in force before the caller's next statement. A SET
+-- LOCAL of the caller's own value: it ends with the transaction, as the statement's did.
+SELECT set_config('enable_seqscan', %(enable_seqscan)s, true)
 
 
 -- name: enqueue_unique_many

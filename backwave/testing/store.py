@@ -33,6 +33,7 @@ from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import JsonbLoader
 
 from backwave.store.contract import NOTHING_OBSERVED, NewJob, StoreError, TransientStoreError
+from backwave.store.enqueue import restore_caller_settings
 from backwave.store.params import insert_statement, inserted_ids
 from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
@@ -82,7 +83,12 @@ class DjangoConnectionStore(PostgresStore):
         if not jobs:
             return []
         name, params = insert_statement(jobs, hint=False)
-        return inserted_ids(name, self._execute(name, params))
+        with self._cursor(name) as cursor:
+            cursor.execute(_statement(name), self._with_clock(params))
+            rows = cursor.fetchall()
+            # Inside atomic(): in a test's transaction the statement's SET LOCAL would outlive it.
+            restore_caller_settings(cursor, name, rows)
+        return inserted_ids(name, rows)
 
     def roll_up_task_stats(self, *, limit: int, settle: float = 0.0) -> int:
         """The rollup, not waiting for transactions open elsewhere on the server (settle 0 by

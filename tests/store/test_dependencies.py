@@ -296,3 +296,81 @@ def test_a_refused_plain_outcome_is_refused_again_by_the_settling_write(store, l
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[stale])
     assert applied == set()
     assert rows.states([job.id]) == {job.id: "running"}
+
+
+def _session():
+    """A session of its own, as an application process has: its plan cache is its own."""
+    return psycopg.connect(**{**connection.get_connection_params(), "autocommit": True})
+
+
+def _sequential_reads_of_jobs(session) -> tuple[int, int]:
+    """(sequential scans, tuples they read) of backwave_job so far, this session's included."""
+    session.execute("SELECT pg_stat_force_next_flush()")  # flushed as the session goes idle
+    return session.execute("SELECT seq_scan, seq_tup_read FROM pg_stat_user_tables WHERE relname = 'backwave_job'").fetchone()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wide_fan_in_checks_its_edges_by_index_whatever_the_session_planned_before():
+    """Each edge's foreign keys are checked by a lookup of backwave_job that PostgreSQL plans once
+    per session and keeps. Planned while the table was one page (just emptied and vacuumed, a
+    first small workflow), it was a sequential scan, and every edge of a later fan-in scanned
+    the whole table: 20,000 + 1 took 50 s to enqueue instead of 2."""
+    fan_in = 1000
+    with _session() as session:
+        session.execute("DELETE FROM backwave_job")
+        session.execute("VACUUM ANALYZE backwave_job")
+        with session.transaction(), session.cursor() as cursor:
+            insert_jobs(cursor, [new(), *(new(after=[After(position=0)]) for _ in range(8))])
+        scans, tuples = _sequential_reads_of_jobs(session)
+        with session.transaction(), session.cursor() as cursor:
+            insert_jobs(cursor, [*(new() for _ in range(fan_in)), new(after=[After(position=n) for n in range(fan_in)])])
+        after_scans, after_tuples = _sequential_reads_of_jobs(session)
+    # The statement's own plan may scan the nine rows there were (and another session's count
+    # may land meanwhile); one scan per edge is 2,000 scans and a million tuples.
+    scans, tuples = after_scans - scans, after_tuples - tuples
+    assert scans < 10 and tuples < fan_in, f"enqueueing a fan-in of {fan_in} read backwave_job by {scans} sequential scans ({tuples} tuples)"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("callers", ["on", "off"])
+def test_an_enqueue_with_dependencies_leaves_the_callers_transaction_its_own_planner_setting(callers):
+    """The statement turns enable_seqscan off for its own checks; the caller's next statement,
+    in the same transaction, plans with the caller's value, after a refused batch too."""
+    with _session() as session, session.cursor() as cursor:
+        (root,) = insert_jobs(cursor, [new()])
+        with session.transaction():
+            cursor.execute("SELECT set_config('enable_seqscan', %s, true)", [callers])
+            insert_jobs(cursor, [new(after=[After(job_id=root)]), new(after=[After(position=0)])])
+            assert cursor.execute("SELECT current_setting('enable_seqscan')").fetchone() == (callers,)
+            with pytest.raises(DependencyRefused):
+                insert_jobs(cursor, [new(after=[After(job_id=987654321)])])
+            assert cursor.execute("SELECT current_setting('enable_seqscan')").fetchone() == (callers,)
+        assert cursor.execute("SELECT current_setting('enable_seqscan')").fetchone() == ("on",)
+
+
+@pytest.mark.stores("django")
+def test_the_test_pumps_store_leaves_the_tests_transaction_its_planner_setting(store):
+    store.enqueue_many([new(), new(after=[After(position=0)])])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_seqscan')")
+        assert cursor.fetchone() == ("on",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_edges_keys_are_checked_when_their_statement_ends_and_cascade():
+    """Not deferred to COMMIT (migration 0017): the checks are planned inside the enqueue
+    statement, under its planner setting. Django rebuilds a key it alters as deferrable."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.attname, c.condeferrable, c.condeferred, c.confdeltype FROM pg_constraint AS c"
+            " JOIN pg_attribute AS a ON a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)"
+            " WHERE c.conrelid = 'backwave_dependency'::regclass AND c.confrelid = 'backwave_job'::regclass"
+            " AND c.contype = 'f' ORDER BY a.attname"
+        )
+        assert cursor.fetchall() == [("ancestor_id", False, False, "c"), ("job_id", False, False, "c")]
+    with _session() as session, session.cursor() as cursor:
+        first, middle, last = insert_jobs(cursor, [new(), new(after=[After(position=0)]), new(after=[After(position=1)])])
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            cursor.execute("INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position) VALUES (%s, 987654321, 'run', 1)", [last])
+        cursor.execute("DELETE FROM backwave_job WHERE id = %s", [middle])  # a purge's delete: its edges both ways go
+        assert cursor.execute("SELECT job_id, ancestor_id FROM backwave_dependency").fetchall() == []

@@ -289,6 +289,14 @@ def test_a_dangling_ancestor_is_refused_with_nothing_written_and_the_transaction
     assert connection.in_atomic_block and not connection.needs_rollback
 
 
+def test_a_workflow_leaves_the_callers_transaction_its_own_planner_setting(db):
+    """The enqueue statement turns enable_seqscan off for its foreign keys' checks (queries.sql)."""
+    group([(tasks.noop, [n]) for n in range(3)], then=(tasks.noop,))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_seqscan')")
+        assert cursor.fetchone() == ("on",)
+
+
 def test_an_ancestor_that_already_failed_is_refused_unless_the_policy_is_run(pump):
     bad = tasks.fails.enqueue()
     pump.drain()
