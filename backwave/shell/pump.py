@@ -453,9 +453,10 @@ class Pump:
         if not is_atomic(job, self._registry):
             return None
         lease_id, observed = self.driver.lease_id, getattr(self._store, "observed", NOTHING_OBSERVED)
+        plain = not getattr(self._store, "claimed_with_dependents", lambda _job_id: True)(job.id)
         return Commit(
             alias=self.options.database or DEFAULT_DB_ALIAS,
-            write=lambda connection, record: write_outcome(connection, lease_id=lease_id, record=record, observed=observed),
+            write=lambda connection, record: write_outcome(connection, lease_id=lease_id, record=record, observed=observed, plain=plain),
         )
 
     # ---- jobs -------------------------------------------------------------------------------------

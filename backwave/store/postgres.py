@@ -306,6 +306,12 @@ class PostgresStore:
             del self._ancestors[next(iter(self._ancestors))]
         return jobs
 
+    def claimed_with_dependents(self, job_id: int) -> bool:
+        """Whether the job had dependents when this store claimed it: an atomic task's outcome,
+        written on its handler's connection, is then the settling write at once. False for a job
+        forgotten since (the plain write's fence leaves such an outcome to the settling write)."""
+        return job_id in self._ancestors
+
     def write_outcomes_many(self, *, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         """Apply fenced outcomes and log one attempt per applied outcome; returns applied ids.
         A row whose data cannot be stored costs that row alone (see the Storage Contract)."""
