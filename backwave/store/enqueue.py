@@ -39,6 +39,14 @@ def restore_caller_settings(cursor, name: str, rows: list[tuple]) -> None:
     are planned as index scans; inside a caller's transaction, the caller's value goes back
     before the caller's next statement (also when the statement refused the batch). In
     autocommit, the statement's transaction has ended, and the setting with it."""
-    if name != "enqueue_with_dependencies" or cursor.connection.info.transaction_status == TransactionStatus.IDLE:
-        return
-    cursor.execute(QUERIES["restore_enable_seqscan"], {"enable_seqscan": rows[0][3]})
+    if name == "enqueue_with_dependencies":
+        restore_enable_seqscan(cursor, rows[0][3])
+
+
+def restore_enable_seqscan(cursor, callers: str) -> None:
+    """After a statement that turned enable_seqscan off for its own foreign-key lookups (and
+    returned the value it found, ``callers``): inside a caller's transaction, that value back
+    before the caller's next statement. In autocommit the statement's transaction has ended,
+    and the setting with it."""
+    if cursor.connection.info.transaction_status != TransactionStatus.IDLE:
+        cursor.execute(QUERIES["restore_enable_seqscan"], {"enable_seqscan": callers})

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..queue_rules import validate_concurrency_limit, validate_queue_name
 from .contract import NOTHING_OBSERVED
+from .enqueue import restore_enable_seqscan
 from .queries import QUERIES
 
 # A column the caller leaves out of upsert_queues keeps what its row holds.
@@ -42,11 +43,13 @@ def act_on_jobs(
     sql, params = selection
     if action == "purge":
         cursor.execute(QUERIES["purge_selected_jobs"].format(selection=sql), [*params, list(allowed)])
-    else:
-        statement = QUERIES["act_on_jobs"].format(
-            selection=sql, assignments=QUERIES[JOB_ACTIONS[action]], then=QUERIES[JOB_ACTION_DEPENDENTS[action]]
-        )
-        cursor.execute(statement, [*params, list(allowed), JOB_ACTION_TRANSITIONS.get(action), observed])
+        rows = cursor.fetchall()
+        restore_enable_seqscan(cursor, rows[0][-1])  # a purge returns one row at least
+        return [row[:-1] for row in rows if row[0] is not None]
+    statement = QUERIES["act_on_jobs"].format(
+        selection=sql, assignments=QUERIES[JOB_ACTIONS[action]], then=QUERIES[JOB_ACTION_DEPENDENTS[action]]
+    )
+    cursor.execute(statement, [*params, list(allowed), JOB_ACTION_TRANSITIONS.get(action), observed])
     return cursor.fetchall()
 
 

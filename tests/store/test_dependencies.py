@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from backwave.core.jobs import OutcomeKind
+from backwave.store import operator
 from backwave.store.contract import After, DependencyRefused, NewJob, OutcomeRecord
 from backwave.store.enqueue import insert_jobs
 from backwave.store.postgres import PostgresStore
@@ -374,3 +375,29 @@ def test_the_edges_keys_are_checked_when_their_statement_ends_and_cascade():
             cursor.execute("INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position) VALUES (%s, 987654321, 'run', 1)", [last])
         cursor.execute("DELETE FROM backwave_job WHERE id = %s", [middle])  # a purge's delete: its edges both ways go
         assert cursor.execute("SELECT job_id, ancestor_id FROM backwave_dependency").fetchall() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_deletes_dependency_rows_by_index_whatever_the_session_planned_before():
+    """A purged job's dependency rows go by ON DELETE CASCADE: lookups PostgreSQL plans once per
+    session and keeps, as it keeps the key checks above. Kept from the session's first purge,
+    while the table held a handful of rows, they were sequential scans, and every job of a
+    later purge scanned the dependency table whole, twice (once by each key)."""
+    with _session() as session:
+        session.execute("DELETE FROM backwave_job")
+        session.execute("VACUUM ANALYZE backwave_job, backwave_dependency")
+        finished = ["succeeded"]
+        selection = ("SELECT id FROM backwave_job WHERE state = %s", ["succeeded"])
+        with session.cursor() as cursor:
+            insert_jobs(cursor, [new(), *(new(after=[After(position=0)]) for _ in range(9))])
+            cursor.execute("UPDATE backwave_job SET state = 'succeeded'")
+            assert len(operator.act_on_jobs(cursor, "purge", selection, finished)) == 10  # the session's first purge
+            fan_in = 1000
+            insert_jobs(cursor, [*(new() for _ in range(fan_in)), new(after=[After(position=n) for n in range(fan_in)])])
+            cursor.execute("UPDATE backwave_job SET state = 'succeeded' WHERE id IN (SELECT id FROM backwave_job ORDER BY id LIMIT 200)")
+            with session.transaction():
+                purged = operator.act_on_jobs(cursor, "purge", selection, finished)
+                scans = cursor.execute("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'backwave_dependency'").fetchone()[0]
+                assert cursor.execute("SELECT current_setting('enable_seqscan')").fetchone() == ("on",)  # the caller's, back
+    assert len(purged) == 200 and all(changed for _id, _state, changed, _path in purged)
+    assert scans < 5, f"purging 200 jobs read backwave_dependency by {scans} sequential scans"
