@@ -1464,22 +1464,9 @@ SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
 -- each with the caller's enable_seqscan (see "checked").
 --
 -- Each edge's two foreign keys are checked when this statement ends (NOT DEFERRABLE, migration
--- 0017) by a lookup of backwave_job that PostgreSQL prepares once per session and keeps: after
--- five custom plans, a generic one, used from then on whatever the table grows to. Planned
--- while the table was a page or two (just emptied and vacuumed, a first small workflow), that
--- lookup is a sequential scan, and a fan-in of 20,000 then read the whole table 40,000 times
--- (50 s). "checked" turns enable_seqscan off for the rest of the transaction, so whenever the
--- lookup is planned (the session's first edges, or again after an ANALYZE invalidated the
--- plan) it is the primary key's index scan; a plan kept is not re-planned when the setting
--- changes back, so it stays one. SET LOCAL: an autocommit statement's transaction ends with
--- it; inside a caller's transaction, the caller puts back the value "caller" read
--- (restore_enable_seqscan). This statement's own plan was made before it ran, under the
--- caller's setting.
-WITH caller AS MATERIALIZED (
-    SELECT current_setting('enable_seqscan') AS enable_seqscan
-), checked AS MATERIALIZED (
-    SELECT c.enable_seqscan, set_config('enable_seqscan', 'off', true) FROM caller AS c
-), given AS MATERIALIZED (
+-- 0017), by lookups of backwave_job planned under key_lookups_by_index: planned as sequential
+-- scans, a fan-in of 20,000 read the whole table 40,000 times (50 s).
+WITH {{key_lookups_by_index}}, given AS MATERIALIZED (
     SELECT n.*
     FROM ROWS FROM (
              jsonb_to_recordset(%(jobs)s::jsonb)
@@ -1561,11 +1548,31 @@ SELECT NULL, r.ancestor_id, r.state, k.enable_seqscan FROM refused AS r CROSS JO
 ORDER BY 1, 2
 
 
+-- name: key_lookups_by_index
+-- Not a statement: the head CTEs ({{key_lookups_by_index}}) of the statements on a caller's
+-- connection whose foreign-key lookups run per row (enqueue_with_dependencies' key checks,
+-- purge_selected_jobs' cascades). PostgreSQL plans each such lookup once per session and keeps
+-- it (after five custom plans, a generic one, used whatever the tables grow to); planned while
+-- the tables were a page or two (just emptied and vacuumed, a session's first small workflow or
+-- purge), it is a sequential scan, run once per row. "checked" turns enable_seqscan off for the
+-- rest of the transaction, so whenever a lookup is planned (first use, or again after an
+-- ANALYZE invalidated the plan) it is an index scan; a plan kept is not re-planned when the
+-- setting changes back, so it stays one. SET LOCAL: an autocommit statement's transaction ends
+-- with it; inside a caller's transaction, the caller puts back the value "caller" read, which
+-- the including statement returns (restore_enable_seqscan). The including statement's own plan
+-- was made before it ran, under the caller's setting.
+caller AS MATERIALIZED (
+    SELECT current_setting('enable_seqscan') AS enable_seqscan
+), checked AS MATERIALIZED (
+    SELECT c.enable_seqscan, set_config('enable_seqscan', 'off', true) FROM caller AS c
+)
+
+
 -- name: restore_enable_seqscan
 -- After enqueue_with_dependencies or purge_selected_jobs inside a caller's transaction: the
 -- caller's enable_seqscan, which that statement returned, back in force before the caller's
--- next statement. A SET
--- LOCAL of the caller's own value: it ends with the transaction, as the statement's did.
+-- next statement. A SET LOCAL of the caller's own value: it ends with the transaction, as the
+-- statement's did.
 SELECT set_config('enable_seqscan', %(enable_seqscan)s, true)
 
 
@@ -1719,18 +1726,11 @@ ORDER BY t.id
 -- finished (their attempts, dependency rows and transitions go with them, ON DELETE CASCADE),
 -- locking in id order like act_on_jobs; a job that is ready or running is reported and left
 -- alone. Parameters: the selection's, then the finished states.
--- The cascades are lookups PostgreSQL plans once per session and keeps (as the dependency
--- rows' key checks, see enqueue_with_dependencies): kept from a session's first purge while
--- those tables were nearly empty, each deleted job scanned them whole (1,000 jobs with 20,000
--- dependency rows: 2.35 s). "checked" turns enable_seqscan off for the rest of the
--- transaction, so the lookups are planned as index scans whenever they are; the first row
--- carries the caller's value (restore_enable_seqscan puts it back inside a caller's
--- transaction), and there is one row even when nothing was selected (its id NULL).
-WITH caller AS MATERIALIZED (
-    SELECT current_setting('enable_seqscan') AS enable_seqscan
-), checked AS MATERIALIZED (
-    SELECT c.enable_seqscan, set_config('enable_seqscan', 'off', true) FROM caller AS c
-), target AS MATERIALIZED (
+-- The cascades are lookups planned under key_lookups_by_index: planned as sequential scans,
+-- each deleted job scanned those tables whole (1,000 jobs with 20,000 dependency rows: 2.35 s).
+-- The first row carries the caller's value (restore_enable_seqscan puts it back inside a
+-- caller's transaction), and there is one row even when nothing was selected (its id NULL).
+WITH {{key_lookups_by_index}}, target AS MATERIALIZED (
     SELECT j.id, j.state, j.task_path FROM backwave_job AS j WHERE j.id IN ({selection})
     ORDER BY j.id
     FOR UPDATE OF j

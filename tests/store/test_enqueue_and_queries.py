@@ -56,9 +56,9 @@ def test_every_statement_the_store_uses_is_loaded():
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs", "roll_up_task_stats",
         "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",
-        # workflows: the dependent enqueue (and the caller's setting it puts back), the outcome
-        # write's lock, the shared settling CTEs
-        "enqueue_with_dependencies", "restore_enable_seqscan", "lock_outcome_jobs", "settle_dependents",
+        # workflows: the dependent enqueue (its head CTEs, which the operator's purge shares, and
+        # the caller's setting it puts back), the outcome write's lock, the shared settling CTEs
+        "enqueue_with_dependencies", "key_lookups_by_index", "restore_enable_seqscan", "lock_outcome_jobs", "settle_dependents",
         "claim_transitions", "settle_transitions",  # the observer loop's
         # admission: unique enqueues, the claim of queues under a per-key or rate limit
         "enqueue_unique_many", "claim_jobs_admitted", "lock_admitted_queues",
