@@ -16,11 +16,13 @@ enqueue committed meanwhile: see lock_outcome_jobs in queries.sql).
 
 Before them, the worker's own planner settings (``set_transaction_settings``: generic plans,
 no JIT, no sequential scan where an index serves), which the handler's Django connection does
-not have: left to choose, PostgreSQL planned the one-row settling write afresh on each of a
-session's first atomic jobs, and a custom plan of it cost more than running it (1.6 ms a job
-against 0.6 ms for a batch write of 16). They are SET LOCAL, set once the handler has returned:
-they last until the handler's transaction commits, and only this module's statements run in it
-by then.
+not have. Django turns prepared statements off by default (``prepare_threshold`` unset in the
+database's OPTIONS), and then each of these statements is parsed and planned on every atomic
+job; prepared, PostgreSQL would still plan a session's first five runs afresh unless told to
+keep a generic plan. The one-row settling write, planned afresh, cost more than running it (1.6
+ms a job against 0.6 ms for a batch write of 16). The settings are SET LOCAL, set once the
+handler has returned: they last until the handler's transaction commits, and only this
+module's statements run in it by then.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def write_outcome(connection, *, lease_id: uuid.UUID, record: OutcomeRecord, obs
     encoded comes back in ``Applied.replaced``. ``plain``: the job had no dependents when it was
     claimed (the write is then the plain one, and the settling one only if it left the outcome).
 
-    Prepared (``prepare=True``), with server-side binding: a handler thread sends these
-    statements once per atomic job, and planning their CTEs every time would cost more than
-    running them."""
+    Sent with server-side binding and ``prepare=True``, which prepares them when the connection
+    allows it (``prepare_threshold`` set; Django's default turns preparation off): a handler
+    thread sends these statements once per atomic job, and planning their CTEs every time costs
+    more than running them."""
     params, replaced = outcome_batch(lease_id, [record])
     params["observed"] = observed
     # A plain (server-side binding) cursor: Django makes its own cursors client-side binding,
