@@ -114,7 +114,7 @@ class _NoSpan:
         return report
 
 
-_NO_SPAN = _NoSpan()
+NO_SPAN = _NoSpan()  # what attempt_span returns when tracing is off (run_attempt skips it)
 
 
 class _AttemptSpan:
@@ -140,7 +140,7 @@ def attempt_span(job, worker_id: str):
     context manager whose value's ``finished(report)`` records the outcome."""
     tracer = None if trace is None else _current_tracer()
     if tracer is None:
-        return _NO_SPAN
+        return NO_SPAN
     return _recorded_span(tracer, job, worker_id)
 
 

@@ -41,7 +41,7 @@ from backwave.store.storable import clean_text, cut_tail, encode_result, error_c
 from backwave.tasking.context import AttemptControl, JobContext, database_resolver
 from backwave.tasking.control import Discard, Snooze, seconds_of
 from backwave.tasking.registry import TaskRegistry
-from backwave.tracing import attempt_span
+from backwave.tracing import NO_SPAN, attempt_span
 from .scope import enter_attempt, leave_attempt
 
 logger = logging.getLogger("backwave.execution")
@@ -312,9 +312,13 @@ _is_coroutine_function = functools.lru_cache(maxsize=1024)(iscoroutinefunction)
 
 
 def run_attempt(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:
-    """``_run_attempt`` inside the attempt's OpenTelemetry span (a no-op without opentelemetry)."""
-    with attempt_span(job, worker_id) as span:
-        return span.finished(_run_attempt(job, worker_id=worker_id, **options))
+    """``_run_attempt`` inside the attempt's OpenTelemetry span (none without opentelemetry or a
+    tracer: then the attempt runs bare, without entering and leaving a span that does nothing)."""
+    span = attempt_span(job, worker_id)
+    if span is NO_SPAN:
+        return _run_attempt(job, worker_id=worker_id, **options)
+    with span as recording:
+        return recording.finished(_run_attempt(job, worker_id=worker_id, **options))
 
 
 async def run_attempt_async(job: ClaimedJob, *, worker_id: str, **options) -> AttemptReport:

@@ -261,6 +261,12 @@ class Pump:
             logger=logger,
         )
         self._abandoned_before = 0
+        # The same for every attempt of this pump (its worker id is fixed at birth).
+        self._attempt_arguments = dict(
+            registry=registry, worker_id=self.worker_id, max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+            controls=self.controls,
+        )
+        self._task_kinds: dict[str, tuple[bool, bool]] = {}
 
     @property
     def _store(self) -> Store | None:
@@ -389,17 +395,23 @@ class Pump:
         return None
 
     def _next_event(self) -> ev.Event:
-        if self._channel.empty() or self._unpublished >= SNAPSHOT_EVERY:
+        if self._channel.empty():
             # Published when the pump is about to wait (what it shows then is what an idle check
             # or a hint needs) and at least every SNAPSHOT_EVERY events while it is busy: building
             # it after every event cost more than the driver's own handling of a finished job.
             self._publish()
-        wake = self.driver.next_wakeup()
-        timeout = None if wake is None else max(0.0, wake - self._clock())
-        try:
-            return self._take(timeout=timeout)
-        except queue.Empty:
-            return ev.Tick(now=self._clock())
+            wake = self.driver.next_wakeup()
+            timeout = None if wake is None else max(0.0, wake - self._clock())
+            try:
+                return self._take(timeout=timeout)
+            except queue.Empty:
+                return ev.Tick(now=self._clock())
+        if self._unpublished >= SNAPSHOT_EVERY:
+            self._publish()
+        # An event already waits, and this thread alone takes from the channel: a wait would end
+        # at once whatever its timeout, so the driver's next wake-up is not asked for (it asks
+        # every part of the driver, and a busy pump comes here once per finished job).
+        return self._take(timeout=None)
 
     def _take(self, timeout: float | None) -> ev.Event:
         event = self._channel.get(timeout=timeout)
@@ -437,21 +449,26 @@ class Pump:
 
     def _submit(self, job) -> None:
         self.controls.register(job)
-        if is_async(job, self._registry):
+        runs_async, atomic = self._task_kind(job)
+        if runs_async:
             self._event_loop().submit(self._run_async_job(job))
+        elif atomic:
+            self._pool.submit(job, self._commit(job))
         else:
-            commit = self._commit(job)
-            if commit is None:
-                self._pool.submit(job)
-            else:
-                self._pool.submit(job, commit)
+            self._pool.submit(job)
 
-    def _commit(self, job) -> Commit | None:
+    def _task_kind(self, job) -> tuple[bool, bool]:
+        """(async, atomic) of the job's task, looked up once per task path: the registry is
+        frozen after discovery, and this is asked for every job handed over."""
+        kind = self._task_kinds.get(job.task_path)
+        if kind is None:
+            kind = self._task_kinds[job.task_path] = (is_async(job, self._registry), is_atomic(job, self._registry))
+        return kind
+
+    def _commit(self, job) -> Commit:
         """How an atomic task's attempt writes its success: on the handler thread's Django
         connection to this pump's database, fenced by the lease the job was claimed under (read
         here, on the pump's thread, which owns the driver)."""
-        if not is_atomic(job, self._registry):
-            return None
         lease_id, observed = self.driver.lease_id, getattr(self._store, "observed", NOTHING_OBSERVED)
         plain = not getattr(self._store, "claimed_with_dependents", lambda _job_id: True)(job.id)
         return Commit(
@@ -462,16 +479,10 @@ class Pump:
     # ---- jobs -------------------------------------------------------------------------------------
 
     def _run_job(self, job, commit=None) -> AttemptReport:
-        return run_attempt(job, commit=commit, **self._attempt_arguments())
+        return run_attempt(job, commit=commit, **self._attempt_arguments)
 
     async def _run_async_job(self, job) -> None:
-        self._finished(job, await run_attempt_async(job, **self._attempt_arguments()))
-
-    def _attempt_arguments(self) -> dict:
-        return dict(
-            registry=self._registry, worker_id=self.worker_id, max_traceback_chars=self._max_traceback_chars, max_result_bytes=self._max_result_bytes,
-            controls=self.controls,
-        )
+        self._finished(job, await run_attempt_async(job, **self._attempt_arguments))
 
     def _stop_attempt(self, command) -> None:
         if (control := self.controls.stop(command.job_id, command.attempt, command.reason)) is not None:
