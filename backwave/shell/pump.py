@@ -58,7 +58,7 @@ import uuid
 from collections.abc import Callable
 from typing import NamedTuple
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
 from backwave.core import commands as cmd
@@ -67,7 +67,7 @@ from backwave.core.backoff import fault_delay
 from backwave.core.driver import NodeDriver, State
 from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import NOTHING_OBSERVED, PumpHealth, Store, StoreError, TransientStoreError
-from backwave.store.in_transaction import write_outcome
+from backwave.store.in_transaction import prepares_atomic_writes, write_outcome
 
 from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished, send_finished_for
 from .executor import Executor
@@ -267,6 +267,7 @@ class Pump:
             controls=self.controls,
         )
         self._task_kinds: dict[str, tuple[bool, bool]] = {}
+        self._atomic_prepare: bool | None = None  # read from the database's settings on the first atomic job
 
     @property
     def _store(self) -> Store | None:
@@ -471,9 +472,15 @@ class Pump:
         here, on the pump's thread, which owns the driver)."""
         lease_id, observed = self.driver.lease_id, getattr(self._store, "observed", NOTHING_OBSERVED)
         plain = not getattr(self._store, "claimed_with_dependents", lambda _job_id: True)(job.id)
+        alias = self.options.database or DEFAULT_DB_ALIAS
+        if self._atomic_prepare is None:
+            self._atomic_prepare = prepares_atomic_writes(connections[alias].settings_dict)
+        prepare = self._atomic_prepare
         return Commit(
-            alias=self.options.database or DEFAULT_DB_ALIAS,
-            write=lambda connection, record: write_outcome(connection, lease_id=lease_id, record=record, observed=observed, plain=plain),
+            alias=alias,
+            write=lambda connection, record: write_outcome(
+                connection, lease_id=lease_id, record=record, observed=observed, plain=plain, prepare=prepare
+            ),
         )
 
     # ---- jobs -------------------------------------------------------------------------------------

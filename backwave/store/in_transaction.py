@@ -16,13 +16,18 @@ enqueue committed meanwhile: see lock_outcome_jobs in queries.sql).
 
 Before them, the worker's own planner settings (``set_transaction_settings``: generic plans,
 no JIT, no sequential scan where an index serves), which the handler's Django connection does
-not have. Django turns prepared statements off by default (``prepare_threshold`` unset in the
-database's OPTIONS), and then each of these statements is parsed and planned on every atomic
-job; prepared, PostgreSQL would still plan a session's first five runs afresh unless told to
-keep a generic plan. The one-row settling write, planned afresh, cost more than running it (1.6
-ms a job against 0.6 ms for a batch write of 16). The settings are SET LOCAL, set once the
-handler has returned: they last until the handler's transaction commits, and only this
-module's statements run in it by then.
+not have. The settings are SET LOCAL, set once the handler has returned: they last until the
+handler's transaction commits, and only this module's statements run in it by then.
+
+These statements are prepared on the handler's connection, once per connection, even though
+Django turns prepared statements off by default (it sets ``prepare_threshold`` to None unless
+``OPTIONS`` names one): the worker's own store prepares its statements under that same default,
+and the rule is the same here (``prepares_atomic_writes``). Parsed and planned afresh on every
+atomic job, the outcome statement's CTEs cost more to plan than to run (about 1 ms of planning a
+job). The connection's ``prepare_threshold`` is lifted only for these statements and put back,
+so the application's own queries on that connection stay unprepared. A project whose ``OPTIONS``
+set ``prepare_threshold`` (None behind a PgBouncer before 1.21) is followed as it is: None
+prepares nothing, a number lets psycopg prepare them as it prepares everything else.
 """
 
 from __future__ import annotations
@@ -51,18 +56,38 @@ _SETTINGS = native_statement(QUERIES["set_transaction_settings"])
 _SETTINGS_VALUES = {"statement_timeout": None, "lock_timeout": None, "synchronous_commit": None}
 
 
-def write_outcome(connection, *, lease_id: uuid.UUID, record: OutcomeRecord, observed: str, plain: bool = False) -> Applied:
+def prepares_atomic_writes(settings_dict: dict) -> bool:
+    """Whether atomic writes on connections to this ``DATABASES`` entry are prepared although
+    Django's connection has preparation off: when its ``OPTIONS`` leave ``prepare_threshold``
+    unset, as the worker's store decides for its own connection (PostgresStore: the OPTIONS'
+    value wins, and without one it prepares)."""
+    return "prepare_threshold" not in (settings_dict.get("OPTIONS") or {})
+
+
+def write_outcome(
+    connection, *, lease_id: uuid.UUID, record: OutcomeRecord, observed: str, plain: bool = False, prepare: bool = False
+) -> Applied:
     """Write one fenced outcome on ``connection`` (the psycopg connection under Django's, inside
     its transaction); the ids applied (none when the fence refused it). A record that cannot be
     encoded comes back in ``Applied.replaced``. ``plain``: the job had no dependents when it was
     claimed (the write is then the plain one, and the settling one only if it left the outcome).
-
-    Sent with server-side binding and ``prepare=True``, which prepares them when the connection
-    allows it (``prepare_threshold`` set; Django's default turns preparation off): a handler
-    thread sends these statements once per atomic job, and planning their CTEs every time costs
-    more than running them."""
+    ``prepare``: prepare the statements even when the connection's ``prepare_threshold`` is None
+    (see prepares_atomic_writes), which is put back afterwards."""
     params, replaced = outcome_batch(lease_id, [record])
     params["observed"] = observed
+    if not prepare or connection.prepare_threshold is not None:
+        return _write(connection, lease_id, record, params, replaced, plain)
+    # Lifted for these statements alone: psycopg prepares a statement with prepare=True only
+    # while the threshold is not None, and keeps its name (reused the next time it is lifted;
+    # dropped, with every other, when the connection rolls a transaction back).
+    connection.prepare_threshold = 0
+    try:
+        return _write(connection, lease_id, record, params, replaced, plain)
+    finally:
+        connection.prepare_threshold = None
+
+
+def _write(connection, lease_id: uuid.UUID, record: OutcomeRecord, params: dict, replaced: dict, plain: bool) -> Applied:
     # A plain (server-side binding) cursor: Django makes its own cursors client-side binding,
     # which cannot prepare.
     with psycopg.RawCursor(connection) as cursor:

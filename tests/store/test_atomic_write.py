@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from backwave.core.jobs import OutcomeKind
 from backwave.store.contract import NOTHING_OBSERVED, After, NewJob, OutcomeRecord
-from backwave.store.in_transaction import write_outcome
+from backwave.store.in_transaction import prepares_atomic_writes, write_outcome
 from backwave.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,25 +45,14 @@ def succeeded(job) -> OutcomeRecord:
     return OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=1)
 
 
-@pytest.fixture
-def preparing():
-    """The test's Django connection with prepared statements on, as ``OPTIONS["prepare_threshold"]``
-    makes it (Django turns them off by default: each atomic write is then parsed and planned
-    afresh, like any statement of the application's)."""
-    connection.ensure_connection()
-    raw = connection.connection
-    before, raw.prepare_threshold = raw.prepare_threshold, 5
-    yield
-    raw.prepare_threshold = before
-
-
 def write_atomically(store, lease_id, job):
-    """What the pump's Commit does for ``job``, in a transaction of the test's Django connection."""
+    """What the pump's Commit does for ``job``, in a transaction of the test's Django connection
+    (whose OPTIONS leave prepare_threshold unset: Django's default, preparation off)."""
     with transaction.atomic():
         connection.ensure_connection()
         return write_outcome(
             connection.connection, lease_id=lease_id, record=succeeded(job), observed=NOTHING_OBSERVED,
-            plain=not store.claimed_with_dependents(job.id),
+            plain=not store.claimed_with_dependents(job.id), prepare=prepares_atomic_writes(connection.settings_dict),
         )
 
 
@@ -77,10 +66,14 @@ def prepared() -> list[tuple[str, int, int]]:
         return cursor.fetchall()
 
 
-def test_every_prepared_atomic_write_runs_a_generic_plan(store, lease_id, preparing):
-    """The handler's connection has none of the worker's planner settings, and PostgreSQL plans
-    each of a prepared statement's first five runs afresh, as it does every unprepared one: for
-    the one-row settling write that costs more than running it. The write sets them for itself."""
+def test_every_atomic_write_is_prepared_and_runs_a_generic_plan_under_djangos_default(store, lease_id):
+    """Django turns preparation off unless OPTIONS name a prepare_threshold, and the worker's
+    store prepares anyway under that default: so do the atomic writes, or each is planned afresh
+    on every job (about 1 ms of planning for the outcome statement). The handler's connection
+    has none of the worker's planner settings either, and PostgreSQL plans a prepared
+    statement's first five runs afresh: the write sets them for itself."""
+    connection.ensure_connection()
+    assert connection.connection.prepare_threshold is None  # Django's default, as a project has it
     jobs = store.enqueue_many([new() for _ in range(12)])
     claimed = claim(store, lease_id)
     assert len(claimed) == len(jobs)
@@ -94,7 +87,7 @@ def test_every_prepared_atomic_write_runs_a_generic_plan(store, lease_id, prepar
     assert all(custom == 0 and generic > 0 for _text, generic, custom in statements), [(generic, custom) for _text, generic, custom in statements]
 
 
-def test_a_job_nobody_waits_for_is_written_by_the_plain_write_alone(store, lease_id, preparing):
+def test_a_job_nobody_waits_for_is_written_by_the_plain_write_alone(store, lease_id):
     """As the batch path writes it: no lock_outcome_jobs and no settling (measured by
     pg_stat_statements in bench/atomic.py, unprepared: 1.6 ms for the settling write of one job
     and 0.5 ms for its lock, each planned afresh on every job)."""
@@ -143,3 +136,39 @@ def test_a_refused_outcome_is_refused_by_both_writes(store, lease_id):
 
     assert not write_atomically(store, other, claimed)  # not this lease's job
     assert claimed.id in write_atomically(store, lease_id, claimed)
+
+
+def test_the_applications_own_queries_on_that_connection_stay_unprepared(store, lease_id):
+    """The threshold is lifted for the atomic write's statements only: an application behind a
+    pooler relies on Django's default for everything else it sends."""
+    (job,) = store.enqueue_many([new()])
+    (claimed,) = claim(store, lease_id)
+    assert claimed.id in write_atomically(store, lease_id, claimed)
+    written = prepared()
+
+    assert connection.connection.prepare_threshold is None
+    for _ in range(10):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM backwave_job WHERE state = %s", ["succeeded"])
+    assert prepared() == written
+
+
+def test_a_project_that_sets_prepare_threshold_none_gets_nothing_prepared(store, lease_id):
+    """Behind a PgBouncer that cannot keep prepared statements the README says to set it to
+    None: the store then prepares nothing, and neither does the atomic write."""
+    assert prepares_atomic_writes({"OPTIONS": {}}) and prepares_atomic_writes({})
+    assert not prepares_atomic_writes({"OPTIONS": {"prepare_threshold": None}})
+    assert not prepares_atomic_writes({"OPTIONS": {"prepare_threshold": 5}})  # psycopg prepares them itself
+    (job,) = store.enqueue_many([new()])
+    (claimed,) = claim(store, lease_id)
+    before = prepared()
+
+    with transaction.atomic():
+        connection.ensure_connection()
+        applied = write_outcome(
+            connection.connection, lease_id=lease_id, record=succeeded(claimed), observed=NOTHING_OBSERVED, plain=True,
+            prepare=prepares_atomic_writes({"OPTIONS": {"prepare_threshold": None}}),
+        )
+
+    assert claimed.id in applied
+    assert prepared() == before
