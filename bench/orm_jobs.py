@@ -8,15 +8,22 @@ settings (``CONN_MAX_AGE`` unset, so Django's 0), beside no-op jobs on the same 
 Each ORM job returns the PostgreSQL session id (backend pid) that answered its query, so the
 sessions the handler threads opened are counted exactly: distinct return values. Goal: at most
 one per worker thread for the whole run, and a drain rate of at least 70% of the no-op rate.
+
+Beside them, the job's body alone: the same function called by as many plain threads as the
+pool has, in this process, each on its own kept connection, with no job system at all. Its
+rate bounds what the ORM query leaves room for: were the query's cost simply added to a no-op
+job's, the ORM jobs would drain at 1 / (1/no-op + 1/alone), the "additive" line.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
+import time
 
 from common import drain_figures, fill, ran_once, reset, run, sql, uptime_line, worker_command, worker_env
 
-from django.db import connection
+from django.db import connection, connections
 
 from project.demo.tasks import noop, orm_probe
 
@@ -34,6 +41,28 @@ def drain(task, jobs: int, pool_size: int) -> tuple[float, int | None]:
     return drain_figures().rate, sessions
 
 
+def body_alone(jobs: int, threads: int) -> float:
+    """Calls per second of orm_probe's function by ``threads`` plain threads, ``jobs`` in all."""
+    each = max(1, jobs // threads)
+    start = threading.Barrier(threads + 1)
+
+    def run() -> None:
+        orm_probe.func(0)  # connect first: the worker's threads keep theirs too
+        start.wait()
+        for _ in range(each):
+            orm_probe.func(0)
+        connections.close_all()
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    began = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    return each * threads / (time.perf_counter() - began)
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -45,9 +74,14 @@ def main(argv=None) -> list[dict]:
     print(f"ORM jobs: {jobs} per kind, 1 process, pool {args.pool_size}, CONN_MAX_AGE {conn_max_age}; {uptime_line()}")
     noop_rate, _ = drain(noop, jobs, args.pool_size)
     orm_rate, sessions = drain(orm_probe, jobs, args.pool_size)
-    print(f"{'kind':<10} {'jobs/s':>8} {'sessions opened by handlers':>28}")
-    print(f"{'no-op':<10} {noop_rate:>8.0f} {'-':>28}")
-    print(f"{'ORM query':<10} {orm_rate:>8.0f} {sessions:>28}")
+    alone = body_alone(jobs, args.pool_size)
+    additive = 1 / (1 / noop_rate + 1 / alone)
+    print(f"{'kind':<26} {'jobs/s':>8} {'x no-op':>8} {'sessions opened by handlers':>28}")
+    print(f"{'no-op':<26} {noop_rate:>8.0f} {1:>8.2f} {'-':>28}")
+    print(f"{'ORM query':<26} {orm_rate:>8.0f} {orm_rate / noop_rate:>8.2f} {sessions:>28}")
+    print(f"{'the body alone, ' + str(args.pool_size) + ' threads':<26} {alone:>8.0f} {'':>8} {'(no job system)':>28}")
+    print(f"{'additive: no-op + body':<26} {additive:>8.0f} {additive / noop_rate:>8.2f} {'':>28}")
+    print(f"ORM jobs against the additive line: {orm_rate / additive:.2f}")
     return [
         {"benchmark": "orm", "what": f"ORM drain / no-op drain ({orm_rate:.0f} / {noop_rate:.0f} jobs/s)", "value": orm_rate / noop_rate, "goal": 0.7, "unit": "x"},
         {"benchmark": "orm", "what": f"sessions opened by {args.pool_size} handler threads for {jobs} jobs", "value": sessions, "goal": args.pool_size, "unit": "", "below": True},
