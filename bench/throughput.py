@@ -15,6 +15,13 @@ us/job: the PostgreSQL server's CPU over the line (its processes on this host, a
 run it on a quiet server). For
 BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump. Needs a benchmark database
 (``bench/run_all.sh`` makes one).
+
+The queue is emptied with VACUUM ANALYZE and then filled, so the planner's statistics count an
+empty table when a contender starts, and a BackWave worker's first maintenance finds them stale
+and analyzes the job table once (a guard against plans made for an empty table). With
+``--fresh-statistics`` the table is analyzed after the fill, as autovacuum would have it, so
+that one-off ANALYZE is out of the figures: use it to compare two versions' per-job costs when
+only one of them has that guard (``BENCH_WORKER_ROOT``).
 """
 
 from __future__ import annotations
@@ -24,17 +31,26 @@ import re
 import sys
 
 from common import (
-    PYTHON, ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, uptime_line, worker_command, worker_env,
+    PYTHON, ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, sql, uptime_line, worker_command, worker_env,
 )
 
 from project.demo.tasks import noop
 
 
+FRESH_STATISTICS = False  # --fresh-statistics
+
+
+def fill_queue(jobs: int) -> None:
+    reset()
+    fill(noop, [0], jobs)
+    if FRESH_STATISTICS:
+        sql("ANALYZE backwave_job")
+
+
 def bare(jobs: int, processes: int, durable: bool) -> dict:
     command = [PYTHON, str(ROOT / "bench" / "bare.py"), "drain", "--url", database_url(), "--sync", "on" if durable else "off"]
     fixed = _fixed_cpu(lambda: run_many([command] * processes))
-    reset()
-    fill(noop, [0], jobs)
+    fill_queue(jobs)
     server = server_cpu()
     result = run_many([command] * processes)
     server = _delta(server)
@@ -47,8 +63,7 @@ def backwave(jobs: int, processes: int, pumps: int, pool_size: int, durable: boo
     command = worker_command(pool_size=pool_size, pumps=pumps, processes=processes, extra=extra)
     env = worker_env(synchronous_commit=durable)
     fixed = _fixed_cpu(lambda: run(command, env))
-    reset()
-    fill(noop, [0], jobs)
+    fill_queue(jobs)
     server = server_cpu()
     result = run(command, env)
     server = _delta(server)
@@ -81,7 +96,7 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
             report=print) -> list[dict]:
     """Run every contender; returns the summary rows (the ratios) and reports each line."""
     summary = []
-    report(f"{jobs} no-op jobs per line, claim batch 32; {uptime_line()}")
+    report(f"{jobs} no-op jobs per line, claim batch 32{', statistics fresh after each fill' if FRESH_STATISTICS else ''}; {uptime_line()}")
     report(f"{'mode':<8} {'contender':<28} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
     for mode in modes:
         durable = mode == "durable"
@@ -126,7 +141,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--bare-processes", type=int, nargs="+", default=None)
     parser.add_argument("--configurations", nargs="+", default=None, help="BackWave processes x pumps, e.g. 1x1 2x2")
     parser.add_argument("--pool-size", type=int, default=16)
+    parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
     args = parser.parse_args(argv)
+    global FRESH_STATISTICS
+    FRESH_STATISTICS = args.fresh_statistics
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     bare_processes = args.bare_processes or ([1, 2] if args.quick else [1, 2, 4])
     configurations = [tuple(map(int, c.split("x"))) for c in (args.configurations or (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2"]))]
