@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
 import queue
@@ -267,7 +268,6 @@ class Pump:
             controls=self.controls,
         )
         self._task_kinds: dict[str, tuple[bool, bool]] = {}
-        self._atomic_prepare: bool | None = None  # read from the database's settings on the first atomic job
 
     @property
     def _store(self) -> Store | None:
@@ -466,16 +466,20 @@ class Pump:
             kind = self._task_kinds[job.task_path] = (is_async(job, self._registry), is_atomic(job, self._registry))
         return kind
 
+    @functools.cached_property
+    def _atomic_database(self) -> tuple[str, bool]:
+        """The alias atomic tasks commit on, and whether their writes are prepared there (read
+        from its settings on the first atomic job)."""
+        alias = self.options.database or DEFAULT_DB_ALIAS
+        return alias, prepares_atomic_writes(connections[alias].settings_dict)
+
     def _commit(self, job) -> Commit:
         """How an atomic task's attempt writes its success: on the handler thread's Django
         connection to this pump's database, fenced by the lease the job was claimed under (read
         here, on the pump's thread, which owns the driver)."""
         lease_id, observed = self.driver.lease_id, getattr(self._store, "observed", NOTHING_OBSERVED)
         plain = not getattr(self._store, "claimed_with_dependents", lambda _job_id: True)(job.id)
-        alias = self.options.database or DEFAULT_DB_ALIAS
-        if self._atomic_prepare is None:
-            self._atomic_prepare = prepares_atomic_writes(connections[alias].settings_dict)
-        prepare = self._atomic_prepare
+        alias, prepare = self._atomic_database
         return Commit(
             alias=alias,
             write=lambda connection, record: write_outcome(
