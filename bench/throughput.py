@@ -37,20 +37,17 @@ from common import (
 from project.demo.tasks import noop
 
 
-FRESH_STATISTICS = False  # --fresh-statistics
-
-
-def fill_queue(jobs: int) -> None:
+def fill_queue(jobs: int, fresh_statistics: bool) -> None:
     reset()
     fill(noop, [0], jobs)
-    if FRESH_STATISTICS:
+    if fresh_statistics:
         sql("ANALYZE backwave_job")
 
 
-def bare(jobs: int, processes: int, durable: bool) -> dict:
+def bare(jobs: int, processes: int, durable: bool, fresh_statistics: bool = False) -> dict:
     command = [PYTHON, str(ROOT / "bench" / "bare.py"), "drain", "--url", database_url(), "--sync", "on" if durable else "off"]
     fixed = _fixed_cpu(lambda: run_many([command] * processes))
-    fill_queue(jobs)
+    fill_queue(jobs, fresh_statistics)
     server = server_cpu()
     result = run_many([command] * processes)
     server = _delta(server)
@@ -59,11 +56,13 @@ def bare(jobs: int, processes: int, durable: bool) -> dict:
     return _line(f"bare loop, {processes} process{'es' if processes > 1 else ''}", figures, result.cpu - fixed, server, jobs, problem, None)
 
 
-def backwave(jobs: int, processes: int, pumps: int, pool_size: int, durable: bool, extra: tuple[str, ...] = ()) -> dict:
+def backwave(
+    jobs: int, processes: int, pumps: int, pool_size: int, durable: bool, extra: tuple[str, ...] = (), fresh_statistics: bool = False
+) -> dict:
     command = worker_command(pool_size=pool_size, pumps=pumps, processes=processes, extra=extra)
     env = worker_env(synchronous_commit=durable)
     fixed = _fixed_cpu(lambda: run(command, env))
-    fill_queue(jobs)
+    fill_queue(jobs, fresh_statistics)
     server = server_cpu()
     result = run(command, env)
     server = _delta(server)
@@ -93,18 +92,18 @@ def _line(name, figures, cpu, server, jobs, problem, trips_per_job) -> dict:
 
 
 def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configurations: list[tuple[int, int]], pool_size: int,
-            report=print) -> list[dict]:
+            fresh_statistics: bool = False, report=print) -> list[dict]:
     """Run every contender; returns the summary rows (the ratios) and reports each line."""
     summary = []
-    report(f"{jobs} no-op jobs per line, claim batch 32{', statistics fresh after each fill' if FRESH_STATISTICS else ''}; {uptime_line()}")
+    report(f"{jobs} no-op jobs per line, claim batch 32{', statistics fresh after each fill' if fresh_statistics else ''}; {uptime_line()}")
     report(f"{'mode':<8} {'contender':<28} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
     for mode in modes:
         durable = mode == "durable"
-        bares = [bare(jobs, n, durable) for n in bare_processes]
+        bares = [bare(jobs, n, durable, fresh_statistics) for n in bare_processes]
         for line in bares:
             _print(report, mode, line, bares[0], max(bares, key=lambda b: b["drain"]))
         best_bare = max(bares, key=lambda b: b["drain"])
-        ours = [backwave(jobs, processes, pumps, pool_size, durable) for processes, pumps in configurations]
+        ours = [backwave(jobs, processes, pumps, pool_size, durable, fresh_statistics=fresh_statistics) for processes, pumps in configurations]
         for line in ours:
             _print(report, mode, line, bares[0], best_bare)
         best = max(ours, key=lambda b: b["drain"])
@@ -143,12 +142,13 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
     args = parser.parse_args(argv)
-    global FRESH_STATISTICS
-    FRESH_STATISTICS = args.fresh_statistics
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     bare_processes = args.bare_processes or ([1, 2] if args.quick else [1, 2, 4])
     configurations = [tuple(map(int, c.split("x"))) for c in (args.configurations or (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2"]))]
-    return measure(jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size)
+    return measure(
+        jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
+        fresh_statistics=args.fresh_statistics,
+    )
 
 
 if __name__ == "__main__":
