@@ -778,6 +778,10 @@ FOR NO KEY UPDATE OF j
     FROM dep_effects AS f
     LEFT JOIN dep_cause AS c ON c.id = f.job_id
     WHERE j.id = f.job_id AND j.state IN ('waiting', 'held')
+      -- The dependents' ids again, as one array (an InitPlan), so each is a primary-key probe.
+      -- Joined from dep_effects alone, with statistics taken before a chain was enqueued, the
+      -- planner walked the whole table (or its primary key) filtering by state, once per link.
+      AND j.id = ANY(ARRAY(SELECT e.job_id FROM dep_effects AS e))
     -- A released dependent wakes the pumps of its queue, as an enqueue does: it may be a queue
     -- the pump that wrote this outcome does not serve, whose pumps would otherwise wait for
     -- their next poll. One pg_notify per row; PostgreSQL delivers one per queue at commit.
