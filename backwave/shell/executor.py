@@ -168,9 +168,16 @@ class Executor:
         *,
         execute_job: Callable[[ClaimedJob], None],
         stop: Callable[[], bool] = lambda: False,
+        arrived: Callable[[], Iterable[ev.Event]] = tuple,
     ) -> None:
         """Feed ``event`` to ``handle`` (the driver) and run what it answers, each result fed
-        back as the next event, until nothing is left (or ``stop()`` says to leave at once)."""
+        back as the next event, until nothing is left (or ``stop()`` says to leave at once).
+
+        ``arrived()`` gives the events that came in while a store call ran (the production
+        pump's finished jobs): they are fed before the call's results, so the decisions those
+        results prompt (the next write, the claim riding it) count the slots they freed and take
+        their outcomes along. Fed after, each finished job found the write just decided and went
+        out in a round-trip of its own: with no linger, 1.0 round-trips a job."""
         pending = deque(handle(event))
         while pending and not stop():
             command = pending.popleft()
@@ -180,7 +187,14 @@ class Executor:
             if isinstance(command, cmd.StopAttempt):
                 self._stop_attempt(command)
                 continue
-            for result in self.call(self.take(command, pending), pending):
+            results = self.call(self.take(command, pending), pending)
+            latest = None
+            for early in arrived():
+                latest = early.now if latest is None else max(latest, early.now)
+                pending.extend(handle(early))
+            for result in results:
+                if latest is not None and result.now < latest:
+                    result = replace(result, now=latest)  # one posted after the answer came: time runs on
                 pending.extend(handle(result))
 
     # ---- the steps, for a caller that runs them apart (the simulator) ---------------------------

@@ -7,8 +7,9 @@ loop is the only reader of a single event channel: worker threads post ``JobFini
 process posts ``DrainRequested``, the hint listener posts ``HintReceived``; when nothing arrives
 before the driver's next deadline the loop makes a ``Tick``. Each event goes to the driver, and the
 commands that come back run in order on this thread, so exactly one store round-trip is in flight
-per pump and the store connection is never shared. A command's result is fed straight back to the
-driver as the next event. Handlers run on the pool, never on the loop.
+per pump and the store connection is never shared. A command's result is fed back to the driver
+as the next event, behind only the finished jobs that came in while it ran (so the write that
+result prompts takes their outcomes along). Handlers run on the pool, never on the loop.
 
 Threads: only the pump's own thread reads or writes its driver (the driver's state is plain,
 unlocked Python objects). What other threads need (the worker's idle check, the health endpoint,
@@ -229,6 +230,7 @@ class Pump:
         self._max_result_bytes = max_result_bytes
         self._clock = clock
         self._channel: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
+        self._held_back: ev.Event | None = None  # taken from the channel by _arrived, to come next
         self._random = random.Random()
         # When a store call of this pump last completed (its clock): written by the pump thread,
         # read by the health endpoint. Counted from start, so a pump that never reached the
@@ -396,6 +398,9 @@ class Pump:
         return None
 
     def _next_event(self) -> ev.Event:
+        if self._held_back is not None:
+            event, self._held_back = self._held_back, None
+            return event
         if self._channel.empty():
             # Published when the pump is about to wait (what it shows then is what an idle check
             # or a hint needs) and at least every SNAPSHOT_EVERY events while it is busy: building
@@ -414,8 +419,29 @@ class Pump:
         # every part of the driver, and a busy pump comes here once per finished job).
         return self._take(timeout=None)
 
+    def _arrived(self) -> list[ev.JobFinished]:
+        """The finished jobs that came in while a store call ran, taken from the head of the
+        channel; the first event of another kind stops the take and waits, held back, to be the
+        next event (so the order of the rest is kept)."""
+        finished: list[ev.JobFinished] = []
+        while self._held_back is None:
+            try:
+                event = self._take_nowait()
+            except queue.Empty:
+                break
+            if isinstance(event, ev.JobFinished):
+                finished.append(event)
+            else:
+                self._held_back = event
+        return finished
+
+    def _take_nowait(self) -> ev.Event:
+        return self._hint_taken(self._channel.get_nowait())
+
     def _take(self, timeout: float | None) -> ev.Event:
-        event = self._channel.get(timeout=timeout)
+        return self._hint_taken(self._channel.get(timeout=timeout))
+
+    def _hint_taken(self, event: ev.Event) -> ev.Event:
         if isinstance(event, ev.HintReceived):
             # Lowered before the driver acts on it: a NOTIFY that arrives from now on posts a new
             # hint, and one that found the flag raised came before the claim this hint may send.
@@ -423,7 +449,7 @@ class Pump:
         return event
 
     def _process(self, event: ev.Event) -> None:
-        self._executor.process(self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set)
+        self._executor.process(self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set, arrived=self._arrived)
 
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""

@@ -94,3 +94,57 @@ def test_a_batch_of_32_costs_two_round_trips():
     # The 32 jobs themselves cost two round-trips: the claim and the pipelined write+claim. The
     # rest is start-up (open, health, six maintenance steps) and the drain (release, forget).
     assert store.round_trips == 12
+
+
+class FirstWriteWaitsForTheRest(RecordingStore):
+    """The first outcome write lets the other jobs finish, then waits until the pump has their
+    reports in its channel before it runs: they finished while the write was in flight."""
+
+    def __init__(self, others: int):
+        super().__init__()
+        self.others = others
+        self.pump: Pump | None = None
+        self.first = True
+
+    def __getattr__(self, name):
+        method = super().__getattr__(name)
+        if not name.startswith("write_outcomes"):
+            return method
+
+        def write(*args, **kwargs):
+            if self.first:
+                self.first = False
+                worker_tasks.REST_MAY_FINISH.set()
+                _wait_until(lambda: self.pump._channel.qsize() >= self.others)
+            return method(*args, **kwargs)
+
+        return write
+
+
+def test_the_reports_that_came_in_during_a_write_ride_the_next_one_together():
+    """With no linger every outcome is due at once, so the first finished job's is written
+    alone. The three jobs that finish meanwhile must then go out in one write: fed to the driver
+    behind the write's answer instead, each found the write just decided and had a round-trip
+    of its own (sleeping jobs wrote 1.0 round-trips
+    a job with no linger)."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE backwave_job, backwave_attempt, backwave_dependency, backwave_transition")
+    worker_tasks.REST_MAY_FINISH.clear()
+    enqueue_many([(worker_tasks.first_returns_the_rest_wait, (n,), {}) for n in range(4)])
+    store = FirstWriteWaitsForTheRest(others=3)
+    options = WorkerGroupOptions(
+        name="cycle", policy=Strict("e2e"), pool_size=4, max_claim_batch=4, outcome_linger=0.0, poll_interval=3600,
+        maintenance_interval=3600, lease_duration=600,
+    )
+    pump = store.pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.first_returns_the_rest_wait]))
+    pump.start()
+    try:
+        _wait_until(lambda: Attempt.objects.count() == 4)
+        _wait_until(lambda: pump.driver.unreported == 0 and pump.driver.idle)
+    finally:
+        worker_tasks.REST_MAY_FINISH.set()
+        pump.drain(timeout=5)
+        assert pump.join(10)
+    assert pump.health == HEALTHY
+    assert Job.objects.filter(state="succeeded").count() == 4
+    assert [size for name, size in store.calls if name.startswith("write_outcomes")] == [1, 3], store.calls

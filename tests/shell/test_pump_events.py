@@ -40,3 +40,22 @@ def test_a_pump_with_nothing_waiting_waits_until_the_drivers_next_wakeup():
 
     assert isinstance(event, ev.Tick)
     assert asked == [1]
+
+
+def test_the_finished_jobs_at_the_head_of_the_channel_are_taken_and_the_first_other_event_comes_next():
+    """What _arrived hands the executor while a store call's answer waits: the finished jobs
+    that came in meanwhile, up to the first event of another kind, which stays next in line so
+    the order of everything else is kept."""
+    pump = _unstarted_pump()
+    finished = [ev.JobFinished(now=float(n), job_id=n, attempt=1, result="succeeded") for n in range(3)]
+    hint = ev.HintReceived(now=9.0)
+    pump._hint_flag.raise_()
+    for event in (finished[0], finished[1], hint, finished[2]):
+        pump._channel.put(event)
+
+    assert pump._arrived() == finished[:2]
+    assert pump._arrived() == []  # the hint waits at the head: nothing passes it
+    assert pump._next_event() is hint
+    assert pump._hint_flag.raise_(), "the hint was taken from the channel, so its flag is down"
+    assert pump._arrived() == [finished[2]]
+    assert pump._channel.empty()

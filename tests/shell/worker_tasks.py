@@ -141,6 +141,18 @@ def retries_at_once(context):
     return context.attempt
 
 
+# Set by an in-process pump test while the pump's first write is in flight.
+REST_MAY_FINISH = threading.Event()
+
+
+@task(queue_name="e2e")
+def first_returns_the_rest_wait(n):
+    """Job 0 returns at once; the others return once REST_MAY_FINISH is set."""
+    if n and not REST_MAY_FINISH.wait(timeout=60):
+        raise TimeoutError("the test never let the rest finish")
+    return n
+
+
 # For in-process pumps only: each attempt of the two tasks below records (job id, attempt) when
 # its handler starts, and ``hangs_until_released`` blocks its thread until the test sets RELEASE.
 STARTED: list[tuple[int, int]] = []
