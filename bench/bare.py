@@ -10,6 +10,7 @@ engine's guarantees and its Python cost per job.
     python bench/bare.py drain [--sync off]          # until the queue is empty, then exit
     python bench/bare.py sleepers --slots 64         # jobs run on 64 threads; a finish is completed at once
     python bench/bare.py listen                      # LISTEN for BackWave's hint, claim on each; until SIGTERM
+    python bench/bare.py chain                       # a chain enqueued by BackWave's chain(), link by link
 
 Run by the other benchmarks as child processes (N processes: N children), never a test.
 """
@@ -48,6 +49,24 @@ UPDATE backwave_job AS j
 SET state = 'succeeded', finished_at = now(), lease_id = NULL, return_value = r.value
 FROM (SELECT unnest(%(ids)s::bigint[]) AS id, unnest(%(values)s::jsonb[]) AS value) AS r
 WHERE j.id = r.id
+"""
+
+# A chain's link: one statement completes it and claims the job waiting on it alone (a chain's
+# dependent has one ancestor), so the next link is durably claimed when this one's success
+# commits: one statement and one commit a link, the least a chain on this table can cost.
+NEXT_LINK = """
+WITH done AS (
+    UPDATE backwave_job
+    SET state = 'succeeded', finished_at = now(), lease_id = NULL, return_value = %(value)s
+    WHERE id = %(id)s
+    RETURNING id
+)
+UPDATE backwave_job AS j
+SET state = 'running', waiting_on = 0, lease_id = %(lease)s, worker_id = %(worker)s, attempts = j.attempts + 1,
+    last_attempted_at = now(), started_at = coalesce(j.started_at, now())
+FROM backwave_dependency AS d
+WHERE d.ancestor_id = (SELECT id FROM done) AND j.id = d.job_id AND j.state = 'waiting' AND j.waiting_on = 1
+RETURNING j.id, j.payload
 """
 
 
@@ -131,6 +150,17 @@ def sleepers(args) -> None:
         todo.put(None)
 
 
+def chain(args) -> None:
+    """Run a chain from its ready head to its end, each link claimed by the statement that
+    completes the one before."""
+    loop = Loop(args.url, args.queue, args.sync == "on", args.batch)
+    link = loop.claim(1)
+    while link:
+        ((job_id, payload),) = link
+        value = Jsonb(run_inline(payload, noop))
+        link = loop.conn.execute(NEXT_LINK, {**loop.params, "id": job_id, "value": value}).fetchall()
+
+
 def listen(args) -> None:
     """Claim on every hint (BackWave's own channel), as an idle BackWave worker does."""
     loop = Loop(args.url, args.queue, args.sync == "on", args.batch)
@@ -148,7 +178,7 @@ def listen(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["drain", "sleepers", "listen"])
+    parser.add_argument("mode", choices=["drain", "sleepers", "listen", "chain"])
     parser.add_argument("--url", default=os.environ.get("DATABASE_URL", ""))
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--sync", choices=["on", "off"], default="on", help="synchronous_commit of the loop's session")
@@ -157,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.url:
         sys.exit("set DATABASE_URL or pass --url")
-    {"drain": drain, "sleepers": sleepers, "listen": listen}[args.mode](args)
+    {"drain": drain, "sleepers": sleepers, "listen": listen, "chain": chain}[args.mode](args)
 
 
 if __name__ == "__main__":

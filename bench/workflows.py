@@ -11,6 +11,12 @@ fan-in (after all of them). Rates are read from the database clock (first attemp
 the last one's end), as bench/throughput.py reads them; wake-up hints are on (a worker always
 listens). Targets (issue 11): chain >= 50% of its baseline, fan-out >= 90%. A benchmark, not a
 test: run it by hand, on an otherwise idle machine for figures worth quoting.
+
+The chain is also run by the bare loop (bench/bare.py chain: one statement completes a link and
+claims the next, one durable commit a link, jobs inline, no attempt rows), the least a chain on
+this table can cost: its rate against the no-dependency one is the ceiling of the first ratio
+for any job system that commits each link before the next one runs, and BackWave's chain is
+printed against it too.
 """
 
 from __future__ import annotations
@@ -84,6 +90,32 @@ def drain(args) -> tuple[int, int, float]:
     return succeeded, attempts, float(seconds)
 
 
+def bare_chain(jobs: int) -> float:
+    """The chain drained by the bare loop; its rate by the database clock (first claim to last finish)."""
+    clear_queue()
+    enqueue("chain", jobs)
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        sys.exit("set DATABASE_URL (the bare loop connects without Django)")
+    finished = subprocess.run([sys.executable, str(ROOT / "bench" / "bare.py"), "chain", "--url", url, "--queue", QUEUE],
+                              capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"bare chain failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE state = 'succeeded'), extract(epoch FROM max(finished_at) - min(last_attempted_at))"
+            " FROM backwave_job WHERE queue = %s",
+            [QUEUE],
+        )
+        succeeded, seconds = cursor.fetchone()
+    clear_queue()
+    if succeeded != jobs:
+        sys.exit(f"bare chain: expected {jobs} jobs succeeded, got {succeeded}")
+    rate = jobs / float(seconds)
+    print(f"  {'bare chain':<13} {jobs:>7,} jobs                  drain {float(seconds):7.2f} s  {rate:8,.0f} jobs/s")
+    return rate
+
+
 def measure(shape: str, jobs: int, args) -> float:
     clear_queue()
     enqueue_seconds = enqueue(shape, jobs)
@@ -112,15 +144,21 @@ def main() -> None:
     for shape, jobs, target in shapes:
         if jobs <= 1:
             continue
-        baselines, rates = [], []
+        baselines, rates, bare = [], [], []
         for _ in range(args.repeat):
             baselines.append(measure("no dependency", jobs, args))
             rates.append(measure(shape, jobs, args))
+            if shape == "chain":
+                bare.append(bare_chain(jobs))
         baseline, rate = statistics.median(baselines), statistics.median(rates)
         ratio = rate / baseline
         verdict = "meets" if ratio >= target else "MISSES"
         verdicts.append(ratio >= target)
         print(f"{shape}: {rate:,.0f} jobs/s against {baseline:,.0f} without dependencies = {ratio:.0%} ({verdict} the {target:.0%} target)")
+        if bare:
+            ceiling = statistics.median(bare)
+            print(f"  the bare chain: {ceiling:,.0f} jobs/s = {ceiling / baseline:.0%} of the no-dependency rate (the ceiling of that ratio "
+                  f"with a commit a link); BackWave's chain = {rate / ceiling:.0%} of the bare chain")
     sys.exit(0 if all(verdicts) else 1)
 
 
