@@ -67,15 +67,19 @@ def enqueue(shape: str, jobs: int) -> float:
     return time.perf_counter() - started
 
 
+def run_or_exit(what: str, command: list[str], env: dict[str, str] | None = None) -> None:
+    finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"{what} failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
+
+
 def drain(args) -> tuple[int, int, float]:
     """Run one worker until idle; (succeeded, attempts, drain seconds by the database clock)."""
     command = [
         sys.executable, "manage.py", "backwave_worker", "--queues", QUEUE, "--pool-size", str(args.pool_size),
         "--pumps", str(args.pumps), "--max-claim-batch", str(args.max_claim_batch), "--until-idle", "--log-every", "1",
     ]
-    finished = subprocess.run(command, cwd=ROOT, env={**os.environ, "BACKWAVE_LOG_LEVEL": "INFO"}, capture_output=True, text=True)
-    if finished.returncode != 0:
-        sys.exit(f"worker failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
+    run_or_exit("worker", command, env={**os.environ, "BACKWAVE_LOG_LEVEL": "INFO"})
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -97,10 +101,7 @@ def bare_chain(jobs: int) -> float:
     url = os.environ.get("DATABASE_URL")
     if not url:
         sys.exit("set DATABASE_URL (the bare loop connects without Django)")
-    finished = subprocess.run([sys.executable, str(ROOT / "bench" / "bare.py"), "chain", "--url", url, "--queue", QUEUE],
-                              capture_output=True, text=True)
-    if finished.returncode != 0:
-        sys.exit(f"bare chain failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
+    run_or_exit("bare chain", [sys.executable, str(ROOT / "bench" / "bare.py"), "chain", "--url", url, "--queue", QUEUE])
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FILTER (WHERE state = 'succeeded'), extract(epoch FROM max(finished_at) - min(last_attempted_at))"
