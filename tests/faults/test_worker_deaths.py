@@ -176,4 +176,4 @@ def test_7_a_crashing_job_costs_the_jobs_claimed_with_it_nothing(start_worker):
         assert [state for state, _ in log[job_id]] == ["lapsed", "succeeded"], (job_id, log[job_id])
         (lapsed,) = Attempt.objects.filter(job_id=job_id, state="lapsed")
         assert "not counted" in lapsed.traceback
-    assert Lease.objects.count() == 0
+    assert Lease.objects.count() == 0, (list(Lease.objects.values()), survivor.output[-3000:])
