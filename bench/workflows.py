@@ -40,6 +40,7 @@ django.setup()
 from django.db import connection  # noqa: E402
 
 from backwave.tasking.task import enqueue_many  # noqa: E402
+from common import database_url, drain_figures, ran_once  # noqa: E402  (bench/, beside this file)
 from backwave.tasking.workflow import chain, group  # noqa: E402
 from project.demo.tasks import noop  # noqa: E402  (noop is on queue "bench")
 
@@ -95,26 +96,17 @@ def drain(args) -> tuple[int, int, float]:
 
 
 def bare_chain(jobs: int) -> float:
-    """The chain drained by the bare loop; its rate by the database clock (first claim to last finish)."""
+    """The chain drained by the bare loop; its rate by the database clock (first claim to last
+    finish, as the other benchmarks read the bare loop's)."""
     clear_queue()
     enqueue("chain", jobs)
-    url = os.environ.get("DATABASE_URL")
-    if not url:
-        sys.exit("set DATABASE_URL (the bare loop connects without Django)")
-    run_or_exit("bare chain", [sys.executable, str(ROOT / "bench" / "bare.py"), "chain", "--url", url, "--queue", QUEUE])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FILTER (WHERE state = 'succeeded'), extract(epoch FROM max(finished_at) - min(last_attempted_at))"
-            " FROM backwave_job WHERE queue = %s",
-            [QUEUE],
-        )
-        succeeded, seconds = cursor.fetchone()
+    run_or_exit("bare chain", [sys.executable, str(ROOT / "bench" / "bare.py"), "chain", "--url", database_url(), "--queue", QUEUE])
+    if problem := ran_once(jobs):
+        sys.exit(f"bare chain: {problem}")
+    figures = drain_figures()
     clear_queue()
-    if succeeded != jobs:
-        sys.exit(f"bare chain: expected {jobs} jobs succeeded, got {succeeded}")
-    rate = jobs / float(seconds)
-    print(f"  {'bare chain':<13} {jobs:>7,} jobs                  drain {float(seconds):7.2f} s  {rate:8,.0f} jobs/s")
-    return rate
+    print(f"  {'bare chain':<13} {jobs:>7,} jobs                  drain {figures.seconds:7.2f} s  {figures.rate:8,.0f} jobs/s")
+    return figures.rate
 
 
 def measure(shape: str, jobs: int, args) -> float:
