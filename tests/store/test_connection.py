@@ -360,3 +360,53 @@ def test_the_hint_listener_connection_carries_tcp_keepalives(transactional_db):
         assert client_socket_options(pid) == BACKWAVE_KEEPALIVES
     finally:
         listener.stop()
+
+
+def succeed_and_claim(store, lease, jobs, limit=4):
+    outcomes = [OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=job.id) for job in jobs]
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=outcomes, queues=["default"], limit=limit
+    )
+    assert applied == {job.id for job in jobs}
+    return claimed
+
+
+def count_cursors_made(monkeypatch) -> list[int]:
+    made = [0]
+    init = psycopg.RawCursor.__init__
+
+    def counting(self, *args, **kwargs):
+        made[0] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.RawCursor, "__init__", counting)
+    return made
+
+
+def test_a_steady_pump_s_round_trips_run_on_the_cursors_of_the_first(store, lease, rows, monkeypatch):
+    """A fresh cursor looks up how to send each parameter and read each column again; a pump
+    spends one round-trip per batch, so its statements keep theirs."""
+    rows.make_jobs(20)
+    made = count_cursors_made(monkeypatch)
+    jobs = succeed_and_claim(store, lease, claim(store, lease, limit=4))
+    first = made[0]
+    assert first > 0
+    for _ in range(3):
+        jobs = succeed_and_claim(store, lease, jobs)
+    assert len(jobs) == 4
+    assert made[0] == first
+    assert rows.count("succeeded") == 16
+
+
+def test_a_round_trip_after_a_reconnect_runs_on_cursors_of_the_new_connection(store, lease, rows, monkeypatch):
+    rows.make_jobs(12)
+    jobs = succeed_and_claim(store, lease, claim(store, lease, limit=4))
+    terminate(store.backend_pid)
+    with pytest.raises(TransientStoreError):
+        succeed_and_claim(store, lease, jobs)
+    made = count_cursors_made(monkeypatch)
+    # The write that failed never landed: the same outcomes go again, on the new connection.
+    jobs = succeed_and_claim(store, lease, jobs)
+    assert made[0] > 0
+    assert len(jobs) == 4
+    assert rows.count("succeeded") == 8
