@@ -18,13 +18,24 @@ after every attempt, as Django does: the pool already makes that cheap.
 from __future__ import annotations
 
 import logging
+import threading
 
 from django.db import close_old_connections, connections
 
 logger = logging.getLogger("backwave.scope")
 
+# Per handler thread: whether the last attempt left it holding a Django connection. Django's
+# connections belong to their thread, and between two attempts a handler thread runs nothing
+# that opens one, so a thread that left none has none to check when its next attempt starts.
+_thread = threading.local()
+
+
 def enter_attempt() -> None:
-    """Call before the handler (plain functions, not a context manager: this is the hot path)."""
+    """Call before the handler (plain functions, not a context manager: this is the hot path).
+    The pass is skipped on a thread whose last attempt left no connection open: each
+    ``connections.all`` is a thread-local look-up per alias, a fifth of a no-op attempt."""
+    if getattr(_thread, "holds_none", False):
+        return
     close_old_connections()
 
 
@@ -32,10 +43,13 @@ def leave_attempt() -> None:
     """Call after the handler, in a ``finally``. One pass over the thread's connections does
     what ``close_old_connections`` would do in a second one (each ``connections.all`` is a few
     thread-local look-ups, and this runs once per job)."""
+    holds_none = True
     for connection in connections.all(initialized_only=True):
         _leave_clean(connection)
         _keep_for_the_thread(connection)
         connection.close_if_unusable_or_obsolete()
+        holds_none = holds_none and connection.connection is None
+    _thread.holds_none = holds_none
 
 
 def _keep_for_the_thread(connection) -> None:
