@@ -9,6 +9,8 @@ attempt tables throughout (a CI server may run without it), so nothing cleans up
 
 One worker process, pool 16, durable commits. The worker is stopped (SIGTERM: it drains) once
 the head has finished; the rate is the head's (first claim to its last finish, database clock).
+Beside each case, the bare loop (bench/bare.py, one process) drains the same head of the same
+table, refilled: its own ratio to its empty table's is what the database alone loses there.
 Then EXPLAIN (ANALYZE, BUFFERS) of the claim as it runs now, in a transaction rolled back: the
 buffers it touches show whether it walks the dead index entries the head left behind.
 """
@@ -19,12 +21,27 @@ import argparse
 import statistics
 import uuid
 
-from common import QUEUE, drain_figures, fill, reset, run, set_autovacuum, sql, succeeded_count, uptime_line, worker_command, worker_env
+from common import (
+    PYTHON, QUEUE, ROOT, database_url, drain_figures, fill, reset, run, run_many, set_autovacuum, sql, succeeded_count, uptime_line,
+    worker_command, worker_env,
+)
 
 from django.db import connection, transaction
 
 from backwave.store.queries import QUERIES
 from project.demo.tasks import noop
+
+
+def prepare(case: str, head: int, backlog: int) -> None:
+    reset()
+    if case.startswith("beside"):
+        fill(noop.using(queue_name="reports"), [0], backlog, state="succeeded")
+    fill(noop, [0], backlog if case.startswith("head") else head)
+    # A backlog that built up over time has been checkpointed; one made by a single INSERT a
+    # moment ago would have its WAL flushed by the checkpointer during the drain, and the drain
+    # pay for the fill. Fresh statistics, as autovacuum's analyze is off too.
+    sql("ANALYZE backwave_job")
+    sql("CHECKPOINT")
 
 
 def drain_head(head: int) -> float:
@@ -48,6 +65,15 @@ def drain_head(head: int) -> float:
     figures = drain_figures(first=head)
     if figures.jobs < head:
         raise SystemExit(f"only {figures.jobs} of the head's {head} jobs finished")
+    return figures.rate
+
+
+def bare_head(head: int) -> float:
+    """The bare loop's rate over the first ``head`` jobs of the table as it stands."""
+    run_many([[PYTHON, str(ROOT / "bench" / "bare.py"), "drain", "--url", database_url(), "--jobs", str(head)]])
+    figures = drain_figures(first=head)
+    if figures.jobs < head:
+        raise SystemExit(f"the bare loop finished only {figures.jobs} of the head's {head} jobs")
     return figures.rate
 
 
@@ -107,24 +133,20 @@ def main(argv=None) -> list[dict]:
     if args.repeat < 1:
         raise SystemExit(f"--repeat must be at least 1, got {args.repeat}")
     runs: dict[str, list[float]] = {case: [] for case in cases}
+    bare_runs: dict[str, list[float]] = {case: [] for case in cases}
     set_autovacuum(False)
     try:
         for round_number in range(1, args.repeat + 1):
             for case in cases:
-                reset()
-                if case.startswith("beside"):
-                    fill(noop.using(queue_name="reports"), [0], backlog, state="succeeded")
-                fill(noop, [0], backlog if case.startswith("head") else head)
-                # A backlog that built up over time has been checkpointed; one made by a single INSERT
-                # a moment ago would have its WAL flushed by the checkpointer during the drain, and
-                # the drain pay for the fill. Fresh statistics, as autovacuum's analyze is off too.
-                sql("ANALYZE backwave_job")
-                sql("CHECKPOINT")
+                prepare(case, head, backlog)
                 rate = drain_head(head)
                 runs[case].append(rate)
                 plan = explain_claim()
+                prepare(case, head, backlog)
+                bare_runs[case].append(bare_head(head))
                 label = f"{case} (run {round_number})" if args.repeat > 1 else case
                 print(f"{label:<34} {rate:>8.0f} jobs/s  {rate / runs['empty table'][-1]:>5.0%} of the empty table's   "
+                      f"bare loop {bare_runs[case][-1]:>6.0f} jobs/s  {bare_runs[case][-1] / bare_runs['empty table'][-1]:>5.0%}   "
                       f"claim now: {buffers_of_claim_scan(plan)}")
                 if args.plans:
                     print("\n".join("    " + line for line in plan))
@@ -132,14 +154,19 @@ def main(argv=None) -> list[dict]:
         reset()
         set_autovacuum(True)
     rates = {case: statistics.median(values) for case, values in runs.items()}
+    bare_rates = {case: statistics.median(values) for case, values in bare_runs.items()}
     if args.repeat > 1:
         for case in cases:
-            print(f"{case + ' (median)':<34} {rates[case]:>8.0f} jobs/s  {rates[case] / rates['empty table']:>5.0%} of the empty table's median")
+            print(f"{case + ' (median)':<34} {rates[case]:>8.0f} jobs/s  {rates[case] / rates['empty table']:>5.0%} of the empty table's   "
+                  f"bare loop {bare_rates[case]:>6.0f} jobs/s  {bare_rates[case] / bare_rates['empty table']:>5.0%}")
     empty = rates["empty table"]
     ready_case, finished_case = list(rates)[1:]
+    bare_empty = bare_rates["empty table"]
     return [
-        {"benchmark": "backlog", "what": f"rate over {head:,} at the {ready_case} / empty table", "value": rates[ready_case] / empty, "goal": 0.9, "unit": "x"},
-        {"benchmark": "backlog", "what": f"rate {finished_case} rows / empty table", "value": rates[finished_case] / empty, "goal": 0.95, "unit": "x"},
+        {"benchmark": "backlog", "what": f"rate over {head:,} at the {ready_case} / empty table (bare loop: {bare_rates[ready_case] / bare_empty:.2f})",
+         "value": rates[ready_case] / empty, "goal": 0.9, "unit": "x"},
+        {"benchmark": "backlog", "what": f"rate {finished_case} rows / empty table (bare loop: {bare_rates[finished_case] / bare_empty:.2f})",
+         "value": rates[finished_case] / empty, "goal": 0.95, "unit": "x"},
     ]
 
 

@@ -8,6 +8,7 @@ signals: the least any job system on this table can do, so "BackWave / bare" say
 engine's guarantees and its Python cost per job.
 
     python bench/bare.py drain [--sync off]          # until the queue is empty, then exit
+    python bench/bare.py drain --jobs 100000         # the head of a backlog, then exit
     python bench/bare.py sleepers --slots 64         # jobs run on 64 threads; a finish is completed at once
     python bench/bare.py listen                      # LISTEN for BackWave's hint, claim on each; until SIGTERM
     python bench/bare.py chain                       # a chain enqueued by BackWave's chain(), link by link
@@ -105,9 +106,12 @@ class Loop:
 
 
 def drain(args) -> None:
+    """Until the queue is empty, or (``--jobs``) that many jobs are done: a backlog's head."""
     loop = Loop(args.url, args.queue, args.sync == "on", args.batch)
-    while rows := loop.claim(loop.batch):
+    left = args.jobs or float("inf")
+    while left > 0 and (rows := loop.claim(int(min(loop.batch, left)))):
         loop.complete([(job_id, run_inline(payload, noop)) for job_id, payload in rows])
+        left -= len(rows)
 
 
 def sleepers(args) -> None:
@@ -183,6 +187,7 @@ def main() -> None:
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--sync", choices=["on", "off"], default="on", help="synchronous_commit of the loop's session")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--jobs", type=int, default=0, help="drain: stop after this many jobs (0: when the queue is empty)")
     parser.add_argument("--slots", type=int, default=64)
     args = parser.parse_args()
     if not args.url:

@@ -5,6 +5,7 @@ by side in one invocation, in both commit modes; BackWave's ratio to the bare lo
     python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1, 1x2, 2x1, 2x2
     python bench/throughput.py --quick          # 5,000 jobs, fewer configurations
     python bench/throughput.py --modes durable  # one commit mode only
+    python bench/throughput.py --repeat 3       # every line three times; the medians of the ratios
 
 Each line: the queue is emptied, the jobs inserted (not timed), the contender run to the end of
 the queue. Drain: first claim to last finish by the database clock; steady: between the 10th
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 
 from common import (
@@ -141,14 +143,40 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--configurations", nargs="+", default=None, help="BackWave processes x pumps, e.g. 1x1 2x2")
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
+    parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="run every line this many rounds and report the median of each round's ratios (the bare loop alone moved between "
+        "6,600 and 11,100 jobs/s from one run to the next on a shared 2-core machine)",
+    )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     bare_processes = args.bare_processes or ([1, 2] if args.quick else [1, 2, 4])
     configurations = [tuple(map(int, c.split("x"))) for c in (args.configurations or (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2"]))]
-    return measure(
-        jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
-        fresh_statistics=args.fresh_statistics,
-    )
+    rounds = [
+        measure(
+            jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
+            fresh_statistics=args.fresh_statistics,
+        )
+        for _ in range(args.repeat)
+    ]
+    return rounds[0] if args.repeat == 1 else medians(rounds)
+
+
+def medians(rounds: list[list[dict]], report=print) -> list[dict]:
+    """Each summary row's median over the rounds (every ratio was measured within its round)."""
+    summary = []
+    report(f"medians of {len(rounds)} rounds, each ratio taken within its round:")
+    for i, first in enumerate(rounds[0]):
+        rows = [round_[i] for round_ in rounds]
+        values = [row["value"] for row in rows]
+        # The best configuration may differ from round to round: the row then names none.
+        what = first["what"] if all(row["what"] == first["what"] for row in rows) else re.sub(r" \(.*?\)", "", first["what"])
+        shown = ".0f" if first["unit"] == "us" else ".2f"
+        report(f"  {what}: {statistics.median(values):{shown}} (rounds: {', '.join(f'{v:{shown}}' for v in values)})")
+        summary.append({**first, "what": what, "value": statistics.median(values)})
+    return summary
 
 
 if __name__ == "__main__":

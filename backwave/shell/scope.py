@@ -1,7 +1,8 @@
 """The per-attempt scope: what Django's request cycle does around a view, done around a job.
 
 Before the handler: drop connections that are unusable or past their maximum age
-(``close_old_connections``, as Django does at a request's start). After it, whatever the handler
+(``close_old_connections``, as Django does at a request's start; skipped on a thread whose last
+attempt left it none). After it, whatever the handler
 did: roll back a transaction it left open or broken and close the connection if it cannot be
 trusted, then ``close_old_connections`` again. The next attempt on this thread starts clean.
 
