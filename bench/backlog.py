@@ -5,7 +5,7 @@ attempt tables throughout (a CI server may run without it), so nothing cleans up
 
     python bench/backlog.py            # 100,000 jobs: alone; at the head of 1,000,000; beside 1,000,000 finished rows
     python bench/backlog.py --quick    # 20,000 and 200,000
-    python bench/backlog.py --repeat 3 # the three cases in turn, three times; medians are compared
+    python bench/backlog.py --repeat 3 # the three cases in turn, three times (each round starting one case later); medians
 
 One worker process, pool 16, durable commits. The worker is stopped (SIGTERM: it drains) once
 the head has finished; the rate is the head's (first claim to its last finish, database clock).
@@ -137,19 +137,24 @@ def main(argv=None) -> list[dict]:
     set_autovacuum(False)
     try:
         for round_number in range(1, args.repeat + 1):
-            for case in cases:
+            # Each round starts one case later than the last, so no case always runs first (or
+            # always right after a million-row fill).
+            shift = (round_number - 1) % len(cases)
+            plans: dict[str, list[str]] = {}
+            for case in cases[shift:] + cases[:shift]:
                 prepare(case, head, backlog)
-                rate = drain_head(head)
-                runs[case].append(rate)
-                plan = explain_claim()
+                runs[case].append(drain_head(head))
+                plans[case] = explain_claim()
                 prepare(case, head, backlog)
                 bare_runs[case].append(bare_head(head))
+            for case in cases:
+                rate, bare_rate = runs[case][-1], bare_runs[case][-1]
                 label = f"{case} (run {round_number})" if args.repeat > 1 else case
                 print(f"{label:<34} {rate:>8.0f} jobs/s  {rate / runs['empty table'][-1]:>5.0%} of the empty table's   "
-                      f"bare loop {bare_runs[case][-1]:>6.0f} jobs/s  {bare_runs[case][-1] / bare_runs['empty table'][-1]:>5.0%}   "
-                      f"claim now: {buffers_of_claim_scan(plan)}")
+                      f"bare loop {bare_rate:>6.0f} jobs/s  {bare_rate / bare_runs['empty table'][-1]:>5.0%}   "
+                      f"claim now: {buffers_of_claim_scan(plans[case])}")
                 if args.plans:
-                    print("\n".join("    " + line for line in plan))
+                    print("\n".join("    " + line for line in plans[case]))
     finally:
         reset()
         set_autovacuum(True)
