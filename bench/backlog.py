@@ -22,8 +22,8 @@ import statistics
 import uuid
 
 from common import (
-    PYTHON, QUEUE, ROOT, database_url, drain_figures, fill, reset, run, run_many, set_autovacuum, sql, succeeded_count, uptime_line,
-    worker_command, worker_env,
+    QUEUE, bare_command, drain_figures, fill, reset, run, run_many, set_autovacuum, sql, succeeded_count, uptime_line, worker_command,
+    worker_env,
 )
 
 from django.db import connection, transaction
@@ -70,7 +70,7 @@ def drain_head(head: int) -> float:
 
 def bare_head(head: int) -> float:
     """The bare loop's rate over the first ``head`` jobs of the table as it stands."""
-    run_many([[PYTHON, str(ROOT / "bench" / "bare.py"), "drain", "--url", database_url(), "--jobs", str(head)]])
+    run_many([bare_command("drain", "--jobs", str(head))])
     figures = drain_figures(first=head)
     if figures.jobs < head:
         raise SystemExit(f"the bare loop finished only {figures.jobs} of the head's {head} jobs")
@@ -126,12 +126,12 @@ def main(argv=None) -> list[dict]:
         "one run to the next on a shared 2-core machine, as much as the goals' margins)",
     )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     head = args.head or (20_000 if args.quick else 100_000)
     backlog = args.backlog or (200_000 if args.quick else 1_000_000)
     print(f"backlog: the rate over {head:,} jobs, autovacuum off; {uptime_line()}")
     cases = ("empty table", f"head of {backlog:,} ready", f"beside {backlog:,} finished")
-    if args.repeat < 1:
-        raise SystemExit(f"--repeat must be at least 1, got {args.repeat}")
     runs: dict[str, list[float]] = {case: [] for case in cases}
     bare_runs: dict[str, list[float]] = {case: [] for case in cases}
     set_autovacuum(False)

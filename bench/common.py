@@ -51,6 +51,11 @@ def database_url() -> str:
     return url
 
 
+def bare_command(mode: str, *options: str) -> list[str]:
+    """The bare loop (bench/bare.py) in ``mode`` on the benchmark database, with ``options``."""
+    return [PYTHON, str(ROOT / "bench" / "bare.py"), mode, "--url", database_url(), *options]
+
+
 def require_bench_database() -> None:
     name = database_name()
     if "bench" not in name:

@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 
-from common import PYTHON, QUEUE, ROOT, WORKER_ROOT, database_url, reset, sql, uptime_line, worker_command, worker_env
+from common import QUEUE, ROOT, WORKER_ROOT, bare_command, reset, sql, uptime_line, worker_command, worker_env
 
 from project.demo.tasks import noop
 
@@ -28,7 +28,7 @@ from backwave.models import Lease
 
 def _start(contender: str) -> subprocess.Popen:
     if contender == "bare":
-        process = subprocess.Popen([PYTHON, str(ROOT / "bench" / "bare.py"), "listen", "--url", database_url()], cwd=ROOT,
+        process = subprocess.Popen(bare_command("listen"), cwd=ROOT,
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         process.stdout.readline()  # "listening"
         return process

@@ -22,7 +22,7 @@ import subprocess
 import time
 
 from common import (
-    PYTHON, ROOT, WORKER_ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, uptime_line, worker_command, worker_env,
+    PYTHON, WORKER_ROOT, bare_command, drain_figures, fill, ran_once, reset, run, run_many, uptime_line, worker_command, worker_env,
 )
 
 from project.demo.tasks import slow_job
@@ -48,7 +48,7 @@ def _figures(name: str, result, jobs: int, seconds: float, slots: int, trips: fl
 def bare(jobs: int, seconds: float, slots: int) -> dict:
     reset()
     fill(slow_job.using(queue_name="bench"), [seconds], jobs)
-    result = run_many([[PYTHON, str(ROOT / "bench" / "bare.py"), "sleepers", "--url", database_url(), "--slots", str(slots)]])
+    result = run_many([bare_command("sleepers", "--slots", str(slots))])
     return _figures("bare loop", result, jobs, seconds, slots, None)
 
 

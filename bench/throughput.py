@@ -33,7 +33,7 @@ import statistics
 import sys
 
 from common import (
-    PYTHON, ROOT, database_url, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, sql, uptime_line, worker_command, worker_env,
+    bare_command, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, sql, uptime_line, worker_command, worker_env,
 )
 
 from project.demo.tasks import noop
@@ -47,7 +47,7 @@ def fill_queue(jobs: int, fresh_statistics: bool) -> None:
 
 
 def bare(jobs: int, processes: int, durable: bool, fresh_statistics: bool = False) -> dict:
-    command = [PYTHON, str(ROOT / "bench" / "bare.py"), "drain", "--url", database_url(), "--sync", "on" if durable else "off"]
+    command = bare_command("drain", "--sync", "on" if durable else "off")
     fixed = _fixed_cpu(lambda: run_many([command] * processes))
     fill_queue(jobs, fresh_statistics)
     server = server_cpu()

@@ -40,7 +40,7 @@ django.setup()
 from django.db import connection  # noqa: E402
 
 from backwave.tasking.task import enqueue_many  # noqa: E402
-from common import database_url, drain_figures, ran_once  # noqa: E402  (bench/, beside this file)
+from common import bare_command, drain_figures, ran_once  # noqa: E402  (bench/, beside this file)
 from backwave.tasking.workflow import chain, group  # noqa: E402
 from project.demo.tasks import noop  # noqa: E402  (noop is on queue "bench")
 
@@ -100,7 +100,7 @@ def bare_chain(jobs: int) -> float:
     finish, as the other benchmarks read the bare loop's)."""
     clear_queue()
     enqueue("chain", jobs)
-    run_or_exit("bare chain", [sys.executable, str(ROOT / "bench" / "bare.py"), "chain", "--url", database_url(), "--queue", QUEUE])
+    run_or_exit("bare chain", bare_command("chain", "--queue", QUEUE))
     if problem := ran_once(jobs):
         sys.exit(f"bare chain: {problem}")
     figures = drain_figures()
