@@ -88,7 +88,8 @@ class NodeDriver:
         deadlines = [self._lease.next_heartbeat, self._lease.trusted_until]
         if self.state is State.RUNNING:
             deadlines += [self._claims.next_poll, self._maintenance.next_due()]
-            if (linger_due := self._outcomes.linger_due) is not None:
+            # A claim in flight has the lingered write wait for its answer (see _flush).
+            if (linger_due := self._outcomes.linger_due) is not None and not self._claim_limit:
                 deadlines.append(linger_due)
         elif self._drain.deadline is not None:
             deadlines.append(self._drain.deadline)
@@ -175,7 +176,9 @@ class NodeDriver:
         self.stats.claimed += len(event.jobs)
         if self.state is State.DRAINING:
             return self._drain.give_back(event.jobs, self.lease_id) + self._drain_step(event.now)
-        return self._run(event.jobs, event.now)
+        # Read before the claim's jobs start: outcomes that came due while it was in flight
+        # (nothing executing among them) waited for this answer, and are due still.
+        return self._run(event.jobs, event.now, write_due=self._write_due(event.now))
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
         try:
@@ -227,7 +230,7 @@ class NodeDriver:
         if self.state is not State.RUNNING:
             return []
         if self._write_due(event.now):
-            return self._flush(event.now, then_claim=not self._claim_limit)
+            return self._flush(event.now, then_claim=True)
         if not self._claim_limit and self.free_slots:
             # Re-poll after an applied batch: work may have become due meanwhile, and the
             # dependents the write released became ready in it. (A claim in flight was queued
@@ -372,8 +375,9 @@ class NodeDriver:
             commands += self._flush(now, then_claim=True)
         return commands
 
-    def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
-        """Start the jobs a claim returned; at the end of the pass, claim again if more is waiting."""
+    def _run(self, jobs: tuple[ClaimedJob, ...], now: float, *, write_due: bool = False) -> list[cmd.Command]:
+        """Start the jobs a claim returned; at the end of the pass, write the outcomes that
+        waited for it (the next claim rides that write), else claim again if more is waiting."""
         buffered = len(self._outcomes.waiting)
         commands = self._slots.start(jobs, now)
         if len(self._outcomes.waiting) > buffered and (self._outcomes.full or not self._slots.executing):
@@ -385,6 +389,8 @@ class NodeDriver:
         # share goes to the others); with none, the claim that rides the next outcome write picks
         # the rest up (a tick now would only flush a half-full buffer).
         skip = self._claims.end()
+        if write_due and (flushed := self._flush(now, then_claim=True)):
+            return commands + flushed
         if skip is not None and self.free_slots:
             commands += self._claim(now, skip=skip)
         return commands
@@ -407,6 +413,12 @@ class NodeDriver:
         return linger_due is not None and now >= linger_due
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
+        if then_claim and self._claim_limit and self.state is State.RUNNING:
+            # A write that would carry a claim waits while one is in flight: sent now it would
+            # go alone, and the claim for the slots it frees would follow on a round-trip of its
+            # own. The claim's answer comes next on the pump's one connection, and ClaimReturned
+            # sends the write with that claim riding it (a failed claim's retry tick sends it).
+            return []
         # Self-fenced, these outcomes are not ours to write any more: the tick that is due at
         # once (next_wakeup is past) drops them and starts over with a new lease.
         commands = self._outcomes.write(now, self.lease_id) if self._lease.trusted(now) else []

@@ -36,18 +36,23 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | permitting (one pending-poll slot: a burst costs    |
                       |                  | one extra claim); else a free slot: poll now; none: |
                       |                  | nothing                                             |
-    RUNNING           | ClaimReturned    | ExecuteJob per job; full batch and room: ClaimJobs  | RUNNING
+    RUNNING           | ClaimReturned    | ExecuteJob per job; at the pass's end, outcomes     | RUNNING
+                      |                  | that came due while it was in flight (***):         |
+                      |                  | WriteOutcomes + ClaimJobs; else full batch and      |
+                      |                  | room: ClaimJobs                                     |
     RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
                       |                  | buffer; flush when the batch is full, nothing       |
                       |                  | executes or the oldest waiting lingered             |
-                      |                  | outcome_linger: WriteOutcomes + ClaimJobs.          |
+                      |                  | outcome_linger: WriteOutcomes + ClaimJobs; a claim  |
+                      |                  | in flight: the write waits for its answer (***).    |
                       |                  | Committed (an atomic task wrote its own fenced      |
                       |                  | outcome): applied, the slot reopens, nothing        |
                       |                  | buffered; nothing else executes: flush + claim,     |
                       |                  | or ClaimJobs alone; else ClaimJobs once the free    |
                       |                  | slots fill an outcome batch                         |
     RUNNING           | OutcomesWritten  | slots reopen; the next batch if due (as             | RUNNING
-                      |                  | JobFinished); else re-poll if no claim rode it: the |
+                      |                  | JobFinished, *** included); else re-poll if no      |
+                      |                  | claim rode it: the                                  |
                       |                  | dependents it released (their last ancestor         |
                       |                  | succeeded in it) are claimable at once, and a claim |
                       |                  | in flight runs after the write and sees them;       |
@@ -96,6 +101,11 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        (RETRY or FAILED under the job's rules), an ignored cancel is CANCELLED. The JobFinished
        that comes when the handler returns is then an abandoned attempt's. A claimed job whose
        cancel was requested while an earlier attempt ran is CANCELLED at once, never executed.
+    *** a write that comes due (a JobFinished, a landed write, a lingered Tick) while a claim is
+       in flight waits for that claim's answer, which comes next on the pump's one connection:
+       sent at once it would go alone, and the claim for the slots it frees would follow on a
+       round-trip of its own. At the end of the pass the ClaimReturned sends it, the next claim
+       riding it; a failed claim leaves it to the retry's poll Tick (or its linger).
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent

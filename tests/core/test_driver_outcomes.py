@@ -82,14 +82,68 @@ def test_only_one_write_is_in_flight():
     assert t.finished(jobs[1], now=0.2) == []  # batch full, but a write is in flight
     assert t.finished(jobs[2], now=0.3) == []  # nothing executes, but a write is in flight
     assert t.driver.unreported == 3
-    second = t.written({1}, now=0.4)
-    assert [ids_of(c) for c in second] == [[2]]  # the claim is still in flight: none rides
-    assert t.returned(now=0.5) == []
-    third = t.written({2}, now=0.6)
+    assert t.written({1}, now=0.4) == []  # the claim that rode it is still in flight
+    second = t.returned(now=0.5)  # its answer: the next write goes, a claim riding it
+    assert [type(c) for c in second] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(second[0]) == [2] and second[1] == claim(9)
+    assert t.written({2}, now=0.6) == []
+    third = t.returned(now=0.7)
     assert [type(c) for c in third] == [cmd.WriteOutcomes, cmd.ClaimJobs]
     assert ids_of(third[0]) == [3] and third[1] == claim(10)
     writes = [c for _, cs in t.log for c in cs if isinstance(c, cmd.WriteOutcomes)]
     assert [ids_of(w) for w in writes] == [[1], [2], [3]]
+
+
+def test_a_write_due_while_a_claim_is_in_flight_waits_for_its_answer_and_carries_the_next_claim():
+    # Two halves of a pool in step (sleeping jobs): the second half finishes while the first
+    # half's write and claim are in flight. Written at once when that write lands, its outcomes
+    # would go alone (the claim is still in flight), and the claim for their slots would follow
+    # on a round-trip of its own. Held until the claim's answer, they carry that claim.
+    t = Trace.running(pool_size=4, max_claim_batch=2)
+    first = t.jobs.make(2)
+    assert t.returned(*first, now=0.1) == execute(*first) + [claim(2)]
+    second = t.jobs.make(2)
+    assert t.returned(*second, now=0.1) == execute(*second)
+    t.finished(first[0], now=0.2)
+    write, ride = t.finished(first[1], now=0.2)
+    assert ids_of(write) == [1, 2] and ride == claim(2)
+    assert t.finished(second[0], now=0.21) == []  # a write is in flight
+    assert t.finished(second[1], now=0.21) == []
+    assert t.written(write, now=0.22) == []  # due, but the claim that rode it has not answered
+    third = t.jobs.make(2)
+    out = t.returned(*third, now=0.22)
+    assert out[:2] == execute(*third)
+    assert [type(c) for c in out[2:]] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(out[2]) == [3, 4] and out[3] == claim(2)
+    assert t.written(out[2], now=0.23) == []  # the claim rode the write: no lone re-poll
+    assert t.driver.stats.writes == 2 and t.driver.stats.claims == 3
+
+
+def test_a_write_that_waited_for_a_claim_goes_when_the_pool_was_idle_though_the_claim_started_jobs():
+    # Due because nothing executed when it came due: the jobs the claim starts do not make it
+    # wait for a full batch or the linger.
+    t = Trace.running(pool_size=2, max_claim_batch=1)
+    (job,) = t.jobs.make(1)
+    assert t.returned(job, now=0.1) == execute(job) + [claim(1)]
+    assert t.finished(job, now=0.2) == []  # the claim in flight holds the other slot
+    fresh = t.jobs.make(1)
+    out = t.returned(*fresh, now=0.3)
+    assert out[:1] == execute(*fresh)
+    assert [type(c) for c in out[1:]] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(out[1]) == [job.id] and out[2] == claim(1)
+
+
+def test_a_write_that_waited_for_a_claim_that_failed_goes_with_the_claim_s_retry():
+    t = Trace.running(pool_size=2, max_claim_batch=1, poll_interval=1.0)
+    (job,) = t.jobs.make(1)
+    _, pending_claim = t.returned(job, now=0.1)
+    assert t.finished(job, now=0.2) == []
+    assert t.failed(pending_claim, now=0.3) == []
+    retry_at = t.driver.next_wakeup()
+    assert retry_at > 0.3
+    again = t.tick(retry_at)
+    assert [type(c) for c in again] == [cmd.ReconcileLease, cmd.WriteOutcomes]
+    assert ids_of(again[1]) == [job.id]
 
 
 def test_ids_the_fence_refused_are_lost_and_free_their_slots():

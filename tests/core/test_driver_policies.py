@@ -39,20 +39,24 @@ def test_weighted_long_run_shares_follow_the_weights_within_one_percent(weights)
     t.started()
     pending = of_type(t.opened(LEASE), cmd.ClaimJobs)
     claimed: Counter[str] = Counter()
+
+    def run(commands):
+        # In the order the pump runs them: a write lands before the claim that rides it.
+        for command in commands:
+            if isinstance(command, cmd.WriteOutcomes):
+                run(t.written({o.job_id for o in command.outcomes}))
+            elif isinstance(command, cmd.ClaimJobs):
+                pending.append(command)
+
     while sum(claimed.values()) < 20_000:
         assert pending, "the driver stopped claiming with work waiting"
         claim_command = pending.pop(0)
         (queue,) = claim_command.queues
         jobs = t.jobs.make(claim_command.limit, queue=queue)
         claimed[queue] += len(jobs)
-        out = t.returned(*jobs)
-        pending += of_type(out, cmd.ClaimJobs)
+        run(t.returned(*jobs))
         for job in jobs:
-            for command in t.finished(job):
-                if isinstance(command, cmd.WriteOutcomes):
-                    pending += of_type(t.written({o.job_id for o in command.outcomes}), cmd.ClaimJobs)
-                elif isinstance(command, cmd.ClaimJobs):
-                    pending.append(command)
+            run(t.finished(job))
     total = sum(claimed.values())
     weight_total = sum(weights.values())
     for queue, weight in weights.items():
