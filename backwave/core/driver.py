@@ -176,9 +176,7 @@ class NodeDriver:
         self.stats.claimed += len(event.jobs)
         if self.state is State.DRAINING:
             return self._drain.give_back(event.jobs, self.lease_id) + self._drain_step(event.now)
-        # Read before the claim's jobs start: outcomes that came due while it was in flight
-        # (nothing executing among them) waited for this answer, and are due still.
-        return self._run(event.jobs, event.now, write_due=self._write_due(event.now))
+        return self._run(event.jobs, event.now)
 
     def _on_job_finished(self, event: ev.JobFinished) -> list[cmd.Command]:
         try:
@@ -204,7 +202,7 @@ class NodeDriver:
         is batched as a buffered outcome's would be: with the write that flushes the buffer once
         nothing executes, or on its own when nothing is buffered and nothing executes, or when
         the free slots fill an outcome batch."""
-        self._slots.committed(job.id)
+        self._slots.committed(job.id, now)
         self.stats.applied += 1
         if self.state is State.DRAINING:
             return self._drain_step(now)
@@ -224,7 +222,7 @@ class NodeDriver:
         self.stats.released += event.released
         self.stats.applied += len(event.applied)
         self.stats.lost += len(written) - len(event.applied)
-        self._outcomes.written()
+        self._outcomes.written(event.now)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
@@ -375,7 +373,7 @@ class NodeDriver:
             commands += self._flush(now, then_claim=True)
         return commands
 
-    def _run(self, jobs: tuple[ClaimedJob, ...], now: float, *, write_due: bool = False) -> list[cmd.Command]:
+    def _run(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
         """Start the jobs a claim returned; at the end of the pass, write the outcomes that
         waited for it (the next claim rides that write), else claim again if more is waiting."""
         buffered = len(self._outcomes.waiting)
@@ -389,7 +387,10 @@ class NodeDriver:
         # share goes to the others); with none, the claim that rides the next outcome write picks
         # the rest up (a tick now would only flush a half-full buffer).
         skip = self._claims.end()
-        if write_due and (flushed := self._flush(now, then_claim=True)):
+        # Outcomes that came due while the pass was in flight waited for it (see _flush). Due
+        # still with its jobs started (they run past a round-trip), they go now with the next
+        # claim; short jobs make them wait for the idle pool, so the two share one write.
+        if self._write_due(now) and (flushed := self._flush(now, then_claim=True)):
             return commands + flushed
         if skip is not None and self.free_slots:
             commands += self._claim(now, skip=skip)
@@ -402,15 +403,27 @@ class NodeDriver:
         return self._claims.send(now, limit, self.lease_id, self._slots.held_attempts, skip)
 
     def _write_due(self, now: float) -> bool:
-        """Whether the outcomes waiting are due for a write: a full batch, an idle pool, or the
-        oldest has lingered ``outcome_linger`` (and any fault backoff has passed)."""
+        """Whether the outcomes waiting are due for a write: a full batch, an idle pool, the
+        oldest has lingered ``outcome_linger`` (and any fault backoff has passed), or the pool
+        is not expected to go idle within a round-trip (so lingering would gain nothing)."""
         outcomes = self._outcomes
         if not outcomes.waiting:
             return False
         if outcomes.full or not self._slots.executing:
             return True
         linger_due = outcomes.linger_due
-        return linger_due is not None and now >= linger_due
+        if linger_due is None:
+            return False
+        if now >= linger_due:
+            return True
+        # The linger is there to let jobs finishing together share a write (the idle pool's
+        # flush). When some job is expected to run on past a round-trip from now (longer jobs
+        # than a round-trip, or a long one beside short ones), waiting for an idle pool would
+        # only keep the finished jobs' slots empty: the write goes now, and the outcomes that
+        # arrive while it is in flight go with the next one.
+        idle_at = self._slots.expected_idle_at()
+        horizon = outcomes.round_trip
+        return horizon is not None and idle_at is not None and idle_at > now + horizon
 
     def _flush(self, now: float, *, then_claim: bool) -> list[cmd.Command]:
         if then_claim and self._claim_limit and self.state is State.RUNNING:

@@ -38,6 +38,8 @@ STATEMENT_TIMEOUT_SHARE_OF_LEASE = 1 / 5
 # the slowest job of its batch. Shorter splits batches of fast jobs: 16 no-op jobs take 2-3 ms of
 # GIL time to run, so at 2 ms a pool-16 pump wrote 0.10 round-trips per job instead of 0.064 and
 # drained a third slower (PostgreSQL's CPU per round-trip is the bottleneck on a small server).
+# It applies only while the pool is expected to go idle within a round-trip (the driver learns
+# task durations, core/transitions.py ****): beside longer jobs an outcome is written at once.
 # bench/sleepers.py --linger-ms shows the trade-off: round-trips per job against efficiency.
 DEFAULT_OUTCOME_LINGER = 0.010
 MAX_OUTCOME_LINGER = 60.0

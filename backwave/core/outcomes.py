@@ -38,6 +38,9 @@ from .options import WorkerGroupOptions
 
 RESULTS = ("succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled", "committed")
 
+# Weight of the newest sample in a learned average (a write's round-trip, a task's duration).
+LEARNING_WEIGHT = 0.25
+
 # Handed to the backoff of an attempt the driver ends itself (a timeout): no event brings a
 # draw, and the middle of the range is the nominal delay.
 TIMEOUT_JITTER = 0.5
@@ -113,6 +116,7 @@ class OutcomeBuffer:
     # earliest a lingered write may go after a failed one (its fault backoff).
     waiting_since: float = 0.0
     not_before: float = 0.0
+    round_trip: float | None = None  # a write's learned round-trip (None until one landed)
 
     def add(self, outcome: Outcome, now: float) -> None:
         if not self.waiting:
@@ -149,8 +153,10 @@ class OutcomeBuffer:
         self.waiting_since = now  # what is left (past a full batch) lingers from this write on
         return [self.ledger.send(cmd.WriteOutcomes(lease_id=lease_id, outcomes=batch), now)]
 
-    def written(self) -> None:
-        self.ledger.landed(cmd.WriteOutcomes)
+    def written(self, now: float) -> None:
+        _, sent_at = self.ledger.landed(cmd.WriteOutcomes)
+        if now >= sent_at:
+            self.round_trip = learned(self.round_trip, now - sent_at)
 
     def write_failed(self, retry_at: float) -> None:
         # Nothing was written: the batch goes back to the front, to be written once later, and
@@ -165,3 +171,7 @@ class OutcomeBuffer:
 
     def drop(self, job_ids: Collection[int]) -> None:
         self.waiting = deque(o for o in self.waiting if o.job_id not in job_ids)
+
+
+def learned(average: float | None, sample: float) -> float:
+    return sample if average is None else average + LEARNING_WEIGHT * (sample - average)

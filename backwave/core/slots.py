@@ -11,13 +11,18 @@ waits for abandoned handlers: their jobs are no longer the pump's.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from . import claims
 from . import commands as cmd
 from .jobs import ClaimedJob, Outcome
 from .options import WorkerGroupOptions
-from .outcomes import OutcomeBuffer, cancel_ignored, cancelled_before_start, timed_out
+from .outcomes import OutcomeBuffer, cancel_ignored, cancelled_before_start, learned, timed_out
+
+# Task paths whose durations a pump remembers: those of its registry in practice; a flood of
+# unknown paths (unroutable rows) starts the memory over rather than growing it.
+DURATIONS_KEPT = 1_000
 
 
 @dataclass
@@ -33,6 +38,13 @@ class Slots:
     deadlines: dict[int, float] = field(default_factory=dict)
     # Executing jobs whose cancel was requested: who asked.
     cancels: dict[int, str] = field(default_factory=dict)
+    # When each executing job started (driver's clock), each task's learned attempt duration
+    # (start to JobFinished), and the executing jobs' expected finishes as a max-heap of
+    # (-expected finish, job id, attempt), whose entries of jobs no longer executing are dropped
+    # when they reach the top (see expected_idle_at).
+    started: dict[int, float] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    expected_finishes: list[tuple[float, int, int]] = field(default_factory=list)
 
     @property
     def unreported(self) -> int:
@@ -75,10 +87,31 @@ class Slots:
                 self.outcomes.add(cancelled_before_start(job), now)
                 continue
             self.executing[job.id] = job
+            self.started[job.id] = now
+            # A task not measured yet is expected to finish at once: waiting for it costs at
+            # most the linger, as before anything was learned.
+            heapq.heappush(self.expected_finishes, (-(now + self.durations.get(job.task_path, 0.0)), job.id, job.attempt))
             if job.timeout is not None:
                 self.deadlines[job.id] = now + job.timeout
             commands.append(cmd.ExecuteJob(job=job))
+        if len(self.expected_finishes) > 4 * len(self.executing) + 64:
+            # Entries of ended jobs pile up under a long job's: rebuilt from what executes.
+            self.expected_finishes = [
+                (-(self.started[j.id] + self.durations.get(j.task_path, 0.0)), j.id, j.attempt) for j in self.executing.values()
+            ]
+            heapq.heapify(self.expected_finishes)
         return commands
+
+    def expected_idle_at(self) -> float | None:
+        """When the last executing job is expected to finish; None when none executes."""
+        heap = self.expected_finishes
+        while heap:
+            negative_finish, job_id, attempt = heap[0]
+            job = self.executing.get(job_id)
+            if job is not None and job.attempt == attempt:
+                return -negative_finish
+            heapq.heappop(heap)
+        return None
 
     def next_deadline(self) -> float | None:
         return min(self.deadlines.values(), default=None)
@@ -99,6 +132,7 @@ class Slots:
         ended = []
         for job_id in [job_id for job_id, deadline in self.deadlines.items() if deadline <= now]:
             job = self.executing.pop(job_id)
+            self.started.pop(job_id, None)
             del self.deadlines[job_id]
             by = self.cancels.pop(job_id, None)
             outcome = timed_out(job) if by is None else cancel_ignored(job, by)
@@ -121,13 +155,13 @@ class Slots:
             raise ValueError(f"job {job_id} is not executing on this pump")
         raise ValueError(f"job {job_id} runs attempt {job.attempt}, not {attempt}")
 
-    def committed(self, job_id: int) -> None:
+    def committed(self, job_id: int, now: float) -> None:
         """The attempt wrote its own outcome (an atomic task): its slot reopens at once."""
-        del self.executing[job_id]
+        self._learn(self.executing.pop(job_id), now)
 
     def report(self, outcome: Outcome, now: float) -> None:
         """The attempt's outcome, buffered, holds its job's slot from now on."""
-        del self.executing[outcome.job_id]
+        self._learn(self.executing.pop(outcome.job_id), now)
         self.deadlines.pop(outcome.job_id, None)
         self.cancels.pop(outcome.job_id, None)
         self.outcomes.add(outcome, now)
@@ -139,6 +173,15 @@ class Slots:
         self.abandoned.update((job.id, job.attempt) for job in self.executing.values())
         count = len(self.executing)
         self.executing.clear()
+        self.started.clear()
+        self.expected_finishes.clear()
         self.deadlines.clear()
         self.cancels.clear()
         return count
+
+    def _learn(self, job: ClaimedJob, now: float) -> None:
+        """The job's handler returned at ``now``: its task's duration learns from this attempt."""
+        started = self.started.pop(job.id, now)
+        if job.task_path not in self.durations and len(self.durations) >= DURATIONS_KEPT:
+            self.durations.clear()
+        self.durations[job.task_path] = learned(self.durations.get(job.task_path), max(0.0, now - started))

@@ -43,8 +43,10 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
                       |                  | buffer; flush when the batch is full, nothing       |
                       |                  | executes or the oldest waiting lingered             |
-                      |                  | outcome_linger: WriteOutcomes + ClaimJobs; a claim  |
-                      |                  | in flight: the write waits for its answer (***).    |
+                      |                  | outcome_linger, or no idle pool is expected within  |
+                      |                  | a round-trip (****): WriteOutcomes + ClaimJobs; a   |
+                      |                  | claim in flight: the write waits for its answer     |
+                      |                  | (***).                                              |
                       |                  | Committed (an atomic task wrote its own fenced      |
                       |                  | outcome): applied, the slot reopens, nothing        |
                       |                  | buffered; nothing else executes: flush + claim,     |
@@ -106,6 +108,12 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        sent at once it would go alone, and the claim for the slots it frees would follow on a
        round-trip of its own. At the end of the pass the ClaimReturned sends it, the next claim
        riding it; a failed claim leaves it to the retry's poll Tick (or its linger).
+    **** the linger lets jobs that finish together share a write (the idle pool's flush). The
+       driver learns each task's attempt duration (ClaimReturned to JobFinished) and a write's
+       round-trip; while an executing job is expected to run on past a round-trip from now,
+       waiting for an idle pool would only keep finished jobs' slots empty, so their outcomes
+       go at once (those arriving meanwhile wait for that write, one in flight at most). A task
+       not measured yet is expected to end at once, so the linger applies as before.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent

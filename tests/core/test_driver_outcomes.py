@@ -119,20 +119,6 @@ def test_a_write_due_while_a_claim_is_in_flight_waits_for_its_answer_and_carries
     assert t.driver.stats.writes == 2 and t.driver.stats.claims == 3
 
 
-def test_a_write_that_waited_for_a_claim_goes_when_the_pool_was_idle_though_the_claim_started_jobs():
-    # Due because nothing executed when it came due: the jobs the claim starts do not make it
-    # wait for a full batch or the linger.
-    t = Trace.running(pool_size=2, max_claim_batch=1)
-    (job,) = t.jobs.make(1)
-    assert t.returned(job, now=0.1) == execute(job) + [claim(1)]
-    assert t.finished(job, now=0.2) == []  # the claim in flight holds the other slot
-    fresh = t.jobs.make(1)
-    out = t.returned(*fresh, now=0.3)
-    assert out[:1] == execute(*fresh)
-    assert [type(c) for c in out[1:]] == [cmd.WriteOutcomes, cmd.ClaimJobs]
-    assert ids_of(out[1]) == [job.id] and out[2] == claim(1)
-
-
 def test_a_write_that_waited_for_a_claim_that_failed_goes_with_the_claim_s_retry():
     t = Trace.running(pool_size=2, max_claim_batch=1, poll_interval=1.0)
     (job,) = t.jobs.make(1)
@@ -239,6 +225,100 @@ def test_a_lingered_write_waits_out_the_backoff_of_a_failed_one():
     assert retry_at > 0.2 + 0.005  # not the linger: the fault's backoff
     assert t.tick(retry_at - 0.001) == []
     assert any(isinstance(c, cmd.WriteOutcomes) for c in t.tick(retry_at))
+
+
+# ---- learned durations: the linger waits only for a pool about to go idle ---------------------
+
+
+def _learned_cycle(t: Trace, *, start: float, duration: float, round_trip: float) -> None:
+    """One claim of a full pool whose jobs all take ``duration``, written at once when the last
+    finishes (the idle pool), the write answered ``round_trip`` later with its claim."""
+    jobs = t.jobs.make(t.options.pool_size)
+    assert t.returned(*jobs, now=start)[: len(jobs)] == execute(*jobs)
+    for job in jobs[:-1]:
+        assert t.finished(job, now=start + duration) == []
+    write, ride = t.finished(jobs[-1], now=start + duration)
+    assert len(write.outcomes) == len(jobs) and ride == claim(len(jobs))
+    assert t.written(write, now=start + duration + round_trip) == []
+
+
+def test_with_jobs_that_run_long_past_a_round_trip_a_finished_job_s_outcome_goes_at_once():
+    t = Trace.running(pool_size=4, outcome_linger=0.05)
+    _learned_cycle(t, start=0.0, duration=1.0, round_trip=0.01)
+    fresh = t.jobs.make(4)
+    assert t.returned(*fresh, now=1.01) == execute(*fresh)
+    # The other three are expected to run until about 2.01: lingering for an idle pool would
+    # keep this slot empty for the whole linger, and the write would carry this outcome alone.
+    out = t.finished(fresh[0], now=1.4)
+    assert [type(c) for c in out] == [cmd.WriteOutcomes, cmd.ClaimJobs]
+    assert ids_of(out[0]) == [fresh[0].id] and out[1] == claim(1)
+    # The outcomes that arrive while it is in flight wait for it, then go with the next claim.
+    assert t.finished(fresh[1], now=1.405) == []
+    assert t.written(out[0], now=1.41) == []
+    more = t.jobs.make(1)
+    later = t.returned(*more, now=1.41)
+    assert later[:1] == execute(*more)
+    assert [ids_of(c) for c in later if isinstance(c, cmd.WriteOutcomes)] == [[fresh[1].id]]
+
+
+def test_with_short_jobs_the_outcomes_wait_for_the_idle_pool_and_a_split_pool_writes_as_one_again():
+    t = Trace.running(pool_size=4, outcome_linger=0.05)
+    _learned_cycle(t, start=0.0, duration=0.002, round_trip=0.02)
+    jobs = t.jobs.make(4)
+    t.returned(*jobs, now=0.022)
+    for job in jobs[:3]:
+        assert t.finished(job, now=0.023) == []  # the fourth is expected to end in a moment
+    # It does not: the linger writes the three, and the slow one finishes behind that write.
+    split, ride = t.tick_at_wakeup()
+    assert ids_of(split) == [j.id for j in jobs[:3]] and ride == claim(3)
+    assert t.finished(jobs[3], now=0.074) == []
+    assert t.written(split, now=0.093) == []  # due (the pool is idle), but the claim is in flight
+    # The claim's three short jobs are expected to end well within a round-trip: the slow
+    # one's outcome waits for them, and the pool is written as one batch again.
+    short = t.jobs.make(3)
+    assert t.returned(*short, now=0.093) == execute(*short)
+    assert t.finished(short[0], now=0.094) == []
+    assert t.finished(short[1], now=0.094) == []
+    write, ride = t.finished(short[2], now=0.095)
+    assert ids_of(write) == [jobs[3].id, *(j.id for j in short)] and ride == claim(4)
+
+
+def test_a_task_not_measured_yet_is_expected_to_end_at_once():
+    t = Trace.running(pool_size=2, outcome_linger=0.05)
+    _learned_cycle(t, start=0.0, duration=1.0, round_trip=0.01)
+    measured, unmeasured = t.jobs.one(), t.jobs.one(task_path="app.tasks.other")
+    t.returned(measured, unmeasured, now=1.01)
+    # Only the task never seen still runs: it may be as quick as a no-op, so the outcome lingers.
+    assert t.finished(measured, now=1.02) == []
+    assert t.driver.next_wakeup() == pytest.approx(1.07)
+
+
+def test_the_expected_finishes_of_jobs_that_ended_do_not_pile_up_under_a_long_one():
+    t = Trace.running(pool_size=2, max_claim_batch=1, outcome_linger=0.0)
+    (long_job,) = t.jobs.make(1)
+    t.returned(long_job, now=0.0)
+    now = 0.0
+    for _ in range(1_000):
+        (short,) = t.jobs.make(1)
+        t.returned(short, now=now)
+        write, ride = t.finished(short, now=now)
+        now += 0.001
+        t.written(write, now=now)
+    assert len(t.driver._slots.expected_finishes) <= 4 * 2 + 64
+
+
+def test_durations_are_kept_for_a_bounded_number_of_task_paths():
+    from backwave.core.slots import DURATIONS_KEPT
+
+    t = Trace.running(pool_size=1, outcome_linger=0.0)
+    now = 0.0
+    for n in range(DURATIONS_KEPT + 10):
+        job = t.jobs.one(task_path=f"app.tasks.t{n}")
+        t.returned(job, now=now)
+        write, _ = t.finished(job, now=now + 0.001)
+        now += 0.002
+        t.written(write, now=now)
+    assert len(t.driver._slots.durations) <= DURATIONS_KEPT
 
 
 # ---- what a finished attempt turns into ----------------------------------------------------------
