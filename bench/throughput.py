@@ -2,7 +2,7 @@
 """Throughput: no-op jobs drained by BackWave and by the bare psycopg loop (bench/bare.py), side
 by side in one invocation, in both commit modes; BackWave's ratio to the bare loop per line.
 
-    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1, 1x2, 2x1, 2x2
+    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1, 1x2, 2x1, 2x2, 1x1:64
     python bench/throughput.py --quick          # 5,000 jobs, fewer configurations
     python bench/throughput.py --modes durable  # one commit mode only
     python bench/throughput.py --repeat 3       # every line three times; the medians of the ratios
@@ -14,7 +14,9 @@ and 90th percentile finish; CPU us/job: user + system time of the contender's pr
 what the same command spends on an empty queue (start-up and shutdown are not per job); server
 us/job: the PostgreSQL server's CPU over the line (its processes on this host, all databases:
 run it on a quiet server). For
-BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump. Needs a benchmark database
+BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump (``--pool-size``); "1x1:64" is 1 process x 1
+pump with a pool of 64, twice the claim batch, so one batch runs while the pump writes the other's
+outcomes and claims its next jobs. Needs a benchmark database
 (``bench/run_all.sh`` makes one).
 
 The queue is emptied with VACUUM ANALYZE and then filled, so the planner's statistics count an
@@ -93,7 +95,7 @@ def _line(name, figures, cpu, server, jobs, problem, trips_per_job) -> dict:
     }
 
 
-def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configurations: list[tuple[int, int]], pool_size: int,
+def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configurations: list[tuple[int, int, int | None]], pool_size: int,
             fresh_statistics: bool = False, report=print) -> list[dict]:
     """Run every contender; returns the summary rows (the ratios) and reports each line."""
     summary = []
@@ -105,7 +107,9 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
         for line in bares:
             _print(report, mode, line, bares[0], max(bares, key=lambda b: b["drain"]))
         best_bare = max(bares, key=lambda b: b["drain"])
-        ours = [backwave(jobs, processes, pumps, pool_size, durable, fresh_statistics=fresh_statistics) for processes, pumps in configurations]
+        ours = [
+            backwave(jobs, processes, pumps, pool or pool_size, durable, fresh_statistics=fresh_statistics) for processes, pumps, pool in configurations
+        ]
         for line in ours:
             _print(report, mode, line, bares[0], best_bare)
         best = max(ours, key=lambda b: b["drain"])
@@ -140,7 +144,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--modes", nargs="+", choices=["durable", "off"], default=["durable", "off"])
     parser.add_argument("--bare-processes", type=int, nargs="+", default=None)
-    parser.add_argument("--configurations", nargs="+", default=None, help="BackWave processes x pumps, e.g. 1x1 2x2")
+    parser.add_argument(
+        "--configurations", nargs="+", type=configuration, default=None,
+        help="BackWave processes x pumps, with an optional pool per pump after a colon (else --pool-size): 1x1 2x2 1x1:64",
+    )
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
     parser.add_argument(
@@ -153,7 +160,7 @@ def main(argv=None) -> list[dict]:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     bare_processes = args.bare_processes or ([1, 2] if args.quick else [1, 2, 4])
-    configurations = [tuple(map(int, c.split("x"))) for c in (args.configurations or (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2"]))]
+    configurations = args.configurations or [configuration(c) for c in (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2", "1x1:64"])]
     rounds = [
         measure(
             jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
@@ -162,6 +169,15 @@ def main(argv=None) -> list[dict]:
         for _ in range(args.repeat)
     ]
     return rounds[0] if args.repeat == 1 else medians(rounds)
+
+
+def configuration(text: str) -> tuple[int, int, int | None]:
+    """'PxQ' or 'PxQ:POOL' as (processes, pumps, pool or None)."""
+    match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)(?::([1-9][0-9]*))?", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected processes x pumps, e.g. 1x1, 2x2 or 1x1:64 (a pool of 64), got {text!r}")
+    processes, pumps, pool = match.groups()
+    return int(processes), int(pumps), None if pool is None else int(pool)
 
 
 def medians(rounds: list[list[dict]], report=print) -> list[dict]:
