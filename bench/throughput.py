@@ -2,7 +2,7 @@
 """Throughput: no-op jobs drained by BackWave and by the bare psycopg loop (bench/bare.py), side
 by side in one invocation, in both commit modes; BackWave's ratio to the bare loop per line.
 
-    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1, 1x2, 2x1, 2x2, 1x1:64
+    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1, 1x2, 2x1, 2x2, 1x1:64, 2x1:64, 2x2:32
     python bench/throughput.py --quick          # 5,000 jobs, fewer configurations
     python bench/throughput.py --modes durable  # one commit mode only
     python bench/throughput.py --repeat 3       # every line three times; the medians of the ratios
@@ -16,7 +16,7 @@ us/job: the PostgreSQL server's CPU over the line (its processes on this host, a
 run it on a quiet server). For
 BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump (``--pool-size``); "1x1:64" is 1 process x 1
 pump with a pool of 64, twice the claim batch, so one batch runs while the pump writes the other's
-outcomes and claims its next jobs. Needs a benchmark database
+outcomes and claims its next jobs (likewise "2x1:64", and "2x2:32": two pumps of 32 a process). Needs a benchmark database
 (``bench/run_all.sh`` makes one).
 
 The queue is emptied with VACUUM ANALYZE and then filled, so the planner's statistics count an
@@ -160,7 +160,7 @@ def main(argv=None) -> list[dict]:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     jobs = args.jobs or (5_000 if args.quick else 20_000)
     bare_processes = args.bare_processes or ([1, 2] if args.quick else [1, 2, 4])
-    configurations = args.configurations or [configuration(c) for c in (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2", "1x1:64"])]
+    configurations = args.configurations or [configuration(c) for c in (["1x1", "2x1"] if args.quick else ["1x1", "1x2", "2x1", "2x2", "1x1:64", "2x1:64", "2x2:32"])]
     rounds = [
         measure(
             jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
