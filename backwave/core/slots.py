@@ -88,17 +88,13 @@ class Slots:
                 continue
             self.executing[job.id] = job
             self.started[job.id] = now
-            # A task not measured yet is expected to finish at once: waiting for it costs at
-            # most the linger, as before anything was learned.
-            heapq.heappush(self.expected_finishes, (-(now + self.durations.get(job.task_path, 0.0)), job.id, job.attempt))
+            heapq.heappush(self.expected_finishes, self._expected_finish(job))
             if job.timeout is not None:
                 self.deadlines[job.id] = now + job.timeout
             commands.append(cmd.ExecuteJob(job=job))
         if len(self.expected_finishes) > 4 * len(self.executing) + 64:
             # Entries of ended jobs pile up under a long job's: rebuilt from what executes.
-            self.expected_finishes = [
-                (-(self.started[j.id] + self.durations.get(j.task_path, 0.0)), j.id, j.attempt) for j in self.executing.values()
-            ]
+            self.expected_finishes = [self._expected_finish(job) for job in self.executing.values()]
             heapq.heapify(self.expected_finishes)
         return commands
 
@@ -178,6 +174,12 @@ class Slots:
         self.deadlines.clear()
         self.cancels.clear()
         return count
+
+    def _expected_finish(self, job: ClaimedJob) -> tuple[float, int, int]:
+        """The executing job's heap entry: (-(its start + its task's learned duration), id, attempt).
+        A task not measured yet is expected to finish at once: waiting for it costs at most the
+        linger, as before anything was learned."""
+        return (-(self.started[job.id] + self.durations.get(job.task_path, 0.0)), job.id, job.attempt)
 
     def _learn(self, job: ClaimedJob, now: float) -> None:
         """The job's handler returned at ``now``: its task's duration learns from this attempt."""
