@@ -13,11 +13,11 @@ and 90th percentile finish; CPU us/job: user + system time of the contender's pr
 (kernel accounting, so other load on the machine stretches the wall time but not this), less
 what the same command spends on an empty queue (start-up and shutdown are not per job); server
 us/job: the PostgreSQL server's CPU over the line (its processes on this host, all databases:
-run it on a quiet server). For
-BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump (``--pool-size``); "1x1:64" is 1 process x 1
-pump with a pool of 64, twice the claim batch, so one batch runs while the pump writes the other's
-outcomes and claims its next jobs (likewise "2x1:64", and "2x2:32": two pumps of 32 a process). Needs a benchmark database
-(``bench/run_all.sh`` makes one).
+run it on a quiet server). For BackWave, "1x2" is 1 process x 2 pumps, pool 16 per pump
+(``--pool-size``); "1x1:64" is 1 process x 1 pump with a pool of 64, twice the claim batch, so one
+batch runs while the pump writes the other's outcomes and claims its next jobs (likewise "2x1:64",
+and "2x2:32": two pumps of 32 a process). Needs a benchmark database (``bench/run_all.sh`` makes
+one).
 
 The queue is emptied with VACUUM ANALYZE and then filled, so the planner's statistics count an
 empty table when a contender starts, and a BackWave worker's first maintenance finds them stale
