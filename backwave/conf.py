@@ -109,6 +109,12 @@ DEFAULTS: dict[str, Any] = {
     # transaction-pooling PgBouncer, whose pooled sessions cannot hold a LISTEN: name an alias
     # that reaches the same PostgreSQL database directly. Unlisted databases listen on their own.
     "HINT_DATABASES": {},
+    # Row versions of the job table changed outside HOT (a claim, an outcome, a purge) after which
+    # a worker vacuums the table itself, or 2% of its rows when that is more: each claim leaves a
+    # dead entry at the front of the claim index, walked by every claim after it until a vacuum
+    # (autovacuum may be off, and by default waits for 20% of the rows). One session per worker
+    # process and database (backwave/shell/vacuum.py). None leaves the table to autovacuum.
+    "VACUUM_JOB_TABLE_AFTER": 20_000,
 }
 
 # The defaults are Retention's own (backwave/core/options.py), so they are written down once.
@@ -364,6 +370,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "REDACT_KEYS": _pattern_or_none,
     "METRICS_TOKEN": _metrics_token,
     "HINT_DATABASES": _hint_databases,
+    "VACUUM_JOB_TABLE_AFTER": lambda value: None if value is None or (_is_int(value) and value >= 1) else "an integer >= 1, or None (autovacuum alone)",
     "DATABASE": _alias,
 }
 

@@ -23,6 +23,7 @@ from backwave.observers import NO_OBSERVERS, ObserverRegistry
 from .execution import DEFAULT_MAX_RESULT_BYTES
 from .observers import ObserverLoop
 from .hints import HintListener
+from .vacuum import JobTableCleaner
 from .health import HealthServer, group_status, overall_status, process_status
 from .metrics import exposition, worker_registry
 from .pump import HALTED, Pump
@@ -63,6 +64,7 @@ class Worker:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         log_every: float = 10.0,
         hints: Mapping[str, HintListener] | None = None,
+        cleaners: Mapping[str, JobTableCleaner] | None = None,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         hard_time_limit: float | None = None,
@@ -104,6 +106,8 @@ class Worker:
             if pump.options.database in self.hints:
                 self.hints[pump.options.database].subscribe(pump.options.policy.queues, pump.hint, own_session=pump.own_session)
                 self.hints[pump.options.database].subscribe_cancels(pump.cancel_requested)
+        # One job table cleanup per database served (backwave/shell/vacuum.py); none: autovacuum's.
+        self.cleaners = dict(cleaners or {})
         self._signals = 0
         self._all_halted_logged = False
         self._done = threading.Event()
@@ -131,6 +135,8 @@ class Worker:
             pump.start()
         for listener in self.hints.values():
             listener.start()
+        for cleaner in self.cleaners.values():
+            cleaner.start()
         for loop in self.observer_loops:
             loop.start()
         names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}]{self._on(g.database)} pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
@@ -197,6 +203,8 @@ class Worker:
                 self._refresh_halted()
         for listener in self.hints.values():
             listener.stop()
+        for cleaner in self.cleaners.values():
+            cleaner.stop()
         # After the pumps: the transitions of their last outcomes are there to deliver by now.
         for loop in self.observer_loops:
             loop.stop()

@@ -2310,3 +2310,27 @@ ORDER BY n.name
 SELECT count(*), coalesce(sum((SELECT count(*) FROM backwave_job AS j WHERE j.state = 'running' AND j.lease_id = l.id)), 0)::bigint
 FROM backwave_lease AS l
 WHERE l.expires_at <= statement_timestamp()
+
+
+-- name: job_table_changes
+-- What the cleanup of the job table (backwave/store/vacuum.py) decides on: the row versions
+-- updated outside HOT or deleted since the server's statistics began (each leaves a dead entry
+-- in every index of the table: a claim's update leaves one at the front of the claim index),
+-- the table's rows as the planner counts them, and how many times anyone vacuumed it.
+-- Cumulative counters: the caller compares two readings. They lag their writers by up to a
+-- second.
+SELECT s.n_tup_upd - s.n_tup_hot_upd + s.n_tup_del, greatest(c.reltuples, 0)::float8,
+       s.vacuum_count + s.autovacuum_count
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+WHERE s.relid = to_regclass('backwave_job')
+
+
+-- name: vacuum_backwave_job
+-- Removes the dead entries claims leave at the front of the claim index, which every later claim
+-- otherwise walks (with autovacuum off, or behind: it waits for 20% of a table's rows by
+-- default). INDEX_CLEANUP ON: left to AUTO, VACUUM skips the indexes when few pages hold dead
+-- rows, and a queue's claimed rows sit on few pages. SKIP_LOCKED: a table another session
+-- (autovacuum, another worker) is vacuuming is left to it. Not in a transaction block: VACUUM
+-- refuses one.
+VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) backwave_job

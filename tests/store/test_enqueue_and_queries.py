@@ -72,6 +72,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "purge_selected_jobs", "admin_jobs_page_details",
         "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
         "set_queue_admission", "queue_has_admission",
+        "job_table_changes", "vacuum_backwave_job",  # the job table's cleanup (backwave/store/vacuum.py)
         # maintenance: the planner's statistics of the tables autovacuum left behind
         "stale_statistics", "analyze_backwave_job", "analyze_backwave_attempt", "analyze_backwave_dependency",
         "analyze_backwave_transition",

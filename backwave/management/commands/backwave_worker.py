@@ -107,6 +107,7 @@ class Command(BaseCommand):
                 max_result_bytes=conf.get_setting("MAX_RESULT_BYTES"),
                 log_every=options["log_every"],
                 hints=None if options["no_hints"] else {database: _hint_listener(database) for database in databases},
+                cleaners=_job_table_cleaners(databases),
                 health_port=options["health_port"],
                 health_host=options["health_host"],
                 hard_time_limit=options["hard_time_limits"],
@@ -208,6 +209,19 @@ def _hint_listener(database: str):
     # Behind a transaction-pooling PgBouncer the LISTEN session goes straight to PostgreSQL.
     listen_on = conf.get_setting("HINT_DATABASES").get(database, database)
     return HintListener(django_conninfo(settings.DATABASES[listen_on]))
+
+
+def _job_table_cleaners(databases):
+    from backwave.shell.vacuum import JobTableCleaner
+    from backwave.store.postgres import django_conninfo
+    from backwave.store.vacuum import JobTableVacuum
+
+    after = conf.get_setting("VACUUM_JOB_TABLE_AFTER")
+    if after is None:
+        return {}
+    # VACUUM is one statement in autocommit, which a transaction-pooling PgBouncer passes on: the
+    # cleanup goes the way the pumps go.
+    return {database: JobTableCleaner(JobTableVacuum(django_conninfo(settings.DATABASES[database])), after=after, name=database) for database in databases}
 
 
 def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], PostgresStore]:
