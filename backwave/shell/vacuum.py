@@ -39,12 +39,15 @@ class Baseline:
     vacuums: int
 
 
+def baseline_stands(now: TableChanges, baseline: Baseline) -> bool:
+    """Whether ``now`` still counts from ``baseline``. Someone else's vacuum (a new vacuum count)
+    or counters reset (fewer changes than before) mean nothing is owed: counting starts anew."""
+    return now.vacuums == baseline.vacuums and now.changed >= baseline.changed
+
+
 def vacuum_due(now: TableChanges, baseline: Baseline, *, after: int, fraction: float = TABLE_FRACTION) -> bool:
-    """Whether enough changed since ``baseline`` for the cleaner to vacuum. Someone else's vacuum
-    (a new vacuum count) or counters reset (fewer changes than before) mean nothing is owed."""
-    if now.vacuums != baseline.vacuums or now.changed < baseline.changed:
-        return False
-    return now.changed - baseline.changed >= max(after, fraction * now.rows)
+    """Whether enough changed since ``baseline`` for the cleaner to vacuum."""
+    return baseline_stands(now, baseline) and now.changed - baseline.changed >= max(after, fraction * now.rows)
 
 
 class JobTableCleaner:
@@ -68,17 +71,17 @@ class JobTableCleaner:
         now = self._session.changes()
         if now is None:
             return False  # no job table yet
-        baseline = self._baseline
-        if baseline is None or not vacuum_due(now, baseline, after=self._after):
-            if baseline is None or now.vacuums != baseline.vacuums or now.changed < baseline.changed:
-                self._baseline = Baseline(changed=now.changed, vacuums=now.vacuums)
+        if self._baseline is None or not baseline_stands(now, self._baseline):
+            self._baseline = Baseline(changed=now.changed, vacuums=now.vacuums)
+            return False
+        if not vacuum_due(now, self._baseline, after=self._after):
             return False
         self._session.vacuum()
         self.vacuums += 1
         # The counters after it: what changed while it ran is owed to the next one. A vacuum
         # skipped (another session held the table) counts as done: that session is cleaning it.
         after = self._session.changes() or now
-        self._baseline = Baseline(changed=max(after.changed, now.changed), vacuums=after.vacuums)
+        self._baseline = Baseline(changed=after.changed, vacuums=after.vacuums)
         return True
 
     def start(self) -> None:

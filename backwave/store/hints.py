@@ -23,8 +23,8 @@ from typing import Any
 
 import psycopg
 
-from .contract import StoreError, TransientStoreError
-from .postgres import is_transient, worker_connect_params
+from .contract import StoreError
+from .postgres import store_error, worker_connect_params
 
 CHANNEL = "backwave_hint"
 APPLICATION_NAME = "backwave-hints"
@@ -111,8 +111,7 @@ class HintConnection:
     def _lost(self, exc: psycopg.Error) -> StoreError:
         # The message keeps psycopg's class name first: it is what the listener's health shows.
         broken = self._conn is None or self._conn.closed
-        error = TransientStoreError if is_transient(exc, connection_broken=broken) else StoreError
-        return error(f"{type(exc).__name__}: {exc}", sqlstate=exc.sqlstate, statement="listen")
+        return store_error(exc, f"{type(exc).__name__}: {exc}", statement="listen", connection_broken=broken)
 
 
 def _close_all(*descriptors: int) -> None:

@@ -142,6 +142,13 @@ def is_transient(exc: psycopg.Error, *, connection_broken: bool = False) -> bool
     return sqlstate in TRANSIENT_SQLSTATES or sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
 
 
+def store_error(exc: psycopg.Error, message: str, *, statement: str, connection_broken: bool = False) -> StoreError:
+    """``exc`` as the store's error: TransientStoreError when a retry may cure it (see
+    ``is_transient``), carrying the server's SQLSTATE and the name of the statement refused."""
+    kind = TransientStoreError if is_transient(exc, connection_broken=connection_broken) else StoreError
+    return kind(message, sqlstate=exc.sqlstate, statement=statement)
+
+
 def connect_refusal(message: str) -> str | None:
     """The SQLSTATE of a connect-time refusal no retry cures, read from its message; else None."""
     for sqlstate, pattern in PERMANENT_CONNECT_REFUSALS:
@@ -577,9 +584,8 @@ class PostgresStore:
             broken = self._conn is not None and self._conn.closed
             if broken:
                 self._conn = None  # the next call reconnects
-            error = TransientStoreError if is_transient(exc, connection_broken=broken) else StoreError
             detail = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-            raise error(f"{operation} failed{detail}: {exc}".strip(), sqlstate=exc.sqlstate, statement=operation) from exc
+            raise store_error(exc, f"{operation} failed{detail}: {exc}".strip(), statement=operation, connection_broken=broken) from exc
 
     def _cursors_for(self, conn: psycopg.Connection, count: int) -> list[psycopg.RawCursor]:
         """``count`` cursors on ``conn`` for the statements of one round-trip, the same ones

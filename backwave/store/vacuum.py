@@ -19,8 +19,7 @@ from typing import Any
 
 import psycopg
 
-from .contract import StoreError, TransientStoreError
-from .postgres import is_transient, worker_connect_params
+from .postgres import store_error, worker_connect_params
 from .queries import QUERIES
 
 APPLICATION_NAME = "backwave-vacuum"
@@ -75,5 +74,4 @@ class JobTableVacuum:
             broken = self._conn is not None and self._conn.closed
             if broken:
                 self._conn = None
-            error = TransientStoreError if is_transient(exc, connection_broken=broken) else StoreError
-            raise error(f"{name}: {exc}") from exc
+            raise store_error(exc, f"{name}: {exc}", statement=name, connection_broken=broken) from exc
