@@ -118,15 +118,20 @@ class Claims:
         self.hinted = False
 
 
-def refusal(jobs: tuple[ClaimedJob, ...], asked: int, executing: dict, *, unreported: int, obsolete: int, abandoned: int, pool_size: int) -> str | None:
+def refusal(
+    jobs: tuple[ClaimedJob, ...], asked: int, executing: dict, *, queued: set[int], unreported: int, obsolete: int, abandoned: int,
+    pool_size: int, ahead: int,
+) -> str | None:
     """Why a claim's answer cannot be taken, or None. ``obsolete`` buffered outcomes are of jobs
-    the claim returned again: they give their slots to the new attempts."""
+    the claim returned again: they give their slots to the new attempts. ``ahead``: the most jobs
+    that may wait for a thread beyond the pool's ``pool_size``."""
     if len(jobs) > asked:
         return f"the claim asked for {asked} jobs and got {len(jobs)}"
     ids = [job.id for job in jobs]
-    if len(set(ids)) != len(ids) or any(i in executing for i in ids):
+    if len(set(ids)) != len(ids) or any(i in executing or i in queued for i in ids):
         return f"the claim returned a job this pump already holds: {ids}"
-    if unreported - obsolete + abandoned + len(jobs) > pool_size:
+    if unreported - obsolete + abandoned + len(jobs) > pool_size + ahead:
         held = f"{unreported} unreported" + (f" + {abandoned} abandoned" if abandoned else "")
-        return f"backpressure violated: {held} + {len(jobs)} claimed > pool_size {pool_size}"
+        room = f"pool_size {pool_size}" + (f" + {ahead} ahead" if ahead else "")
+        return f"backpressure violated: {held} + {len(jobs)} claimed > {room}"
     return None

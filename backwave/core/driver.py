@@ -70,9 +70,9 @@ class NodeDriver:
 
     @property
     def free_slots(self) -> int:
-        """Threads of the pool no job holds: claimed jobs, claims in flight and abandoned handlers
-        each take one."""
-        return max(0, self.options.pool_size - self.unreported - self._claim_limit - len(self._slots.abandoned))
+        """Slots no job holds: the pool's threads, and the room ahead while the pump claims ahead
+        (core/slots.py); claimed jobs, claims in flight and abandoned handlers each take one."""
+        return max(0, self._slots.capacity - self.unreported - self._claim_limit - len(self._slots.abandoned))
 
     @property
     def idle(self) -> bool:
@@ -161,6 +161,9 @@ class NodeDriver:
     def _on_cancel_requested(self, event: ev.CancelRequested) -> list[cmd.Command]:
         if self.state not in (State.RUNNING, State.DRAINING):
             return []
+        if self._slots.cancel_queued(event.job_id, event.by, event.now):
+            # Claimed ahead, not started: it never runs, and its outcome goes as any other's.
+            return self._flush(event.now, then_claim=True) if self._write_due(event.now) else []
         job = self._slots.cancel(event.job_id, event.by, event.now + self.options.cancel_grace)
         if job is None:
             return []  # not running here (another pump's, or already reported), or already noted
@@ -182,7 +185,8 @@ class NodeDriver:
         try:
             job = self._slots.finishing(event.job_id, event.attempt)
             if job is None:
-                return []  # an abandoned attempt: its slot reopens, and nothing else changes
+                # An abandoned attempt: its thread is free for the next job claimed ahead.
+                return self._slots.start_queued(event.now)
             # Decided before any change: a refused event leaves no trace.
             outcome = decide(job, event, cancelled_by=self._slots.cancels.get(job.id))
         except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
@@ -192,9 +196,12 @@ class NodeDriver:
         self._slots.report(outcome, event.now)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
+        # The thread takes the next job claimed ahead first: the write below then sees it
+        # executing (and expected to end when its task does), not an idle pool.
+        commands = self._slots.start_queued(event.now)
         if self._write_due(event.now):
-            return self._flush(event.now, then_claim=True)
-        return []
+            return commands + self._flush(event.now, then_claim=True)
+        return commands
 
     def _committed(self, job: ClaimedJob, now: float) -> list[cmd.Command]:
         """An atomic task's attempt committed its outcome with its effects: the store applied it
@@ -206,11 +213,12 @@ class NodeDriver:
         self.stats.applied += 1
         if self.state is State.DRAINING:
             return self._drain_step(now)
+        commands = self._slots.start_queued(now)
         if not self._slots.executing and self._outcomes.waiting:
-            return self._flush(now, then_claim=True)
+            return commands + self._flush(now, then_claim=True)
         if not self._slots.executing or self.free_slots >= self.options.outcome_batch:
-            return self._claim(now)
-        return []
+            return commands + self._claim(now)
+        return commands
 
     def _on_outcomes_written(self, event: ev.OutcomesWritten) -> list[cmd.Command]:
         written = {o.job_id for o in self._outcomes.writing}
@@ -329,7 +337,9 @@ class NodeDriver:
             return []
         self.state = State.DRAINING
         self._drain.deadline = event.now + event.timeout
-        return self._drain_step(event.now)
+        # Jobs claimed ahead have not started: they go back now, for another worker to run.
+        given_back = self._drain.give_back(self._slots.give_back_queued(), self.lease_id)
+        return given_back + self._drain_step(event.now)
 
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
 

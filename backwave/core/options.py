@@ -43,6 +43,15 @@ STATEMENT_TIMEOUT_SHARE_OF_LEASE = 1 / 5
 # bench/sleepers.py --linger-ms shows the trade-off: round-trips per job against efficiency.
 DEFAULT_OUTCOME_LINGER = 0.010
 MAX_OUTCOME_LINGER = 60.0
+
+# A job claimed ahead waits for a thread of the pool instead of for the next round-trip, but it
+# also waits there while another worker may be idle, and it is counted as running from its claim.
+# So a pump claims ahead only while every task it has seen finish took less than this on
+# average (its learned duration) and the pool runs no job of a task it has not seen finish: a
+# job claimed ahead then starts within about this long. A pool of longer jobs (or of jobs not
+# measured yet, as at start-up) claims for its free threads only, as a pump without claim-ahead.
+CLAIM_AHEAD_HORIZON = 1.0
+MAX_CLAIM_AHEAD = 10_000
 LOCK_TIMEOUT_SHARE_OF_STATEMENT = 1 / 3
 
 
@@ -89,6 +98,11 @@ class WorkerGroupOptions:
     pumps: int = 1
     max_claim_batch: int = 32
     max_outcome_batch: int | None = None  # None: falls back to max_claim_batch
+    # Jobs a pump may hold claimed beyond its pool, each waiting for a thread (see
+    # CLAIM_AHEAD_HORIZON): while one batch runs, the write of the last one's outcomes and the
+    # claim of the next are in flight, so a thread that finishes starts its next job at once
+    # instead of after a round-trip. None: max_claim_batch; 0: claim for free threads only.
+    claim_ahead: int | None = None
     # The longest a finished job's outcome waits for others before it is written (its slot is
     # held until then): a write goes at the earliest of a full batch, an idle pool and this.
     outcome_linger: float = DEFAULT_OUTCOME_LINGER
@@ -110,6 +124,11 @@ class WorkerGroupOptions:
     def outcome_batch(self) -> int:
         """How many outcomes buffer before a write: max_outcome_batch, else max_claim_batch."""
         return self.max_outcome_batch if self.max_outcome_batch is not None else self.max_claim_batch
+
+    @property
+    def jobs_ahead(self) -> int:
+        """How many claimed jobs may wait for a thread: claim_ahead, else max_claim_batch."""
+        return self.claim_ahead if self.claim_ahead is not None else self.max_claim_batch
 
     @property
     def heartbeat_every(self) -> float:
@@ -136,6 +155,7 @@ def validate_groups(groups: Iterable[WorkerGroupOptions]) -> list[WorkerGroupOpt
         if group.pumps < 1:
             raise WorkerGroupConfigError(f"Worker Group '{group.name}' must run at least one Pump (Pumps = {group.pumps}).")
         _check_intervals(group)
+        _check_claim_ahead(group)
         seen.add(group.name)
         validated.append(group)
     return validated
@@ -143,6 +163,15 @@ def validate_groups(groups: Iterable[WorkerGroupOptions]) -> list[WorkerGroupOpt
 
 def _is_seconds(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= MAX_INTERVAL
+
+
+def _check_claim_ahead(group: WorkerGroupOptions) -> None:
+    ahead = group.claim_ahead
+    if ahead is not None and (isinstance(ahead, bool) or not isinstance(ahead, int) or not 0 <= ahead <= MAX_CLAIM_AHEAD):
+        raise WorkerGroupConfigError(
+            f"Worker Group '{group.name}': claim_ahead must be a whole number of jobs from 0 (claim for free threads only) "
+            f"to {MAX_CLAIM_AHEAD:,}, or None (max_claim_batch), got {ahead!r}."
+        )
 
 
 def _check_intervals(group: WorkerGroupOptions) -> None:

@@ -88,9 +88,12 @@ def cancel_ignored(job: ClaimedJob, by: str) -> Outcome:
     return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(by) + " (its handler did not stop in time)")
 
 
-def cancelled_before_start(job: ClaimedJob) -> Outcome:
-    """A claimed job whose cancel was requested while an earlier attempt of it ran."""
-    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(job.cancel_requested_by) + " (before this attempt started)")
+def cancelled_before_start(job: ClaimedJob, *, by: str | None = None) -> Outcome:
+    """A claimed job whose cancel was requested (``by``, else while an earlier attempt of it
+    ran) before this attempt started: it waited for a thread, claimed ahead, or was cancelled
+    before it was claimed again."""
+    by = by if by is not None else job.cancel_requested_by
+    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(by) + " (before this attempt started)")
 
 
 def cancel_reason(by: str | None) -> str:

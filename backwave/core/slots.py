@@ -1,23 +1,30 @@
-"""Backpressure for the Node Driver: which jobs hold the pool's ``pool_size`` slots.
+"""Backpressure for the Node Driver: which jobs hold the pool's slots.
 
-A pump never holds more than ``pool_size`` jobs that are claimed and not yet reported. A
-finished job whose outcome sits in the buffer (or in a write in flight) still holds its slot,
-because it still holds its lease; the slot reopens when the write lands. An attempt abandoned
-with a lost lease holds its slot too, until its JobFinished arrives: its handler still runs on
-one of the pool's threads, and a job claimed for that thread would wait in the pool's queue,
-unstarted, while its lease ticks. So every job the pump claims starts at once. A drain never
-waits for abandoned handlers: their jobs are no longer the pump's.
+A pump runs at most ``pool_size`` jobs at once, one a thread, and holds at most ``pool_size +
+jobs_ahead`` jobs that are claimed and not yet reported. A finished job whose outcome sits in the
+buffer (or in a write in flight) still holds its slot, because it still holds its lease; the
+slot reopens when the write lands. An attempt abandoned with a lost lease holds its thread too,
+until its JobFinished arrives: its handler still runs on one of the pool's threads.
+
+Claimed ahead: beyond its threads, a pump may hold up to ``jobs_ahead`` claimed jobs that wait,
+in claim order, for a thread (``queued``); a thread that finishes takes the next one at once,
+so the pool keeps running while the write and the next claim are on their way. Only while the
+pool's work is known to be short (CLAIM_AHEAD_HORIZON, see ``claims_ahead``): otherwise the
+room is the free threads alone, and every job claimed starts at once. A job waiting here is not
+executing: it has no deadline yet, a cancel ends it without running it, a drain gives it back,
+and a lost lease drops it (it lapses with the lease, like the rest).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 
 from . import claims
 from . import commands as cmd
 from .jobs import ClaimedJob, Outcome
-from .options import WorkerGroupOptions
+from .options import CLAIM_AHEAD_HORIZON, WorkerGroupOptions
 from .outcomes import OutcomeBuffer, cancel_ignored, cancelled_before_start, learned, timed_out
 
 # Task paths whose durations a pump remembers: those of its registry in practice; a flood of
@@ -30,6 +37,7 @@ class Slots:
     options: WorkerGroupOptions
     outcomes: OutcomeBuffer  # the driver's: outcomes waiting or being written hold their slots
     executing: dict[int, ClaimedJob] = field(default_factory=dict)
+    queued: deque[ClaimedJob] = field(default_factory=deque)  # claimed ahead, waiting for a thread
     # (job id, attempt) given up with a lost lease (or at a drain's end) whose handler has not
     # returned yet: each still occupies a thread of the pool, so it still takes a slot.
     abandoned: set[tuple[int, int]] = field(default_factory=set)
@@ -45,21 +53,43 @@ class Slots:
     started: dict[int, float] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
     expected_finishes: list[tuple[float, int, int]] = field(default_factory=list)
+    long_tasks: int = 0  # tasks in ``durations`` learned to take CLAIM_AHEAD_HORIZON or more
 
     @property
     def unreported(self) -> int:
-        """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
-        return len(self.executing) + len(self.outcomes.waiting) + len(self.outcomes.writing)
+        """Jobs claimed and not yet reported: executing, claimed ahead, buffered, or in a write in flight."""
+        return len(self.executing) + len(self.queued) + len(self.outcomes.waiting) + len(self.outcomes.writing)
+
+    @property
+    def free_threads(self) -> int:
+        return self.options.pool_size - len(self.executing) - len(self.abandoned)
+
+    @property
+    def capacity(self) -> int:
+        """How many jobs the pump may hold now: its threads, and its room ahead while it claims ahead."""
+        return self.options.pool_size + (self.options.jobs_ahead if self.claims_ahead() else 0)
+
+    def claims_ahead(self) -> bool:
+        """Whether the pool's work is known to be short: some task has been seen finishing, none
+        has taken CLAIM_AHEAD_HORIZON or more on average, every executing job is of a task seen
+        finishing, and no abandoned handler holds a thread (one given up with its lease or past
+        its deadline may never return). A job claimed ahead then waits for a thread about as
+        long as a job of the pool has left to run, which is under the horizon."""
+        if not self.options.jobs_ahead or not self.durations or self.long_tasks or self.abandoned:
+            return False
+        durations = self.durations
+        return all(job.task_path in durations for job in self.executing.values())
 
     def claimable_after_write(self) -> int:
         """How many jobs a claim that rides the write in flight may ask for: it runs after the
         write lands, so the slots the write frees are counted as free."""
-        held = len(self.executing) + len(self.outcomes.waiting) + len(self.abandoned)
-        return min(self.options.pool_size - held, self.options.max_claim_batch)
+        held = len(self.executing) + len(self.queued) + len(self.outcomes.waiting) + len(self.abandoned)
+        return min(self.capacity - held, self.options.max_claim_batch)
 
     def held_attempts(self) -> set[tuple[int, int]]:
-        """(job id, attempt) of every job claimed and not yet reported: executing, buffered, written."""
-        return {(job.id, job.attempt) for job in self.executing.values()} | self.outcomes.attempts()
+        """(job id, attempt) of every job claimed and not yet reported: executing, claimed ahead, buffered, written."""
+        held = {(job.id, job.attempt) for job in self.executing.values()} | self.outcomes.attempts()
+        return held | {(job.id, job.attempt) for job in self.queued}
 
     def take(self, jobs: tuple[ClaimedJob, ...], asked: int) -> int:
         """Take the jobs a claim returned, dropping the buffered outcomes they make obsolete;
@@ -69,9 +99,12 @@ class Slots:
         # obsolete, and it must not share a batch with the new attempt's outcome.
         claimed_ids = {job.id for job in jobs}
         obsolete = self.outcomes.of_jobs(claimed_ids)
+        # Against the most the pump may ever hold: the room ahead may have closed since the
+        # claim was sent (a job of a task not seen before started meanwhile), and the jobs
+        # beyond the free threads then wait their turn.
         if reason := claims.refusal(
-            jobs, asked, self.executing, unreported=self.unreported, obsolete=obsolete,
-            abandoned=len(self.abandoned), pool_size=self.options.pool_size,
+            jobs, asked, self.executing, queued={job.id for job in self.queued}, unreported=self.unreported,
+            obsolete=obsolete, abandoned=len(self.abandoned), pool_size=self.options.pool_size, ahead=self.options.jobs_ahead,
         ):
             raise ValueError(reason)
         if obsolete:
@@ -79,13 +112,23 @@ class Slots:
         return obsolete
 
     def start(self, jobs: tuple[ClaimedJob, ...], now: float) -> list[cmd.Command]:
-        """ExecuteJob for each job; a job cancelled while an earlier attempt ran is not run, its
-        CANCELLED outcome buffered instead (holding its slot like any outcome)."""
-        commands: list[cmd.Command] = []
+        """ExecuteJob for each job a thread is free for, in claim order; the rest wait, claimed
+        ahead, behind those already waiting. A job cancelled while an earlier attempt ran is not
+        run, its CANCELLED outcome buffered instead (holding its slot like any outcome)."""
         for job in jobs:
             if job.cancel_requested_by is not None:
                 self.outcomes.add(cancelled_before_start(job), now)
-                continue
+            else:
+                self.queued.append(job)
+        return self.start_queued(now)
+
+    def start_queued(self, now: float) -> list[cmd.Command]:
+        """ExecuteJob for the jobs claimed ahead that threads are free for, oldest claim first."""
+        commands: list[cmd.Command] = []
+        free = self.free_threads
+        while free > 0 and self.queued:
+            job = self.queued.popleft()
+            free -= 1
             self.executing[job.id] = job
             self.started[job.id] = now
             heapq.heappush(self.expected_finishes, self._expected_finish(job))
@@ -121,6 +164,22 @@ class Slots:
         self.cancels[job_id] = by
         self.deadlines[job_id] = min(self.deadlines.get(job_id, deadline), deadline)
         return job
+
+    def cancel_queued(self, job_id: int, by: str, now: float) -> bool:
+        """A cancel of a job claimed ahead: it never runs, its CANCELLED outcome is buffered (and
+        holds its slot like any outcome). False when no such job waits here."""
+        for job in self.queued:
+            if job.id == job_id:
+                self.queued.remove(job)
+                self.outcomes.add(cancelled_before_start(job, by=by), now)
+                return True
+        return False
+
+    def give_back_queued(self) -> tuple[ClaimedJob, ...]:
+        """Every job claimed ahead, taken out to be given back unstarted (a drain)."""
+        jobs = tuple(self.queued)
+        self.queued.clear()
+        return jobs
 
     def end_overdue(self, now: float) -> list[Outcome]:
         """End every attempt past its deadline without its handler: its outcome buffered, the
@@ -163,12 +222,14 @@ class Slots:
         self.outcomes.add(outcome, now)
 
     def abandon_all(self) -> int:
-        """Give up every executing job; returns how many."""
+        """Give up every executing job and every job claimed ahead; returns how many. The jobs
+        claimed ahead run no handler, so they hold no thread: they lapse with the lease."""
         # Keyed by attempt: one pump may give up two attempts of one job (claimed again after the
         # first lease lapsed, then that lease lost too) and hear of both, in either order.
         self.abandoned.update((job.id, job.attempt) for job in self.executing.values())
-        count = len(self.executing)
+        count = len(self.executing) + len(self.queued)
         self.executing.clear()
+        self.queued.clear()
         self.started.clear()
         self.expected_finishes.clear()
         self.deadlines.clear()
@@ -186,4 +247,7 @@ class Slots:
         started = self.started.pop(job.id, now)
         if job.task_path not in self.durations and len(self.durations) >= DURATIONS_KEPT:
             self.durations.clear()
-        self.durations[job.task_path] = learned(self.durations.get(job.task_path), max(0.0, now - started))
+            self.long_tasks = 0
+        before = self.durations.get(job.task_path)
+        after = self.durations[job.task_path] = learned(before, max(0.0, now - started))
+        self.long_tasks += (after >= CLAIM_AHEAD_HORIZON) - (before is not None and before >= CLAIM_AHEAD_HORIZON)

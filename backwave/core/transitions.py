@@ -31,17 +31,21 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | lease presumed lapsed: self-fence                   | OPENING
     RUNNING, DRAINING | CancelRequested  | of a job it runs: StopAttempt, the attempt ends     | same
                       |                  | cancelled when it returns, or at its deadline, now  |
-                      |                  | + cancel_grace at the latest (**); else nothing     |
+                      |                  | + cancel_grace at the latest (**); of a job claimed |
+                      |                  | ahead (*****): never run, CANCELLED buffered (a     |
+                      |                  | flush if due, as JobFinished); else nothing         |
     RUNNING           | HintReceived     | a claim in flight: claim again once it lands, room  | RUNNING
                       |                  | permitting (one pending-poll slot: a burst costs    |
                       |                  | one extra claim); else a free slot: poll now; none: |
                       |                  | nothing                                             |
-    RUNNING           | ClaimReturned    | ExecuteJob per job; at the pass's end, outcomes     | RUNNING
-                      |                  | that came due while it was in flight (***):         |
+    RUNNING           | ClaimReturned    | ExecuteJob per job a thread is free for, the rest   | RUNNING
+                      |                  | wait claimed ahead (*****); at the pass's end,      |
+                      |                  | outcomes that came due while it was in flight (***):|
                       |                  | WriteOutcomes + ClaimJobs; else full batch and      |
                       |                  | room: ClaimJobs                                     |
     RUNNING           | JobFinished      | decide outcome (it carries the event's report),     | RUNNING
-                      |                  | buffer; flush when the batch is full, nothing       |
+                      |                  | buffer; the next job claimed ahead: ExecuteJob;     |
+                      |                  | flush when the batch is full, nothing               |
                       |                  | executes or the oldest waiting lingered             |
                       |                  | outcome_linger, or no idle pool is expected within  |
                       |                  | a round-trip (****): WriteOutcomes + ClaimJobs; a   |
@@ -49,7 +53,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | (***).                                              |
                       |                  | Committed (an atomic task wrote its own fenced      |
                       |                  | outcome): applied, the slot reopens, nothing        |
-                      |                  | buffered; nothing else executes: flush + claim,     |
+                      |                  | buffered, the next job claimed ahead: ExecuteJob;   |
+                      |                  | nothing else executes: flush + claim,               |
                       |                  | or ClaimJobs alone; else ClaimJobs once the free    |
                       |                  | slots fill an outcome batch                         |
     RUNNING           | OutcomesWritten  | slots reopen; the next batch if due (as             | RUNNING
@@ -61,7 +66,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | released counted (stats.released)                   |
     RUNNING           | LeaseRenewed     | held: its cancels, each as a CancelRequested; lost: | RUNNING/OPENING
                       |                  | abandon all (their slots stay taken until their     |
-                      |                  | handlers return), OpenLease                         |
+                      |                  | handlers return; jobs claimed ahead are dropped and |
+                      |                  | lapse with the lease), OpenLease                    |
     RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
     RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
                       |                  | after a jittered backoff that doubles per fault in  |
@@ -69,9 +75,10 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | have committed: the next claim waits for a          |
                       |                  | ReconcileLease(known = (job, attempt) held)         |
     RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
-    RUNNING           | DrainRequested   | stop claiming                                       | DRAINING
+    RUNNING           | DrainRequested   | stop claiming; jobs claimed ahead: ReleaseJobs      | DRAINING
     any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
-                      |                  | reopens (a poll or a write's claim uses it);        |
+                      |                  | reopens (a poll or a write's claim uses it, or the  |
+                      |                  | next job claimed ahead: ExecuteJob);                |
                       |                  | outside RUNNING and DRAINING nothing else executes  |
     any*              | HintReceived     | outside RUNNING: nothing                            | same
     any*              | CancelRequested  | outside RUNNING and DRAINING: nothing               | same
@@ -114,6 +121,12 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        waiting for an idle pool would only keep finished jobs' slots empty, so their outcomes
        go at once (those arriving meanwhile wait for that write, one in flight at most). A task
        not measured yet is expected to end at once, so the linger applies as before.
+    ***** claim-ahead: while the pool's work is known to be short (every task seen finishing took
+       under CLAIM_AHEAD_HORIZON on average, and every executing job is of a task seen finishing),
+       a pump holds up to jobs_ahead claimed jobs beyond its threads, in claim order. A thread
+       that finishes takes the next at once, so the pool runs on while the write and the next
+       claim are in flight. They are claimed, not executing: no deadline until they start, a
+       cancel ends them unstarted, a drain gives them back, a lost lease drops them.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent

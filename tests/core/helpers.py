@@ -35,12 +35,17 @@ MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules(), cmd.RollUpStats(limit=RO
 # linger is traced on its own in test_driver_outcomes.py.
 NO_LINGER = MAX_OUTCOME_LINGER
 
+# Traces claim for free threads alone unless a test asks: claim-ahead is traced on its own in
+# test_driver_claim_ahead.py.
+NO_CLAIM_AHEAD = 0
+
 
 def make_options(**overrides) -> WorkerGroupOptions:
     """WorkerGroupOptions named 'g' on Strict('default'), with any dial overridden."""
     overrides.setdefault("name", "g")
     overrides.setdefault("retention", NO_RETENTION)
     overrides.setdefault("outcome_linger", NO_LINGER)
+    overrides.setdefault("claim_ahead", NO_CLAIM_AHEAD)
     return WorkerGroupOptions(**overrides)
 
 

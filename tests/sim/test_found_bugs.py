@@ -75,7 +75,7 @@ def one_job_left(driver: NodeDriver) -> NodeDriver:
 
 
 def test_the_pump_runs_no_claim_that_rode_on_a_failed_write():
-    options = WorkerGroupOptions(name="g", policy=Weighted({"a": 1, "b": 1}), pool_size=2)
+    options = WorkerGroupOptions(name="g", policy=Weighted({"a": 1, "b": 1}), pool_size=2, claim_ahead=0)
     last = ev.JobFinished(now=0.2, job_id=2, attempt=1, result="succeeded")
     # The last job's end flushes both outcomes, with one claim per queue riding on the write.
     flush = one_job_left(NodeDriver(options)).handle(last)

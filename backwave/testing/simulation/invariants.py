@@ -46,6 +46,8 @@ class Invariants:
     def __init__(self, world: World):
         self.world = world
         self.pool_size = world.options.pool_size
+        # The most jobs a pump may hold: its threads, and the jobs claimed ahead waiting for them.
+        self.held_at_most = world.options.pool_size + world.options.jobs_ahead
         self.enqueued: dict[int, MemoryDatabase] = {}  # job id -> the database it lives on
         self.final: dict[int, str] = {}  # job id -> the final state it first reached
         self.crashers: set[int] = set()  # jobs whose every attempt kills its process
@@ -66,8 +68,10 @@ class Invariants:
     # ---- after every driver step --------------------------------------------------------------
 
     def check_driver(self, pump: SimPump) -> None:
-        if pump.driver.unreported > self.pool_size:
-            raise SimulationBug(f"{pump.name} holds {pump.driver.unreported} claimed-and-unreported jobs, pool_size is {self.pool_size}")
+        if pump.driver.unreported > self.held_at_most:
+            raise SimulationBug(
+                f"{pump.name} holds {pump.driver.unreported} claimed-and-unreported jobs, pool_size + jobs ahead is {self.held_at_most}"
+            )
 
     # ---- after every statement ----------------------------------------------------------------
 
@@ -126,9 +130,11 @@ class Invariants:
             elif state == "cancelled" and not job.reason.startswith("Cancelled: ancestor #"):
                 raise SimulationBug(f"job {job_id} is cancelled without an ancestor's failure (reason {job.reason!r}); nobody else cancels")
         for lease_id, running in per_lease.items():
-            if running > self.pool_size:
+            if running > self.held_at_most:
                 owner = self.lease_owner.get(lease_id)
-                raise SimulationBug(f"{running} jobs run under the lease of {owner.name if owner else lease_id}, pool_size is {self.pool_size}")
+                raise SimulationBug(
+                    f"{running} jobs run under the lease of {owner.name if owner else lease_id}, pool_size + jobs ahead is {self.held_at_most}"
+                )
         for lease_id, running in suspects.items():
             if running > 1:
                 owner = self.lease_owner.get(lease_id)
@@ -311,8 +317,9 @@ class Invariants:
 
     def started(self, pump: SimPump, job_id: int, lease: uuid.UUID, attempt: int) -> None:
         self.executing.setdefault(job_id, []).append((pump, lease, attempt))
-        # A pump's pool has pool_size threads: a handler beyond them would wait in the queue,
-        # claimed and unstarted, while its lease ticks. Abandoned handlers still hold theirs.
+        # A pump's pool has pool_size threads: a handler beyond them would wait in the pool's
+        # queue, unstarted, where the driver thinks it runs (its deadline ticking). Abandoned
+        # handlers still hold theirs; jobs claimed ahead wait in the driver, not in the pool.
         handlers = sum(1 for runs in self.executing.values() for runner, _, _ in runs if runner is pump)
         if handlers > self.pool_size:
             raise SimulationBug(f"{pump.name} runs {handlers} handlers at once (abandoned ones included), pool_size is {self.pool_size}")

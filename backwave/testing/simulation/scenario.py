@@ -45,6 +45,7 @@ class Config:
     max_databases: int = 2  # databases a seed may draw; every node runs its pumps on each one
     dependencies: bool = True  # some jobs wait for earlier ones (after=, cancel or run on failure)
     admission: bool = True  # queues under per-key concurrency and rate limits, jobs with limit keys
+    claim_ahead: bool = True  # pumps may hold claimed jobs beyond their threads (core/slots.py)
 
     def flags(self) -> str:
         """The CLI flags that reproduce this config (only those that differ from the defaults)."""
@@ -65,6 +66,7 @@ class Config:
 CLASSIC = Config(
     hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
     thread_checks=False, observers=False, report_checks=False, max_databases=1, dependencies=False, admission=False,
+    claim_ahead=False,
 )
 
 
@@ -135,6 +137,7 @@ class Scenario:
             maintenance_interval=rng.choice((0.5, 1.0, 2.0, 4.0)),
             drain_timeout=rng.choice((0.0, 0.5, 2.0)),
             retention=retention,
+            claim_ahead=0,  # drawn in _widen, with the knobs that came later
         )
         phase = config.fault_phase * rng.uniform(0.5, 1.0)
         count = rng.randint(max(1, config.max_jobs // 4), config.max_jobs)
@@ -197,6 +200,12 @@ class Scenario:
             changes["key_rate_limits"] = {q: rng.randint(1, 2) for q in queues if rng.random() < 0.3}
             keys = ("k0", "k1", "k2")
             jobs = tuple(replace(job, limit_key=rng.choice(keys) if rng.random() < 0.7 else None) for job in jobs)
+        if config.claim_ahead:
+            admitted = {*changes.get("key_limits", ()), *changes.get("rate_limits", ()), *changes.get("key_rate_limits", ())}
+            # As the worker's settings rule (backwave/conf.py): no claim-ahead beside an admission limit.
+            if not admitted & set(self.options.policy.queues):
+                ahead = random.Random(f"claim-ahead:{self.seed}").choice((None, 1, 2, 5))
+                changes["options"] = replace(self.options, claim_ahead=ahead)
         return replace(self, jobs=jobs, **changes)
 
 
