@@ -481,7 +481,7 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
-_INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch"}
+_INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch", "claim_ahead"}
 _FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace", "outcome_linger"}
 
 # The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
@@ -517,11 +517,14 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
             raise WorkerGroupConfigError(f"Worker Group '{name}': queue name {queue_name!r} is invalid; use {QUEUE_NAME_RULE}.")
     for key in _INT_GROUP_OPTIONS & raw.keys():
         value = raw[key]
-        if key == "max_outcome_batch" and value is None:
+        if key in ("max_outcome_batch", "claim_ahead") and value is None:
             options[key] = None
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be a whole number, got {value!r}")
+        if key == "claim_ahead":
+            options[key] = value  # 0 (claim for free threads only) and the upper bound: validate_groups
+            continue
         if key != "pumps" and value < 1:
             raise WorkerGroupConfigError(f"Worker Group '{name}': {key} must be at least 1, got {value}")
         options[key] = value
@@ -541,7 +544,27 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
         if database is not None and (not isinstance(database, str) or not database):
             raise WorkerGroupConfigError(f"Worker Group '{name}': database must be a DATABASES alias (a string) or None, got {database!r}")
         options["database"] = database
+    if admitted := sorted(set(options["policy"].queues) & _admitted_queues_as_configured()):
+        # A job claimed ahead starts later than its claim, which is what a rate window counts:
+        # the starts of one window could spill into the next and overrun the rate.
+        if options.get("claim_ahead"):
+            raise WorkerGroupConfigError(
+                f"Worker Group '{name}': claim_ahead must be 0 for a group serving {', '.join(admitted)}, under an "
+                "admission limit (BACKWAVE['QUEUES']): a job claimed ahead would start after the claim that counted it."
+            )
+        options["claim_ahead"] = 0
     return WorkerGroupOptions(**options)
+
+
+def _admitted_queues_as_configured() -> frozenset[str]:
+    """The queues BACKWAVE["QUEUES"] puts under an admission limit. A malformed BACKWAVE or QUEUES
+    is reported by its own check (and stops a worker before it claims): a group read beside it
+    is checked for what it says itself, as if no queue were admitted."""
+    user = getattr(settings, "BACKWAVE", {})
+    queues = user.get("QUEUES", {}) if isinstance(user, Mapping) else {}
+    if value_problem("QUEUES", queues, "BACKWAVE"):
+        return frozenset()
+    return admitted_queue_names(queues)
 
 
 def raw_worker_groups() -> list[Mapping[str, Any]]:

@@ -96,10 +96,12 @@ def _line(name, figures, cpu, server, jobs, problem, trips_per_job) -> dict:
 
 
 def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configurations: list[tuple[int, int, int | None]], pool_size: int,
-            fresh_statistics: bool = False, report=print) -> list[dict]:
+            fresh_statistics: bool = False, claim_ahead: int | None = None, report=print) -> list[dict]:
     """Run every contender; returns the summary rows (the ratios) and reports each line."""
     summary = []
-    report(f"{jobs} no-op jobs per line, claim batch 32{', statistics fresh after each fill' if fresh_statistics else ''}; {uptime_line()}")
+    extra = () if claim_ahead is None else ("--claim-ahead", str(claim_ahead))
+    ahead = "" if claim_ahead is None else f", claim-ahead {claim_ahead}"
+    report(f"{jobs} no-op jobs per line, claim batch 32{ahead}{', statistics fresh after each fill' if fresh_statistics else ''}; {uptime_line()}")
     report(f"{'mode':<8} {'contender':<28} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
     for mode in modes:
         durable = mode == "durable"
@@ -108,7 +110,8 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
             _print(report, mode, line, bares[0], max(bares, key=lambda b: b["drain"]))
         best_bare = max(bares, key=lambda b: b["drain"])
         ours = [
-            backwave(jobs, processes, pumps, pool or pool_size, durable, fresh_statistics=fresh_statistics) for processes, pumps, pool in configurations
+            backwave(jobs, processes, pumps, pool or pool_size, durable, extra, fresh_statistics=fresh_statistics)
+            for processes, pumps, pool in configurations
         ]
         for line in ours:
             _print(report, mode, line, bares[0], best_bare)
@@ -149,6 +152,10 @@ def main(argv=None) -> list[dict]:
         help="BackWave processes x pumps, with an optional pool per pump after a colon (else --pool-size): 1x1 2x2 1x1:64",
     )
     parser.add_argument("--pool-size", type=int, default=16)
+    parser.add_argument(
+        "--claim-ahead", type=int, default=None,
+        help="the workers' --claim-ahead (default: theirs, one claim batch; 0: claim for free threads only)",
+    )
     parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
     parser.add_argument(
         "--repeat", type=int, default=1,
@@ -164,6 +171,7 @@ def main(argv=None) -> list[dict]:
     rounds = [
         measure(
             jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
+            claim_ahead=args.claim_ahead,
             fresh_statistics=args.fresh_statistics,
         )
         for _ in range(args.repeat)

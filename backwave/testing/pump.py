@@ -407,8 +407,12 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides, datab
     retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
         names = queues if queues is not None else _known_queues(registry, database)
+        # One job at a time, each written before the next is claimed: a test reads the attempts
+        # in the order the jobs ran. Claiming ahead would batch their writes (and it saves no
+        # round-trip a test waits for: handlers run inline).
         options = WorkerGroupOptions(
-            name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, lease_duration=TEST_LEASE_DURATION, retention=retention
+            name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, claim_ahead=0, lease_duration=TEST_LEASE_DURATION,
+            retention=retention,
         )
     elif group is not None:
         options = replace(options, retention=retention)

@@ -47,6 +47,12 @@ def counts_jobs():
     return Job.objects.count()
 
 
+@task(queue_name="e2e")
+def counts_running():
+    """How many jobs are claimed (running, by the database) while this one runs."""
+    return Job.objects.filter(state="running").count()
+
+
 @task(queue_name="e2e", max_attempts=1)
 def returns_set():
     return {1, 2}

@@ -53,6 +53,11 @@ class Command(BaseCommand):
         parser.add_argument("--pumps", type=int, help="Pumps (claim loops) per group.")
         parser.add_argument("--max-claim-batch", type=int)
         parser.add_argument(
+            "--claim-ahead", type=int,
+            help="Claimed jobs a pump may hold beyond its pool, waiting for a thread while its work is short "
+            "(default: --max-claim-batch; 0: claim for free threads only).",
+        )
+        parser.add_argument(
             "--outcome-linger", type=float,
             help="Seconds a finished job's outcome may wait for others before it is written (default 0.01; 0: at once).",
         )
@@ -150,6 +155,7 @@ class Command(BaseCommand):
             "pool_size": options["pool_size"],
             "pumps": options["pumps"],
             "max_claim_batch": options["max_claim_batch"],
+            "claim_ahead": options["claim_ahead"],
             "outcome_linger": options["outcome_linger"],
             "poll_interval": options["poll_interval"],
             "lease_duration": options["lease_duration"],
