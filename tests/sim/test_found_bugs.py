@@ -38,7 +38,7 @@ from backwave.core.policy import Weighted
 from backwave.shell.pump import Pump
 from backwave.tasking.registry import TaskRegistry
 from backwave.store.contract import TransientStoreError
-from backwave.testing.simulation import CLASSIC, run_seed
+from backwave.testing.simulation import CLASSIC, Config, run_seed
 
 LEASE = uuid.UUID(int=7)
 
@@ -99,3 +99,10 @@ def test_the_seed_that_found_the_weighted_claim_bug_passes(seed):
 @pytest.mark.parametrize("seed", [5, 44, 4462])
 def test_lost_replies_of_committed_statements(seed):
     run_seed(seed, replace(CLASSIC, ambiguous_faults=True))
+
+
+def test_a_crash_by_a_job_already_purged_kills_its_process_and_charges_nobody():
+    """Seed 21965 (lost replies on): a handler given up with its lease crashed its process after
+    its job had been retried elsewhere, finished and purged. The simulator looked the crasher's
+    row up to see who ran beside it, and failed on the missing row instead of going on."""
+    run_seed(21965, Config(ambiguous_faults=True))

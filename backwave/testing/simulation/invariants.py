@@ -221,12 +221,16 @@ class Invariants:
         up was lapsing anyway). Noted with it: whether the crash may cost that job the attempt
         (see _check_not_charged_for_others; a store without suspects has no such case)."""
         held = {pump.driver.lease_id: pump for pump in node.pumps.values() if pump.alive and pump.driver.lease_id is not None}
-        crasher = self.enqueued[culprit].jobs[culprit]
+        # The crasher's row may be gone: a handler given up on (its lease lost, its time up) can
+        # crash after its job ran again elsewhere, finished and was purged. It then runs beside
+        # nobody under a live lease, as a suspect of none.
+        crasher = self.enqueued[culprit].jobs.get(culprit)
         crasher_suspect = getattr(crasher, "suspect", False)
+        crasher_lease = getattr(crasher, "lease_id", None)
         for db in self.world.databases:
             for job in db.jobs.values():
                 if job.state == "running" and job.id != culprit and job.lease_id in held:
-                    beside = job.lease_id == crasher.lease_id
+                    beside = job.lease_id == crasher_lease
                     excused = getattr(job, "suspect", False) and (not beside or not crasher_suspect)
                     self.lost_to[(job.id, job.attempts)] = (culprit, excused)
 
