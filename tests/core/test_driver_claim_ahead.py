@@ -23,8 +23,8 @@ from .helpers import LEASE, LEASE2, JobFactory, Trace, claim, execute, ids_of, o
 AHEAD = dict(pool_size=2, max_claim_batch=4, claim_ahead=4, poll_interval=1000.0, maintenance_interval=5000.0)
 
 
-def claimed_ahead(t: Trace):
-    """Two threads, both busy, and two jobs claimed ahead behind them; a claim of 2 in flight."""
+def seen_finishing(t: Trace) -> None:
+    """The first two jobs ran and were written: the task is known short, a claim of 4 in flight."""
     a, b = t.jobs.make(2)
     assert t.returned(a, b) == execute(a, b)  # nothing seen finishing yet: a claim for the threads alone
     assert t.finished(a) == []
@@ -32,6 +32,11 @@ def claimed_ahead(t: Trace):
     assert ids_of(write) == [a.id, b.id]
     assert ride == claim(4)  # the task is known short now: the threads and the room ahead, up to a batch
     assert t.written(write) == []  # the claim rides behind it
+
+
+def claimed_ahead(t: Trace):
+    """Two threads, both busy, and two jobs claimed ahead behind them; a claim of 2 in flight."""
+    seen_finishing(t)
     c, d, e, f = t.jobs.make(4)
     # Two start, two wait; a full batch says more is waiting, and the room left is 2.
     assert t.returned(c, d, e, f) == [*execute(c, d), claim(2)]
@@ -64,11 +69,7 @@ def test_no_claim_ahead_before_the_pump_has_seen_its_tasks_finish():
 
 def test_a_job_of_a_task_not_seen_finishing_closes_the_room_ahead_while_it_runs():
     t = Trace.running(**AHEAD)
-    a, b = t.jobs.make(2)
-    t.returned(a, b)
-    t.finished(a)
-    write, ride = t.finished(b)
-    t.written(write)
+    seen_finishing(t)
     new = t.jobs.one(task_path="app.tasks.never_seen")
     known = t.jobs.one()
     assert t.returned(new, known) == execute(new, known)  # short: nothing more is waiting
@@ -139,11 +140,7 @@ def test_a_lost_lease_drops_the_jobs_claimed_ahead_and_keeps_the_threads_of_the_
 
 def test_a_job_claimed_ahead_gets_its_deadline_when_it_starts():
     t = Trace.running(**AHEAD)
-    a, b = t.jobs.make(2)
-    t.returned(a, b)
-    t.finished(a)
-    write, ride = t.finished(b)
-    t.written(write)
+    seen_finishing(t)
     c, d = t.jobs.make(2)
     timed = t.jobs.one(timeout=5.0)
     assert t.returned(c, d, timed, now=0.0)[:2] == execute(c, d)
