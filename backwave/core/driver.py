@@ -379,6 +379,9 @@ class NodeDriver:
             return []
         self.stats.abandoned += len(ended)
         commands: list[cmd.Command] = [cmd.StopAttempt(job_id=o.job_id, attempt=o.attempt, reason=o.reason) for o in ended]
+        # A handler past its deadline may never return its thread: the jobs claimed ahead go
+        # back rather than wait behind it (claims_ahead stays off while it holds the thread).
+        commands += self._drain.give_back(self._slots.give_back_queued(), self.lease_id)
         if self.state is State.RUNNING and (self._outcomes.full or not self._slots.executing):
             commands += self._flush(now, then_claim=True)
         return commands

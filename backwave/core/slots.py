@@ -11,8 +11,9 @@ in claim order, for a thread (``queued``); a thread that finishes takes the next
 so the pool keeps running while the write and the next claim are on their way. Only while the
 pool's work is known to be short (CLAIM_AHEAD_HORIZON, see ``claims_ahead``): otherwise the
 room is the free threads alone, and every job claimed starts at once. A job waiting here is not
-executing: it has no deadline yet, a cancel ends it without running it, a drain gives it back,
-and a lost lease drops it (it lapses with the lease, like the rest).
+executing: it has no deadline yet, a cancel ends it without running it, a drain gives it back
+(so does an attempt ended past its deadline, whose handler may keep its thread for ever), and a
+lost lease drops it (it lapses with the lease, like the rest).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class Slots:
         return False
 
     def give_back_queued(self) -> tuple[ClaimedJob, ...]:
-        """Every job claimed ahead, taken out to be given back unstarted (a drain)."""
+        """Every job claimed ahead, taken out to be given back unstarted (a drain, a hung handler)."""
         jobs = tuple(self.queued)
         self.queued.clear()
         return jobs

@@ -27,7 +27,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | next PurgeJobs;                                     |
                       |                  | an attempt past its deadline (see ** below): its    |
                       |                  | outcome buffered, StopAttempt, its slot taken until |
-                      |                  | its handler returns;                                |
+                      |                  | its handler returns, jobs claimed ahead: ReleaseJobs|
+                      |                  | (its thread may never come back);                   |
                       |                  | lease presumed lapsed: self-fence                   | OPENING
     RUNNING, DRAINING | CancelRequested  | of a job it runs: StopAttempt, the attempt ends     | same
                       |                  | cancelled when it returns, or at its deadline, now  |
@@ -126,7 +127,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        a pump holds up to jobs_ahead claimed jobs beyond its threads, in claim order. A thread
        that finishes takes the next at once, so the pool runs on while the write and the next
        claim are in flight. They are claimed, not executing: no deadline until they start, a
-       cancel ends them unstarted, a drain gives them back, a lost lease drops them.
+       cancel ends them unstarted, a drain or an attempt ended past its deadline gives them back,
+       a lost lease drops them.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent

@@ -175,3 +175,18 @@ def test_jobs_ahead_defaults_to_one_claim_batch():
     assert WorkerGroupOptions(name="g").jobs_ahead == 32
     assert WorkerGroupOptions(name="g", max_claim_batch=7).jobs_ahead == 7
     assert WorkerGroupOptions(name="g", max_claim_batch=7, claim_ahead=0).jobs_ahead == 0
+
+
+def test_an_attempt_ended_past_its_deadline_gives_the_jobs_claimed_ahead_back():
+    """Its handler may never return and keep its thread: the jobs waiting for a thread could wait
+    behind it (behind both, were the other to hang too) while the heartbeat keeps their lease."""
+    t = Trace.running(**AHEAD)
+    seen_finishing(t)
+    slow = t.jobs.one(timeout=5.0)
+    c, e, f = t.jobs.make(3)
+    assert t.returned(slow, c, e, f, now=0.0)[:2] == execute(slow, c)
+    commands = t.tick(5.0)
+    assert cmd.StopAttempt(job_id=slow.id, attempt=1, reason="timeout") in commands
+    assert cmd.ReleaseJobs(lease_id=LEASE, job_ids=(e.id, f.id)) in commands
+    assert t.finished(c, now=5.1) == []  # nothing waits for its thread any more
+    assert t.driver.unreported == 2  # the two outcomes (slow's, c's); e and f went back
