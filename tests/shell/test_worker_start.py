@@ -12,12 +12,12 @@ from tests.faults.conftest import faults_env
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_first_claim_does_not_load_the_metrics_client(start_worker, tmp_path):
+def test_the_first_claim_loads_neither_the_metrics_client_nor_croniter(start_worker, tmp_path):
     """prometheus_client is the health endpoint's scrape (none here, and a scrape may never
-    come)."""
+    come); croniter plans slots of schedules, and the test settings declare none."""
     loaded_path = tmp_path / "modules.json"
     worker = start_worker("--queues", "e2e", "--no-hints", "--until-idle", env=faults_env(modules_at_first_claim=str(loaded_path)))
     assert worker.wait() == 0, worker.output
     loaded = set(json.loads(loaded_path.read_text()))
-    assert {"backwave.shell.pump", "backwave.shell.metrics"} <= loaded  # the pump's own modules are there
-    assert "prometheus_client" not in loaded, worker.output
+    assert {"backwave.shell.pump", "backwave.shell.metrics", "backwave.shell.schedules"} <= loaded  # the pump's own modules are there
+    assert not {"prometheus_client", "croniter"} & loaded, worker.output
