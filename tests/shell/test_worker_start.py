@@ -1,6 +1,6 @@
-"""What a worker does between ``django.setup()`` and its first claim: only what that claim needs.
-Each module loaded on the way is compiled and run before any job is claimed, and the benchmarks'
-first claim (bench/sleepers.py) waits for it."""
+"""What a worker loads between ``django.setup()`` and its first claim: only what that claim needs.
+Each module loaded on the way runs (and, without bytecode compiled beforehand, compiles) before
+any job is claimed."""
 
 from __future__ import annotations
 
