@@ -12,7 +12,6 @@ from django.urls import path, reverse
 
 from ..models import TaskStat
 from ..store import operator
-from . import dashboard
 from .common import EngineRows
 
 # name -> (seconds, bucket resolution, label)
@@ -46,6 +45,10 @@ class TaskStatAdmin(EngineRows, admin.ModelAdmin):
         sort = request.GET.get("sort")
         sort = sort if sort in SORTS else "attempts"
         seconds, resolution, label = RANGES[chosen]
+        # Here, not at the top: every process imports this module at django.setup() (admin
+        # autodiscovery), a worker too, and the dashboard is this page's and the index's alone.
+        from . import dashboard
+
         with connections[router.db_for_read(TaskStat)].cursor() as cursor:
             summaries = dashboard.summaries(operator.task_stats(cursor, seconds=seconds, resolution=resolution))
             _watermark, rolled_at, rolled_age, behind, _now = operator.rollup_status(cursor, limit=dashboard.BEHIND_CAP + 1)

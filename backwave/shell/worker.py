@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from functools import partial
+from functools import cached_property, partial
 
 from django.db import DEFAULT_DB_ALIAS
 
@@ -118,7 +118,13 @@ class Worker:
             ObserverLoop(store_factory=partial(store_factory, alias), registry=observers, options=delivery_options or DeliveryOptions(), name=alias)
             for alias in (self.databases if len(observers) else ())
         ]
-        self.metrics_registry = worker_registry(self)
+
+    @cached_property
+    def metrics_registry(self):
+        """Made at the first scrape: building it loads prometheus_client, which a worker's start
+        to its first claim need not wait for. Two first scrapes at once may each make one; they
+        read the same pumps, and the one kept serves the scrapes after."""
+        return worker_registry(self)
 
     def metrics(self, accept: str | None = None) -> tuple[bytes, str]:
         """A Prometheus scrape of this worker: (body, content type) for the ``Accept`` header."""

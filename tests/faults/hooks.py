@@ -13,6 +13,8 @@ the patches once the app registry is ready. Keys:
   the driver must refuse (an outcome write that was never sent): an invariant violation.
 * ``worker_groups`` / ``schedules`` / ``queues``: BACKWAVE['WORKER_GROUPS'] / ['SCHEDULES'] / ['QUEUES'].
 * ``backwave``: any other BACKWAVE settings (e.g. ``{"OBSERVER_POLL_INTERVAL": 0.05}``).
+* ``modules_at_first_claim``: a file path; the process's first claim writes there (as a JSON
+  list) the names of the modules loaded by then, before it is sent.
 
 The app also brings ``tests/faults/observers.py``, the observers of the observer tests.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 
 ENV = "BACKWAVE_TEST_FAULTS"
@@ -74,6 +77,8 @@ def install() -> None:
         NodeDriver.__init__ = init
     if spec.get("halt_on_task"):
         _halt_on(spec["halt_on_task"])
+    if spec.get("modules_at_first_claim"):
+        _record_modules_at_first_claim(spec["modules_at_first_claim"])
 
 
 def _skew_clock(seconds: float) -> None:
@@ -95,3 +100,17 @@ def _halt_on(task_path: str) -> None:
         return original(self, event)
 
     NodeDriver.handle = handle
+
+
+def _record_modules_at_first_claim(path: str) -> None:
+    from backwave.store.postgres import PostgresStore
+
+    original = PostgresStore.claim_jobs
+
+    def claim_jobs(self, **kwargs):
+        if not os.path.exists(path):
+            with open(path, "w") as out:
+                json.dump(sorted(sys.modules), out)
+        return original(self, **kwargs)
+
+    PostgresStore.claim_jobs = claim_jobs
