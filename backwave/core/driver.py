@@ -65,8 +65,13 @@ class NodeDriver:
 
     @property
     def unreported(self) -> int:
-        """Jobs claimed and not yet reported: executing, buffered, or in a write in flight."""
+        """Jobs claimed and not yet reported: executing, claimed ahead, buffered, or in a write in flight."""
         return self._slots.unreported
+
+    @property
+    def claimed_ahead(self) -> int:
+        """Jobs claimed and waiting for a thread (core/slots.py): running by the database, not started."""
+        return len(self._slots.queued)
 
     @property
     def free_slots(self) -> int:

@@ -125,6 +125,10 @@ class WorkerCollector:
             labels=("database", "group"),
         )
         running = GaugeMetricFamily("backwave_jobs_running", "Attempts running in this worker now.", labels=("database", "group"))
+        claimed_ahead = GaugeMetricFamily(
+            "backwave_jobs_claimed_ahead", "Jobs this worker claimed ahead, waiting for a thread: running in the database, not started yet.",
+            labels=("database", "group"),
+        )
         expired = CounterMetricFamily(
             "backwave_lease_expired_jobs", "Jobs this worker's maintenance released from lapsed leases (any worker's).", labels=("database",)
         )
@@ -154,10 +158,11 @@ class WorkerCollector:
                 into[0] = [a + b for a, b in zip(into[0], counts, strict=True)]
                 into[1] += seconds
             expired_by_database[database] = expired_by_database.get(database, 0) + tally.lease_expired_jobs
-            line = by_group.setdefault((database, group), dict.fromkeys((*PUMP_STATUSES, "stalled", "running", "lost", "abandoned", "trips"), 0))
+            line = by_group.setdefault((database, group), dict.fromkeys((*PUMP_STATUSES, "stalled", "running", "ahead", "lost", "abandoned", "trips"), 0))
             line[pump.health] += 1
             line["stalled"] += pump.stalled
             line["running"] += snapshot.executing
+            line["ahead"] += snapshot.claimed_ahead
             line["lost"] += tally.leases_lost
             line["abandoned"] += snapshot.abandoned
             line["trips"] += pump.round_trips
@@ -176,6 +181,7 @@ class WorkerCollector:
                 pumps.add_metric((database, group, status), line[status])
             stalled.add_metric((database, group), line["stalled"])
             running.add_metric((database, group), line["running"])
+            claimed_ahead.add_metric((database, group), line["ahead"])
             lost.add_metric((database, group), line["lost"])
             abandoned.add_metric((database, group), line["abandoned"])
             round_trips.add_metric((database, group), line["trips"])
@@ -183,7 +189,7 @@ class WorkerCollector:
             expired.add_metric((database,), count)
         for database, listener in sorted(worker.hints.items()):
             hints.add_metric((database,), listener.hints_received)
-        yield from (finished, durations, pumps, stalled, running, expired, lost, abandoned, round_trips, hints)
+        yield from (finished, durations, pumps, stalled, running, claimed_ahead, expired, lost, abandoned, round_trips, hints)
 
 
 class _Registries:

@@ -94,6 +94,7 @@ class PumpSnapshot(NamedTuple):
     idle: bool
     executing: int
     in_flight: int  # claimed and not yet reported
+    claimed_ahead: int  # of those, waiting for a thread (not started)
     free_slots: int
     applied: int  # outcomes the fence let through, since start
     abandoned: int  # attempts given up on (lost lease, drain deadline), since start
@@ -101,7 +102,7 @@ class PumpSnapshot(NamedTuple):
     @classmethod
     def of(cls, driver: NodeDriver) -> PumpSnapshot:
         stats = driver.stats
-        return cls(driver.idle, driver.executing, driver.unreported, driver.free_slots, stats.applied, stats.abandoned)
+        return cls(driver.idle, driver.executing, driver.unreported, driver.claimed_ahead, driver.free_slots, stats.applied, stats.abandoned)
 
 
 class _HintFlag:

@@ -12,7 +12,7 @@ from backwave.conf import group_from_mapping
 from backwave.core.options import WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
 from backwave.models import Job
-from backwave.shell.pump import HEALTHY, Pump
+from backwave.shell.pump import HEALTHY, Pump, PumpSnapshot
 from backwave.tasking.registry import TaskRegistry
 from backwave.store.postgres import PostgresStore
 from backwave.tasking.task import enqueue_many
@@ -73,3 +73,13 @@ def test_a_group_serving_a_queue_under_an_admission_limit_claims_nothing_ahead()
     assert group_from_mapping({"name": "g", "queues": ["keyed"], "claim_ahead": 0}).jobs_ahead == 0
     with pytest.raises(WorkerGroupConfigError, match=r"claim_ahead must be 0 for a group serving keyed, rated"):
         group_from_mapping({"name": "g", "queues": ["rated", "keyed"], "claim_ahead": 8})
+
+
+def test_the_pump_publishes_how_many_jobs_wait_claimed_ahead():
+    from tests.core.helpers import Trace
+    from tests.core.test_driver_claim_ahead import AHEAD, claimed_ahead
+
+    t = Trace.running(**AHEAD)
+    claimed_ahead(t)
+    snapshot = PumpSnapshot.of(t.driver)
+    assert (snapshot.executing, snapshot.claimed_ahead, snapshot.in_flight) == (2, 2, 4)

@@ -94,6 +94,7 @@ def test_the_worker_endpoint_counts_outcomes_durations_and_pumps(running_worker)
     assert value(samples, "backwave_worker_pumps", **pumps, status="halted") == 0
     assert value(samples, "backwave_worker_pumps_stalled", **pumps) == 0
     assert value(samples, "backwave_jobs_running", **pumps) == 0
+    assert value(samples, "backwave_jobs_claimed_ahead", **pumps) == 0
     assert value(samples, "backwave_leases_lost_total", **pumps) == 0
     assert value(samples, "backwave_store_round_trips_total", **pumps) >= 1
     assert value(samples, "backwave_lease_expired_jobs_total", database="default") == 0
