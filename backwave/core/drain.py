@@ -41,6 +41,8 @@ class Drain:
         return [self.ledger.send(cmd.ReleaseLease(lease_id=lease_id), now)]
 
     def give_back(self, jobs: tuple[ClaimedJob, ...], lease_id: uuid.UUID | None) -> list[cmd.Command]:
-        """The jobs of a claim that was in flight when the drain started go back unstarted."""
+        """ReleaseJobs of jobs the pump will not start: those of a claim that was in flight when
+        the drain started, or those claimed ahead (at a drain, or behind a handler past its
+        deadline)."""
         ids = tuple(job.id for job in jobs)
         return [cmd.ReleaseJobs(lease_id=lease_id, job_ids=ids)] if ids else []

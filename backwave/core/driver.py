@@ -343,8 +343,7 @@ class NodeDriver:
         self.state = State.DRAINING
         self._drain.deadline = event.now + event.timeout
         # Jobs claimed ahead have not started: they go back now, for another worker to run.
-        given_back = self._drain.give_back(self._slots.give_back_queued(), self.lease_id)
-        return given_back + self._drain_step(event.now)
+        return self._release_claimed_ahead() + self._drain_step(event.now)
 
     # ---- undoing a failed command's bookkeeping (the failure is counted already) -------------
 
@@ -386,7 +385,7 @@ class NodeDriver:
         commands: list[cmd.Command] = [cmd.StopAttempt(job_id=o.job_id, attempt=o.attempt, reason=o.reason) for o in ended]
         # A handler past its deadline may never return its thread: the jobs claimed ahead go
         # back rather than wait behind it (claims_ahead stays off while it holds the thread).
-        commands += self._drain.give_back(self._slots.give_back_queued(), self.lease_id)
+        commands += self._release_claimed_ahead()
         if self.state is State.RUNNING and (self._outcomes.full or not self._slots.executing):
             commands += self._flush(now, then_claim=True)
         return commands
@@ -457,6 +456,9 @@ class NodeDriver:
             if (limit := self._slots.claimable_after_write()) > 0:
                 commands += self._claims.send(now, limit, self.lease_id, self._slots.held_attempts)
         return commands
+
+    def _release_claimed_ahead(self) -> list[cmd.Command]:
+        return self._drain.give_back(self._slots.give_back_queued(), self.lease_id)
 
     def _drain_step(self, now: float) -> list[cmd.Command]:
         return self._drain.step(now, self.lease_id, claiming=bool(self._claim_limit), trusted=self._lease.trusted(now))
