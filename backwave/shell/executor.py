@@ -18,6 +18,11 @@ The command list rules (``backwave/core/commands.py``): a ``WriteOutcomes`` foll
 write fails, every ``ClaimJobs`` that follows it in the pass fails with it unrun (``failed``):
 they were sized for the slots the write would free.
 
+Overlap: the production pump passes ``aside``, which runs each write and claim on its store
+thread while the finished jobs that come in meanwhile are fed to the driver at once (``process``
+says what that changes, and what it does not); the test pump and the simulator make every call on
+their own thread, so their runs stay deterministic.
+
 Reports: each attempt's report rides on its outcome; ``record`` joins the two into the row the
 store writes, and once a write lands ``on_applied(outcome, written)`` is called for each outcome
 the fence let through (``written``: the record the store wrote instead when it could not store
@@ -118,6 +123,18 @@ def _nothing(*_args) -> None:
     return None
 
 
+def runs_aside(batch: Batch) -> bool:
+    """Whether ``process`` hands the batch to its ``aside``: a write, a claim, or the two
+    pipelined, the calls a busy pump makes per batch of jobs. The rest (leases, maintenance)
+    are seconds apart and run on the caller's thread."""
+    return isinstance(batch[0], (cmd.WriteOutcomes, cmd.ClaimJobs))
+
+
+# aside(call, early): runs ``call`` elsewhere and returns its answer or raises its error, calling
+# ``early(event)`` on the caller's thread for each finished job that comes in meanwhile.
+Aside = Callable[[Callable[[], object], Callable[[ev.Event], None]], object]
+
+
 class Executor:
     """Runs one pump's store commands against ``store`` (which a pump may set once it opens).
     One per pump, used by its thread only."""
@@ -169,6 +186,7 @@ class Executor:
         execute_job: Callable[[ClaimedJob], None],
         stop: Callable[[], bool] = lambda: False,
         arrived: Callable[[], Iterable[ev.Event]] = tuple,
+        aside: Aside | None = None,
     ) -> None:
         """Feed ``event`` to ``handle`` (the driver) and run what it answers, each result fed
         back as the next event, until nothing is left (or ``stop()`` says to leave at once).
@@ -177,7 +195,17 @@ class Executor:
         pump's finished jobs): they are fed before the call's results, so the decisions those
         results prompt (the next write, the claim riding it) count the slots they freed and take
         their outcomes along. Fed after, each finished job found the write just decided and went
-        out in a round-trip of its own: with no linger, 1.0 round-trips a job."""
+        out in a round-trip of its own: with no linger, 1.0 round-trips a job.
+
+        ``aside(call, early)``, when given, runs a write's or a claim's store call elsewhere and
+        returns its answer (or raises its error), calling ``early(event)`` meanwhile, on the
+        caller's thread, for each finished job that comes in while the call runs. Such an event
+        is fed to the driver then, not after the call: the jobs it starts (a job claimed ahead
+        taking the thread it freed) and the attempts it stops are carried out at once, while its
+        store commands wait, in order, behind the call, as they would have without ``aside``. The
+        driver sees the same events in the same order either way; what changes is that handler
+        threads go on running jobs while the pump waits for PostgreSQL.
+        """
         pending = deque(handle(event))
         while pending and not stop():
             command = pending.popleft()
@@ -187,11 +215,30 @@ class Executor:
             if isinstance(command, cmd.StopAttempt):
                 self._stop_attempt(command)
                 continue
-            results = self.call(self.take(command, pending), pending)
+            batch = self.take(command, pending)
             latest = None
-            for early in arrived():
-                latest = early.now if latest is None else max(latest, early.now)
-                pending.extend(handle(early))
+            behind: list[cmd.Command] = []  # the early events' store commands: after this call
+
+            def early(finished: ev.Event) -> None:
+                nonlocal latest
+                latest = finished.now if latest is None else max(latest, finished.now)
+                for answer in handle(finished):
+                    if isinstance(answer, cmd.ExecuteJob):
+                        if not stop():  # leaving at once starts nothing more
+                            execute_job(answer.job)
+                    elif isinstance(answer, cmd.StopAttempt):
+                        self._stop_attempt(answer)
+                    else:
+                        behind.append(answer)
+
+            if aside is not None and runs_aside(batch):
+                results = self.call_aside(batch, pending, aside, early)
+            else:
+                results = self.call(batch, pending)
+            pending.extend(behind)
+            for finished in arrived():
+                latest = finished.now if latest is None else max(latest, finished.now)
+                pending.extend(handle(finished))
             for result in results:
                 if latest is not None and result.now < latest:
                     result = replace(result, now=latest)  # one posted after the answer came: time runs on
@@ -218,6 +265,20 @@ class Executor:
         self._on_answered()
         return events
 
+    def call_aside(self, batch: Batch, pending: deque[cmd.Command], aside: Aside, early: Callable[[ev.Event], None]) -> list[ev.Event]:
+        """``call`` for a write or a claim whose store call ``aside`` runs elsewhere; what the
+        answer means (the fence's verdicts, ``on_applied``) is worked out here, on the caller's
+        thread, as for ``call``."""
+        try:
+            answer = aside(self._store_call(batch), early)
+        except TransientStoreError as error:
+            if self._on_fault is None:
+                raise
+            self._on_fault(error)
+            return self.failed(batch, pending)
+        self._on_answered()
+        return self._answered(batch, answer)
+
     def failed(self, batch: Batch, pending: deque[cmd.Command]) -> list[ev.Event]:
         """The events of a batch whose answer never came: each command failed. A failed write
         takes down every claim that follows it (popped from ``pending``), unrun."""
@@ -230,30 +291,42 @@ class Executor:
 
     def run(self, batch: Batch) -> list[ev.Event]:
         """Run the batch against the store: one event per command. Store errors propagate."""
+        if runs_aside(batch):
+            return self._answered(batch, self._store_call(batch)())
+        return [self._run_one(batch[0])]
+
+    def _store_call(self, batch: Batch) -> Callable[[], object]:
+        """The store call of a write, a claim or both, ready to run on any thread: the records
+        are made here, and the call touches nothing but the store."""
+        store, worker_id = self.store, self.worker_id
+        first = batch[0]
         if len(batch) == 2:
-            write, claim = batch
-            applied, jobs = self.store.write_outcomes_then_claim(
-                lease_id=write.lease_id,
-                worker_id=self.worker_id,
-                outcomes=[outcome_record(outcome) for outcome in write.outcomes],
-                queues=claim.queues,
-                limit=claim.limit,
+            claim = batch[1]
+            records = [outcome_record(outcome) for outcome in first.outcomes]
+            return lambda: store.write_outcomes_then_claim(
+                lease_id=first.lease_id, worker_id=worker_id, outcomes=records, queues=claim.queues, limit=claim.limit
             )
-            self._settled(write.outcomes, applied)
+        if isinstance(first, cmd.ClaimJobs):
+            return lambda: store.claim_jobs(lease_id=first.lease_id, worker_id=worker_id, queues=first.queues, limit=first.limit)
+        records = [outcome_record(outcome) for outcome in first.outcomes]
+        return lambda: store.write_outcomes_many(lease_id=first.lease_id, outcomes=records)
+
+    def _answered(self, batch: Batch, answer) -> list[ev.Event]:
+        """The events reporting a write's, a claim's or both's answer from the store."""
+        first = batch[0]
+        if len(batch) == 2:
+            applied, jobs = answer
+            self._settled(first.outcomes, applied)
             now = self._clock()
             return [ev.OutcomesWritten(now=now, applied=frozenset(applied), released=_released(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
-        return [self._run_one(batch[0])]
+        if isinstance(first, cmd.ClaimJobs):
+            return [ev.ClaimReturned(now=self._clock(), jobs=tuple(answer))]
+        self._settled(first.outcomes, answer)
+        return [ev.OutcomesWritten(now=self._clock(), applied=frozenset(answer), released=_released(answer))]
 
     def _run_one(self, command: cmd.Command) -> ev.Event:
         store, options = self.store, self.options
         match command:
-            case cmd.ClaimJobs():
-                jobs = store.claim_jobs(lease_id=command.lease_id, worker_id=self.worker_id, queues=command.queues, limit=command.limit)
-                return ev.ClaimReturned(now=self._clock(), jobs=tuple(jobs))
-            case cmd.WriteOutcomes():
-                applied = store.write_outcomes_many(lease_id=command.lease_id, outcomes=[outcome_record(o) for o in command.outcomes])
-                self._settled(command.outcomes, applied)
-                return ev.OutcomesWritten(now=self._clock(), applied=frozenset(applied), released=_released(applied))
             case cmd.OpenLease():
                 lease_id = self._new_lease_id()
                 store.open_lease(

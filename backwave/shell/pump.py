@@ -6,10 +6,18 @@ The pump owns a Node Driver, a store connection and a pool of ``pool_size`` work
 loop is the only reader of a single event channel: worker threads post ``JobFinished``, the
 process posts ``DrainRequested``, the hint listener posts ``HintReceived``; when nothing arrives
 before the driver's next deadline the loop makes a ``Tick``. Each event goes to the driver, and the
-commands that come back run in order on this thread, so exactly one store round-trip is in flight
-per pump and the store connection is never shared. A command's result is fed back to the driver
-as the next event, behind only the finished jobs that came in while it ran (so the write that
-result prompts takes their outcomes along). Handlers run on the pool, never on the loop.
+commands that come back run in order, so exactly one store round-trip is in flight per pump. A
+command's result is fed back to the driver as the next event, behind only the finished jobs that
+came in while it ran (so the write that result prompts takes their outcomes along). Handlers run
+on the pool, never on the loop.
+
+The writes and claims (a busy pump's one round-trip per batch) run on the pump's store thread
+while this thread waits for their answer *and* goes on feeding the driver the jobs that finish
+meanwhile, starting at once the jobs claimed ahead that those finishes make room for: the
+handlers are not idle while PostgreSQL writes one batch and claims the next. Any other event
+that comes in meanwhile waits, with all after it, until the answer has been handled. The store
+connection is used by one thread at a time: the pump thread makes no store call of its own while
+one is on the store thread, and waits for every answer, even when it is leaving.
 
 Threads: only the pump's own thread reads or writes its driver (the driver's state is plain,
 unlocked Python objects). What other threads need (the worker's idle check, the health endpoint,
@@ -47,6 +55,7 @@ goes stale for ``backwave_health`` and the admin.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import functools
 import logging
@@ -192,6 +201,54 @@ class WorkerPool:
         self._done(job, report)
 
 
+class _Answer:
+    """A store call's answer, posted into the pump's channel by its store thread."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value=None, error: BaseException | None = None):
+        self.value = value
+        self.error = error
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class StoreThread:
+    """The thread a pump's writes and claims run on while the pump's own thread goes on taking
+    finished jobs (see ``Pump._aside``). One call at a time: the pump thread submits one and
+    waits for its answer before it makes any other store call, so the store's connection is
+    used by one thread at a time, in the pump's order. Started with the first call."""
+
+    def __init__(self, post: Callable[[_Answer], None], *, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._post = post
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def submit(self, call: Callable[[], object]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
+        self._calls.put(call)
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self._calls.put(None)
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            try:
+                answer = _Answer(value=call())
+            except BaseException as error:  # the pump thread raises it, as if it had made the call
+                answer = _Answer(error=error)
+            del call
+            self._post(answer)
+            del answer
+
+
 class EventLoopThread:
     """An asyncio event loop on a daemon thread, where a pump's ``async def`` tasks run."""
 
@@ -239,7 +296,9 @@ class Pump:
         self._max_result_bytes = max_result_bytes
         self._clock = clock
         self._channel: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
-        self._held_back: ev.Event | None = None  # taken from the channel by _arrived, to come next
+        # Events taken from the channel while a store call ran that are not finished jobs (and
+        # all that came after the first of them): they come next, in the order they came.
+        self._backlog: collections.deque[ev.Event] = collections.deque()
         self._random = random.Random()
         # When a store call of this pump last completed (its clock): written by the pump thread,
         # read by the health endpoint. Counted from start, so a pump that never reached the
@@ -249,6 +308,7 @@ class Pump:
         self._thread = threading.Thread(target=self._run, name=f"backwave-pump-{options.name}-{index}", daemon=True)
         self._pool = WorkerPool(options.pool_size, self._run_job, self._finished, name=f"backwave-{options.name}-{index}")
         self._loop: EventLoopThread | None = None
+        self._store_thread = StoreThread(self._channel.put, name=f"backwave-pump-{options.name}-{index}-store")
         self.controls = AttemptControls()  # the running attempts' stop flags and progress
         # The attempts this pump's driver told to stop, by (job id, attempt), until their outcome
         # is applied: one the driver ends itself (a time limit) has no handler report to send
@@ -371,6 +431,7 @@ class Pump:
             # Never wait here: after a clean drain nothing is running, and after a drain deadline,
             # a halt or a stop, the handlers still running belong to jobs already given up on.
             self._pool.shutdown()
+            self._store_thread.shutdown()  # idle: the pump thread waits for every call it hands over
             if self._loop is not None:
                 self._loop.shutdown()
             if self._store is not None:
@@ -407,9 +468,8 @@ class Pump:
         return None
 
     def _next_event(self) -> ev.Event:
-        if self._held_back is not None:
-            event, self._held_back = self._held_back, None
-            return event
+        if self._backlog:
+            return self._hint_taken(self._backlog.popleft())
         if self._channel.empty():
             # Published when the pump is about to wait (what it shows then is what an idle check
             # or a hint needs) and at least every SNAPSHOT_EVERY events while it is busy: building
@@ -430,22 +490,52 @@ class Pump:
 
     def _arrived(self) -> list[ev.JobFinished]:
         """The finished jobs that came in while a store call ran, taken from the head of the
-        channel; the first event of another kind stops the take and waits, held back, to be the
-        next event (so the order of the rest is kept)."""
+        backlog and then of the channel; the first event of another kind stops the take and
+        waits at the head of the backlog, to be the next event (so the order of the rest is kept)."""
         finished: list[ev.JobFinished] = []
-        while self._held_back is None:
-            try:
-                event = self._take_nowait()
-            except queue.Empty:
+        backlog = self._backlog
+        while True:
+            if not backlog:
+                try:
+                    backlog.append(self._channel.get_nowait())
+                except queue.Empty:
+                    break
+            if not isinstance(backlog[0], ev.JobFinished):
                 break
-            if isinstance(event, ev.JobFinished):
-                finished.append(event)
-            else:
-                self._held_back = event
+            finished.append(backlog.popleft())
         return finished
 
-    def _take_nowait(self) -> ev.Event:
-        return self._hint_taken(self._channel.get_nowait())
+    def _aside(self, call: Callable[[], object], early: Callable[[ev.Event], None]):
+        """Run a write's or a claim's store call on the store thread and return its answer;
+        meanwhile each finished job that comes in goes to ``early`` (the executor feeds it to
+        the driver, whose answer may start a job claimed ahead on the thread that job freed).
+
+        Without this the pump thread waited in the call, and with it every handler thread
+        whose job ended: a pump of 16 threads spent half its time idle while PostgreSQL wrote
+        one batch and claimed the next. An event of any other kind, and all that come after it,
+        wait in the backlog, so the driver sees every event in the order it came (a hint is
+        counted as taken only when the driver gets it: one at most waits, however many NOTIFYs
+        come meanwhile). Every call is waited for, even after ``early`` fails: the connection is
+        the call's until it answers."""
+        self._store_thread.submit(call)
+        backlog = self._backlog
+        failure: BaseException | None = None
+
+        def feed_finished() -> None:
+            nonlocal failure
+            while failure is None and backlog and isinstance(backlog[0], ev.JobFinished):
+                try:
+                    early(backlog.popleft())
+                except BaseException as error:
+                    failure = error
+
+        feed_finished()
+        while not isinstance(item := self._channel.get(), _Answer):
+            backlog.append(item)
+            feed_finished()
+        if failure is not None:
+            raise failure
+        return item.result()
 
     def _take(self, timeout: float | None) -> ev.Event:
         return self._hint_taken(self._channel.get(timeout=timeout))
@@ -458,7 +548,9 @@ class Pump:
         return event
 
     def _process(self, event: ev.Event) -> None:
-        self._executor.process(self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set, arrived=self._arrived)
+        self._executor.process(
+            self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set, arrived=self._arrived, aside=self._aside
+        )
 
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""

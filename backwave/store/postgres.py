@@ -231,9 +231,12 @@ class PostgresStore:
         self.observed = NOTHING_OBSERVED
         # The claimed jobs that had dependents when claimed, oldest first (a dict as an ordered
         # set): their outcome goes behind lock_outcome_jobs and settles them; any other job's
-        # goes through write_outcomes_plain. Pump thread only. Only a hint: a job missing here
-        # (dropped past the bound, or given a dependent while it ran) is refused by the plain
-        # write's fence and written by the settling one after it.
+        # goes through write_outcomes_plain. Changed by whichever thread makes the pump's store
+        # call (its own, or its store thread while it waits) and read by the pump thread when it
+        # starts an atomic job, maybe during a claim: a single membership test, safe under the
+        # GIL, of a job claimed before. Only a hint: a job missing here (dropped past the bound,
+        # or given a dependent while it ran) is refused by the plain write's fence and written by
+        # the settling one after it.
         self._ancestors: dict[int, None] = {}
         # Network round-trips of store operations, one per call that reaches the server. Not
         # counted: connecting, and the one extra exchange psycopg spends preparing each

@@ -97,13 +97,13 @@ def test_a_batch_of_32_costs_two_round_trips():
 
 
 class FirstWriteWaitsForTheRest(RecordingStore):
-    """The first outcome write lets the other jobs finish, then waits until the pump has their
-    reports in its channel before it runs: they finished while the write was in flight."""
+    """The first outcome write lets the other jobs finish, then waits until their reports are
+    posted to the pump before it runs: they finished while the write was in flight."""
 
-    def __init__(self, others: int):
+    def __init__(self, others: int, posted: list[int]):
         super().__init__()
         self.others = others
-        self.pump: Pump | None = None
+        self.posted = posted  # the jobs whose reports reached the pump, the first one's included
         self.first = True
 
     def __getattr__(self, name):
@@ -115,13 +115,27 @@ class FirstWriteWaitsForTheRest(RecordingStore):
             if self.first:
                 self.first = False
                 worker_tasks.REST_MAY_FINISH.set()
-                _wait_until(lambda: self.pump._channel.qsize() >= self.others)
+                _wait_until(lambda: len(self.posted) >= 1 + self.others)
             return method(*args, **kwargs)
 
         return write
 
 
-def test_the_reports_that_came_in_during_a_write_ride_the_next_one_together():
+@pytest.fixture
+def posted(monkeypatch) -> list[int]:
+    """The ids of the jobs whose reports the pump's threads have posted to it, in order."""
+    posted: list[int] = []
+    post = Pump._finished
+
+    def counted(self, job, report):
+        post(self, job, report)
+        posted.append(job.id)
+
+    monkeypatch.setattr(Pump, "_finished", counted)
+    return posted
+
+
+def test_the_reports_that_came_in_during_a_write_ride_the_next_one_together(posted):
     """With no linger every outcome is due at once, so the first finished job's is written
     alone. The three jobs that finish meanwhile must then go out in one write: fed to the driver
     behind the write's answer instead, each found the write just decided and had a round-trip
@@ -131,12 +145,12 @@ def test_the_reports_that_came_in_during_a_write_ride_the_next_one_together():
         cursor.execute("ANALYZE backwave_job, backwave_attempt, backwave_dependency, backwave_transition")
     worker_tasks.REST_MAY_FINISH.clear()
     enqueue_many([(worker_tasks.first_returns_the_rest_wait, (n,), {}) for n in range(4)])
-    store = FirstWriteWaitsForTheRest(others=3)
+    store = FirstWriteWaitsForTheRest(others=3, posted=posted)
     options = WorkerGroupOptions(
         name="cycle", policy=Strict("e2e"), pool_size=4, max_claim_batch=4, outcome_linger=0.0, poll_interval=3600,
         maintenance_interval=3600, lease_duration=600,
     )
-    pump = store.pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.first_returns_the_rest_wait]))
+    pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.first_returns_the_rest_wait]))
     pump.start()
     try:
         _wait_until(lambda: Attempt.objects.count() == 4)
