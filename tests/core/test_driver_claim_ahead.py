@@ -171,9 +171,9 @@ def test_the_backpressure_bound_is_the_pool_and_the_room_ahead():
     assert refusal(jobs, 3, {}, unreported=4, **bound) == "backpressure violated: 4 unreported + 3 claimed > pool_size 2 + 4 ahead"
 
 
-def test_jobs_ahead_defaults_to_one_claim_batch():
-    assert WorkerGroupOptions(name="g").jobs_ahead == 32
-    assert WorkerGroupOptions(name="g", max_claim_batch=7).jobs_ahead == 7
+def test_jobs_ahead_defaults_to_two_claim_batches():
+    assert WorkerGroupOptions(name="g").jobs_ahead == 64
+    assert WorkerGroupOptions(name="g", max_claim_batch=7).jobs_ahead == 14
     assert WorkerGroupOptions(name="g", max_claim_batch=7, claim_ahead=0).jobs_ahead == 0
 
 
