@@ -126,7 +126,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        under CLAIM_AHEAD_HORIZON on average, and every executing job is of a task seen finishing),
        a pump holds up to jobs_ahead claimed jobs beyond its threads, in claim order. A thread
        that finishes takes the next at once, so the pool runs on while the write and the next
-       claim are in flight. They are claimed, not executing: no deadline until they start, a
+       claim are in flight (the production pump feeds the driver the jobs that finish during
+       its write or claim: see the executor's ``aside``). They are claimed, not executing: no deadline until they start, a
        cancel ends them unstarted, a drain or an attempt ended past its deadline gives them back,
        a lost lease drops them.
     any*: every state but NEW.
