@@ -187,6 +187,7 @@ class Executor:
         stop: Callable[[], bool] = lambda: False,
         arrived: Callable[[], Iterable[ev.Event]] = tuple,
         aside: Aside | None = None,
+        due: Callable[[], ev.Event | None] = _nothing,
     ) -> None:
         """Feed ``event`` to ``handle`` (the driver) and run what it answers, each result fed
         back as the next event, until nothing is left (or ``stop()`` says to leave at once).
@@ -205,6 +206,12 @@ class Executor:
         store commands wait, in order, behind the call, as they would have without ``aside``. The
         driver sees the same events in the same order either way; what changes is that handler
         threads go on running jobs while the pump waits for PostgreSQL.
+
+        ``due()`` is asked after each store call for a ``Tick`` if some deadline of the driver
+        has passed meanwhile (None if not), which is then fed before the call's results: a busy
+        pump whose calls each bring in the finished jobs that make the next one may never leave
+        this loop, and its heartbeat, its linger and its attempts' time limits must not wait
+        for it to (a pump fed without a pause lost its lease for want of a heartbeat).
         """
         pending = deque(handle(event))
         while pending and not stop():
@@ -239,6 +246,9 @@ class Executor:
             for finished in arrived():
                 latest = finished.now if latest is None else max(latest, finished.now)
                 pending.extend(handle(finished))
+            if (tick := due()) is not None:
+                latest = tick.now if latest is None else max(latest, tick.now)
+                pending.extend(handle(tick))
             for result in results:
                 if latest is not None and result.now < latest:
                     result = replace(result, now=latest)  # one posted after the answer came: time runs on

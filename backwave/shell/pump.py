@@ -483,6 +483,10 @@ class Pump:
                 return ev.Tick(now=self._clock())
         if self._unpublished >= SNAPSHOT_EVERY:
             self._publish()
+            # Asked here every SNAPSHOT_EVERY events, so no stream of events holds a deadline
+            # back for longer (the executor asks after every store call too).
+            if (tick := self._due()) is not None:
+                return tick
         # An event already waits, and this thread alone takes from the channel: a wait would end
         # at once whatever its timeout, so the driver's next wake-up is not asked for (it asks
         # every part of the driver, and a busy pump comes here once per finished job).
@@ -549,8 +553,18 @@ class Pump:
 
     def _process(self, event: ev.Event) -> None:
         self._executor.process(
-            self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set, arrived=self._arrived, aside=self._aside
+            self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set, arrived=self._arrived, aside=self._aside,
+            due=self._due,
         )
+
+    def _due(self) -> ev.Tick | None:
+        """A Tick when a deadline of the driver (a heartbeat, a linger, a time limit) passed
+        while the pump was too busy to wait for one: its channel never ran dry."""
+        wake = self.driver.next_wakeup()
+        if wake is None:
+            return None
+        now = self._clock()
+        return ev.Tick(now=now) if wake <= now else None
 
     def _handle(self, event: ev.Event) -> list[cmd.Command]:
         """Feed the driver one event; say so when that made it give its lease up."""

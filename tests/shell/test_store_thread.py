@@ -185,3 +185,46 @@ def test_an_error_that_is_not_transient_comes_out_of_process():
 
     with pytest.raises(RuntimeError, match="a bug"):
         _run(Broken(), aside_given=True)
+
+
+# ---- a pump that is never idle still ticks --------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_fed_without_a_pause_still_renews_its_lease(start_worker):
+    """60,000 no-ops on a lease of one second: the pump's channel never runs dry (jobs finish
+    while each write is in flight, and the write they make is the next call), so no Tick ever
+    came from waiting for it, and the lease lapsed for want of a heartbeat (4 leases lost, 80
+    jobs run twice, before the fix). One lease for the whole drain, every job run once."""
+    enqueue_many([(worker_tasks.noop, (n,), {}) for n in range(60_000)])
+    worker = start_worker("--queues", "e2e", "--pool-size", "16", "--lease-duration", "1", "--until-idle", "--log-every", "3600")
+    assert worker.wait(timeout=240) == 0, worker.output
+    assert "gave up its lease" not in worker.output, worker.output
+    assert Job.objects.filter(state="succeeded").count() == 60_000
+    assert not Job.objects.exclude(attempts=1).exists()  # none ran twice
+
+
+def test_a_deadline_that_passes_during_a_call_is_fed_as_a_tick_before_the_next_call():
+    """The executor's side: every call brings in a finished job whose write is the next call.
+    ``due`` says a deadline passed after the second call; its Tick is fed then, not when the
+    chain ends."""
+    seen: list = []
+    calls = []
+
+    def handle(event):
+        seen.append(type(event).__name__)
+        if isinstance(event, ev.JobFinished) and len(calls) < 5:
+            return [cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=len(calls) + 10, attempt=1, kind=OutcomeKind.SUCCEEDED),))]
+        return []
+
+    def aside(call, early):
+        calls.append(call)
+        early(FINISHED)
+        return call()
+
+    executor = _executor(Written())
+    executor.process(handle, FINISHED, execute_job=lambda job: None, aside=aside, due=lambda: ev.Tick(now=2.0) if len(calls) == 2 else None)
+    assert len(calls) == 5
+    # The Tick comes after the second call's answer, with three calls of the chain still to go.
+    assert seen.index("Tick") == seen.index("OutcomesWritten") + 2
+    assert seen[seen.index("Tick") + 1:].count("OutcomesWritten") == 4
