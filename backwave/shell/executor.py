@@ -238,10 +238,7 @@ class Executor:
                     else:
                         behind.append(answer)
 
-            if aside is not None and runs_aside(batch):
-                results = self.call_aside(batch, pending, aside, early)
-            else:
-                results = self.call(batch, pending)
+            results = self.call(batch, pending, aside if runs_aside(batch) else None, early)
             pending.extend(behind)
             for finished in arrived():
                 latest = finished.now if latest is None else max(latest, finished.now)
@@ -263,10 +260,17 @@ class Executor:
             return (command, pending.popleft())
         return (command,)
 
-    def call(self, batch: Batch, pending: deque[cmd.Command]) -> list[ev.Event]:
-        """Run the batch; a transient fault becomes ``StoreFailed`` when the caller handles faults."""
+    def call(
+        self, batch: Batch, pending: deque[cmd.Command], aside: Aside | None = None, early: Callable[[ev.Event], None] = _nothing
+    ) -> list[ev.Event]:
+        """Run the batch; a transient fault becomes ``StoreFailed`` when the caller handles faults.
+        Through ``aside`` (a write, a claim or both) only the store call runs elsewhere: what its
+        answer means (the fence's verdicts, ``on_applied``) is worked out here, on this thread."""
         try:
-            events = self.run(batch)
+            if aside is None:
+                events = self.run(batch)
+            else:
+                events = self._answered(batch, aside(self._store_call(batch), early))
         except TransientStoreError as error:
             if self._on_fault is None:
                 raise
@@ -274,20 +278,6 @@ class Executor:
             return self.failed(batch, pending)
         self._on_answered()
         return events
-
-    def call_aside(self, batch: Batch, pending: deque[cmd.Command], aside: Aside, early: Callable[[ev.Event], None]) -> list[ev.Event]:
-        """``call`` for a write or a claim whose store call ``aside`` runs elsewhere; what the
-        answer means (the fence's verdicts, ``on_applied``) is worked out here, on the caller's
-        thread, as for ``call``."""
-        try:
-            answer = aside(self._store_call(batch), early)
-        except TransientStoreError as error:
-            if self._on_fault is None:
-                raise
-            self._on_fault(error)
-            return self.failed(batch, pending)
-        self._on_answered()
-        return self._answered(batch, answer)
 
     def failed(self, batch: Batch, pending: deque[cmd.Command]) -> list[ev.Event]:
         """The events of a batch whose answer never came: each command failed. A failed write
