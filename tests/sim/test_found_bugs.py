@@ -81,7 +81,8 @@ def test_the_pump_runs_no_claim_that_rode_on_a_failed_write():
     flush = one_job_left(NodeDriver(options)).handle(last)
     assert [type(c).__name__ for c in flush] == ["WriteOutcomes", "ClaimJobs", "ClaimJobs"]
 
-    pump = Pump(options, 0, store_factory=BrokenStore, registry=TaskRegistry())
+    # The pump's clock is the events' (it asks the driver what came due by it).
+    pump = Pump(options, 0, store_factory=BrokenStore, registry=TaskRegistry(), clock=lambda: last.now)
     pump._pool.shutdown()  # no handler runs here
     pump._store = store = BrokenStore()
     pump.driver = one_job_left(NodeDriver(options))
