@@ -5,7 +5,9 @@ Theory of operation
 The pump owns a Node Driver, a store connection and a pool of ``pool_size`` worker threads. Its
 loop is the only reader of a single event channel: worker threads post ``JobFinished``, the
 process posts ``DrainRequested``, the hint listener posts ``HintReceived``; when nothing arrives
-before the driver's next deadline the loop makes a ``Tick``. Each event goes to the driver, and the
+before the driver's next deadline the loop makes a ``Tick``, and a pump too busy ever to wait
+makes one once a deadline has passed (asked after each store call and every 64 events: its
+heartbeat must not wait for a pause that never comes). Each event goes to the driver, and the
 commands that come back run in order, so exactly one store round-trip is in flight per pump. A
 command's result is fed back to the driver as the next event, behind only the finished jobs that
 came in while it ran (so the write that result prompts takes their outcomes along). Handlers run
