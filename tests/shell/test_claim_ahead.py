@@ -19,14 +19,15 @@ from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
 
-def _drain_with_one_thread(claim_ahead: int) -> list[int]:
-    """Eight jobs on a pool of one thread; each returns how many jobs were claimed as it ran."""
-    enqueue_many([(worker_tasks.counts_running, (), {}) for _ in range(8)])
+def drain_on_one_thread(task, *, claim_ahead: int, store_factory=PostgresStore.from_django) -> None:
+    """Eight jobs of ``task`` drained by a pump of one thread on the real store (claim batch 4, no
+    linger); it drains cleanly and stays healthy."""
+    enqueue_many([(task, (), {}) for _ in range(8)])
     options = WorkerGroupOptions(
         name="ahead", policy=Strict("e2e"), pool_size=1, max_claim_batch=4, claim_ahead=claim_ahead, outcome_linger=0.0,
         poll_interval=0.05, maintenance_interval=3600, lease_duration=600,
     )
-    pump = Pump(options, 0, store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.counts_running]))
+    pump = Pump(options, 0, store_factory=store_factory, registry=TaskRegistry([task]))
     pump.start()
     try:
         deadline = time.monotonic() + 30
@@ -37,6 +38,11 @@ def _drain_with_one_thread(claim_ahead: int) -> list[int]:
         pump.drain(timeout=5)
         assert pump.join(10)
     assert pump.health == HEALTHY
+
+
+def _drain_with_one_thread(claim_ahead: int) -> list[int]:
+    """Eight jobs on a pool of one thread; each returns how many jobs were claimed as it ran."""
+    drain_on_one_thread(worker_tasks.counts_running, claim_ahead=claim_ahead)
     return list(Job.objects.order_by("id").values_list("return_value", flat=True))
 
 

@@ -4,7 +4,6 @@ feeding the driver the jobs that finish, and the jobs claimed ahead take the thr
 from __future__ import annotations
 
 import time
-from collections import deque
 from datetime import UTC
 
 import pytest
@@ -16,12 +15,11 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.core.policy import Strict
 from backwave.models import Job
 from backwave.shell.executor import Executor
-from backwave.shell.pump import HEALTHY, Pump
 from backwave.store.contract import Applied, TransientStoreError
 from backwave.store.postgres import PostgresStore
-from backwave.tasking.registry import TaskRegistry
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
+from tests.shell.test_claim_ahead import drain_on_one_thread
 
 HELD_WRITE = 2  # the pump's second write: by then jobs wait claimed ahead of its one thread
 HOLD_FOR = 2  # jobs to see start while that write is held
@@ -57,26 +55,12 @@ class HeldStore(PostgresStore):
 def test_jobs_claimed_ahead_start_while_a_write_waits_for_the_database():
     worker_tasks.STARTED.clear()
     HeldStore.writes, HeldStore.started_while_held = 0, None
-    ids = [int(result.id) for result in enqueue_many([(worker_tasks.records_start, (), {}) for _ in range(8)])]
-    options = WorkerGroupOptions(
-        name="aside", policy=Strict("e2e"), pool_size=1, max_claim_batch=4, claim_ahead=3, outcome_linger=0.0,
-        poll_interval=0.05, maintenance_interval=3600, lease_duration=600,
-    )
-    pump = Pump(options, 0, store_factory=HeldStore.from_django, registry=TaskRegistry([worker_tasks.records_start]))
-    pump.start()
-    try:
-        deadline = time.monotonic() + 30
-        while Job.objects.filter(state="succeeded").count() < 8:
-            assert time.monotonic() < deadline, "the jobs did not finish in time"
-            time.sleep(0.02)
-    finally:
-        pump.drain(timeout=5)
-        assert pump.join(10)
-    assert pump.health == HEALTHY
+    drain_on_one_thread(worker_tasks.records_start, claim_ahead=3, store_factory=HeldStore.from_django)
     # The one thread ran two jobs one after the other while the write was held: each finish was
     # fed to the driver during the call, and the next job claimed ahead started on it.
     assert HeldStore.started_while_held >= HOLD_FOR
-    assert sorted(worker_tasks.STARTED) == [(job_id, 1) for job_id in sorted(ids)]  # each ran once
+    ids = sorted(Job.objects.values_list("id", flat=True))
+    assert sorted(worker_tasks.STARTED) == [(job_id, 1) for job_id in ids]  # each ran once
     assert Job.objects.filter(attempts=1).count() == 8
 
 
