@@ -223,12 +223,11 @@ class Executor:
                 self._stop_attempt(command)
                 continue
             batch = self.take(command, pending)
-            latest = None
+            fed: list[float] = []  # when each event fed before the call's results was posted
             behind: list[cmd.Command] = []  # the early events' store commands: after this call
 
             def early(finished: ev.Event) -> None:
-                nonlocal latest
-                latest = finished.now if latest is None else max(latest, finished.now)
+                fed.append(finished.now)
                 for answer in handle(finished):
                     if isinstance(answer, cmd.ExecuteJob):
                         if not stop():  # leaving at once starts nothing more
@@ -241,11 +240,12 @@ class Executor:
             results = self.call(batch, pending, aside if runs_aside(batch) else None, early)
             pending.extend(behind)
             for finished in arrived():
-                latest = finished.now if latest is None else max(latest, finished.now)
+                fed.append(finished.now)
                 pending.extend(handle(finished))
             if (tick := due()) is not None:
-                latest = tick.now if latest is None else max(latest, tick.now)
+                fed.append(tick.now)
                 pending.extend(handle(tick))
+            latest = max(fed, default=None)
             for result in results:
                 if latest is not None and result.now < latest:
                     result = replace(result, now=latest)  # one posted after the answer came: time runs on
