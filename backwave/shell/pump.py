@@ -69,6 +69,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -203,34 +204,21 @@ class WorkerPool:
         self._done(job, report)
 
 
-class _Answer:
-    """A store call's answer, posted into the pump's channel by its store thread."""
-
-    __slots__ = ("value", "error")
-
-    def __init__(self, value=None, error: BaseException | None = None):
-        self.value = value
-        self.error = error
-
-    def result(self):
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
 class StoreThread:
     """The thread a pump's writes and claims run on while the pump's own thread goes on taking
     finished jobs (see ``Pump._aside``). One call at a time: the pump thread submits one and
     waits for its answer before it makes any other store call, so the store's connection is
-    used by one thread at a time, in the pump's order. Started with the first call."""
+    used by one thread at a time, in the pump's order. Started with the first call; a daemon,
+    as the pump's own thread is, so a call that hangs never holds the process's exit."""
 
-    def __init__(self, post: Callable[[_Answer], None], *, name: str):
+    def __init__(self, post: Callable[[Future], None], *, name: str):
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._post = post
         self._name = name
         self._thread: threading.Thread | None = None
 
     def submit(self, call: Callable[[], object]) -> None:
+        """Run ``call``; its answer (or its error) is posted as a done Future."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
             self._thread.start()
@@ -242,13 +230,17 @@ class StoreThread:
 
     def _work(self) -> None:
         while (call := self._calls.get()) is not None:
-            try:
-                answer = _Answer(value=call())
-            except BaseException as error:  # the pump thread raises it, as if it had made the call
-                answer = _Answer(error=error)
-            del call
-            self._post(answer)
-            del answer
+            self._post(self._answer(call))
+
+    @staticmethod
+    def _answer(call: Callable[[], object]) -> Future:
+        # A frame of its own: neither the call nor its answer is kept alive by an idle thread.
+        answer: Future = Future()
+        try:
+            answer.set_result(call())
+        except BaseException as error:  # the pump thread raises it, as if it had made the call
+            answer.set_exception(error)
+        return answer
 
 
 class EventLoopThread:
@@ -536,7 +528,7 @@ class Pump:
                     failure = error
 
         feed_finished()
-        while not isinstance(item := self._channel.get(), _Answer):
+        while not isinstance(item := self._channel.get(), Future):
             backlog.append(item)
             feed_finished()
         if failure is not None:
