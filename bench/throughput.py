@@ -154,7 +154,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument(
         "--claim-ahead", type=int, default=None,
-        help="the workers' --claim-ahead (default: theirs, two claim batches; 0: claim for free threads only)",
+        help="the workers' --claim-ahead (default: theirs, three claim batches less the pool, one at least; 0: claim for free threads only)",
     )
     parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
     parser.add_argument(

@@ -101,9 +101,12 @@ class WorkerGroupOptions:
     # Jobs a pump may hold claimed beyond its pool, each waiting for a thread (see
     # CLAIM_AHEAD_HORIZON): while one batch runs, the write of the last one's outcomes and the
     # claim of the next are in flight, so a thread that finishes starts its next job at once
-    # instead of after a round-trip. None: two claim batches (the outcomes waiting for their
-    # write count against it, and the write goes with a full batch of them: with one batch
-    # ahead, none was left to start while it was in flight); 0: claim for free threads only.
+    # instead of after a round-trip. None: enough that the pool and the room ahead hold three
+    # claim batches, one batch at least: a full batch of outcomes waiting for its write counts
+    # against them, and two batches of work are left, one running and one to start while the
+    # write is in flight (a pool of 16 with one batch ahead had none left to start; a pool of 64
+    # runs a batch while it writes, and two batches ahead cost it 8-12% beside a second process);
+    # 0: claim for free threads only.
     claim_ahead: int | None = None
     # The longest a finished job's outcome waits for others before it is written (its slot is
     # held until then): a write goes at the earliest of a full batch, an idle pool and this.
@@ -129,8 +132,11 @@ class WorkerGroupOptions:
 
     @property
     def jobs_ahead(self) -> int:
-        """How many claimed jobs may wait for a thread: claim_ahead, else two claim batches."""
-        return self.claim_ahead if self.claim_ahead is not None else 2 * self.max_claim_batch
+        """How many claimed jobs may wait for a thread: claim_ahead, else what makes the pool and
+        the room ahead three claim batches, one batch at least."""
+        if self.claim_ahead is not None:
+            return self.claim_ahead
+        return max(self.max_claim_batch, 3 * self.max_claim_batch - self.pool_size)
 
     @property
     def heartbeat_every(self) -> float:
@@ -172,7 +178,7 @@ def _check_claim_ahead(group: WorkerGroupOptions) -> None:
     if ahead is not None and (isinstance(ahead, bool) or not isinstance(ahead, int) or not 0 <= ahead <= MAX_CLAIM_AHEAD):
         raise WorkerGroupConfigError(
             f"Worker Group '{group.name}': claim_ahead must be a whole number of jobs from 0 (claim for free threads only) "
-            f"to {MAX_CLAIM_AHEAD:,}, or None (two claim batches), got {ahead!r}."
+            f"to {MAX_CLAIM_AHEAD:,}, or None (three claim batches with the pool, one at least), got {ahead!r}."
         )
 
 

@@ -171,9 +171,11 @@ def test_the_backpressure_bound_is_the_pool_and_the_room_ahead():
     assert refusal(jobs, 3, {}, unreported=4, **bound) == "backpressure violated: 4 unreported + 3 claimed > pool_size 2 + 4 ahead"
 
 
-def test_jobs_ahead_defaults_to_two_claim_batches():
-    assert WorkerGroupOptions(name="g").jobs_ahead == 64
-    assert WorkerGroupOptions(name="g", max_claim_batch=7).jobs_ahead == 14
+def test_jobs_ahead_defaults_to_three_claim_batches_less_the_pool_and_one_batch_at_least():
+    assert WorkerGroupOptions(name="g").jobs_ahead == 76  # pool 20, batch 32
+    assert WorkerGroupOptions(name="g", pool_size=16).jobs_ahead == 80
+    assert WorkerGroupOptions(name="g", pool_size=64).jobs_ahead == 32
+    assert WorkerGroupOptions(name="g", max_claim_batch=7).jobs_ahead == 7
     assert WorkerGroupOptions(name="g", max_claim_batch=7, claim_ahead=0).jobs_ahead == 0
 
 

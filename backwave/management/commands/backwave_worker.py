@@ -55,7 +55,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--claim-ahead", type=int,
             help="Claimed jobs a pump may hold beyond its pool, waiting for a thread while its work is short "
-            "(default: twice --max-claim-batch; 0: claim for free threads only).",
+            "(default: 3 x --max-claim-batch less --pool-size, one claim batch at least; 0: claim for free threads only).",
         )
         parser.add_argument(
             "--outcome-linger", type=float,
