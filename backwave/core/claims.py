@@ -36,7 +36,10 @@ class Claims:
     @property
     def limit_in_flight(self) -> int:
         """Jobs asked for by the claims in flight (their slots are reserved until they return)."""
-        return sum(claim.limit for claim in self.ledger.in_flight(cmd.ClaimJobs))
+        # Asked once or more for every finished job: the ledger's queue read directly, and
+        # nothing summed when no claim is in flight.
+        sent = self.ledger.sent(cmd.ClaimJobs)
+        return sum(claim.limit for claim, _ in sent) if sent else 0
 
     def send(self, now: float, limit: int, lease_id, held: Callable[[], set], skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
         """One pass of the dispatch policy for ``limit`` slots, or the reconcile it must wait for."""

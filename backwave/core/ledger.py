@@ -12,7 +12,7 @@ is in flight (a result of a command sent since is that command's).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .commands import Command
@@ -35,6 +35,11 @@ class Ledger:
     def in_flight(self, kind: type[Command]) -> Iterable[Command]:
         """The commands of ``kind`` in flight, oldest first."""
         return (command for command, _ in self._sent.get(kind, ()))
+
+    def sent(self, kind: type[Command]) -> Sequence[tuple[Command, float]]:
+        """The commands of ``kind`` in flight with when each was sent, oldest first: the ledger's
+        own queue, to read and not to change."""
+        return self._sent.get(kind, ())
 
     def oldest(self, kind: type[Command]) -> Command | None:
         """The command of ``kind`` the next result of that kind answers, if one is in flight."""

@@ -33,6 +33,8 @@ def test_commands_of_one_kind_settle_oldest_first_whether_they_land_or_fail():
     assert ledger.failed(cmd.ClaimJobs) == (first, 0.0)
     assert ledger.landed(cmd.ClaimJobs) == (second, 1.0)
     assert list(ledger.in_flight(cmd.ClaimJobs)) == [third]
+    assert list(ledger.sent(cmd.ClaimJobs)) == [(third, 2.0)]  # with when each was sent
+    assert list(ledger.sent(cmd.WriteOutcomes)) == []  # a kind never sent has nothing in flight
 
 
 def test_settling_a_kind_with_nothing_in_flight_is_an_error():
