@@ -45,7 +45,7 @@ def main() -> None:
         summary += module.main(quick + extra)
         print()
     print(f"Summary; {uptime_line()}")
-    print(f"{'benchmark':<11} {'figure':<92} {'value':>8} {'goal':>8}  met")
+    print(f"{'benchmark':<11} {'figure':<112} {'value':>8} {'goal':>8}  met")
     for row in summary:
         value, goal, unit = row["value"], row["goal"], row["unit"]
         shown = (lambda v: f"{v:.0%}") if unit == "%" else (lambda v: f"{v:.2f}" if isinstance(v, float) else f"{v}")
@@ -56,7 +56,7 @@ def main() -> None:
         else:
             met = "yes" if value >= goal else "NO"
         goal_text = "-" if goal is None else ("<= " if row.get("below") else ">= ") + shown(goal)
-        print(f"{row['benchmark']:<11} {row['what']:<92} {shown(value):>8} {goal_text:>8}  {met}")
+        print(f"{row['benchmark']:<11} {row['what']:<112} {shown(value):>8} {goal_text:>8}  {met}")
     sys.stdout.flush()
 
 
