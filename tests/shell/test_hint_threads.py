@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -220,6 +221,10 @@ def test_hints_idle_checks_and_health_never_touch_the_driver_off_the_pump_thread
         while not stop.is_set():
             pump.hint()
             sent["hints"] += 1
+            # The GIL given up between hints: held through whole switch intervals, a tight loop
+            # starved the pump and its threads (one to two minutes for 300 no-ops on a slow
+            # 2-core machine) while adding no interleaving that a hint per wake-up lacks.
+            time.sleep(0)
 
     def probe():
         while not stop.is_set():
