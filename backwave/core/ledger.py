@@ -32,10 +32,6 @@ class Ledger:
         """Whether a command of ``kind`` is in flight."""
         return bool(self._sent.get(kind))
 
-    def in_flight(self, kind: type[Command]) -> Iterable[Command]:
-        """The commands of ``kind`` in flight, oldest first."""
-        return (command for command, _ in self._sent.get(kind, ()))
-
     def sent(self, kind: type[Command]) -> Sequence[tuple[Command, float]]:
         """The commands of ``kind`` in flight with when each was sent, oldest first: the ledger's
         own queue, to read and not to change."""
