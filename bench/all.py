@@ -1,12 +1,18 @@
 #!/usr/bin/env python
 """Every benchmark in one run, then one summary table against the goals of issue 13.
 
-    bench/run_all.sh --full     # about 12 minutes on 2 cores; creates and migrates backwave_bench
-    bench/run_all.sh --quick    # about 4 minutes
+    bench/run_all.sh --full     # about 14 minutes on 2 cores; creates and migrates backwave_bench
+    bench/run_all.sh --quick    # about 3 minutes
 
 Each benchmark prints its own lines (every contender beside its baseline) as it goes; the table
 at the end repeats the figures the goals are about. Run on an otherwise idle machine: the CPU
 figures hold under load, the rates and latencies do not.
+
+A full run takes throughput in three rounds (``throughput.py --repeat 3``), and the table holds
+the median of each ratio, every ratio measured within its own round: on a shared 2-core virtual
+machine, two full runs twelve minutes apart put one process at 0.59 and then 0.38 of the bare
+loop, with the bare loop's own rate moving by a third between rounds. One round shows which
+way a change goes; three are what a figure in a note should rest on.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import sleepers
 import throughput
 from common import require_bench_database, uptime_line
 
+# Rounds of throughput.py in a full run (see above).
+THROUGHPUT_ROUNDS = 3
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,7 +43,7 @@ def main() -> None:
     print(f"BackWave benchmarks ({'quick' if args.quick else 'full'}); {uptime_line()}\n")
     summary = []
     for name, module, extra in (
-        ("throughput", throughput, []),
+        ("throughput", throughput, [] if args.quick else ["--repeat", str(THROUGHPUT_ROUNDS)]),
         ("latency", latency, []),
         ("sleepers", sleepers, ["--linger-ms", "10", "0", "2", "1000"]),
         ("orm", orm_jobs, []),
