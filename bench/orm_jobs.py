@@ -84,6 +84,9 @@ def main(argv=None) -> list[dict]:
     print(f"ORM jobs against the additive line: {orm_rate / additive:.2f}")
     return [
         {"benchmark": "orm", "what": f"ORM drain / no-op drain ({orm_rate:.0f} / {noop_rate:.0f} jobs/s)", "value": orm_rate / noop_rate, "goal": 0.7, "unit": "x"},
+        # No goal of the issue's: what bounds the ratio above, the job's body alone (see the docstring).
+        {"benchmark": "orm", "what": f"ORM drain / the additive line (no-op job + the body alone: {additive:.0f} jobs/s, {additive / noop_rate:.2f} of no-op)",
+         "value": orm_rate / additive, "goal": None, "unit": "x"},
         {"benchmark": "orm", "what": f"sessions opened by {args.pool_size} handler threads for {jobs} jobs", "value": sessions, "goal": args.pool_size, "unit": "", "below": True},
     ]
 

@@ -105,6 +105,9 @@ def main(argv=None) -> list[dict]:
         {"benchmark": "sleepers", "what": f"efficiency from first finished job (bare {base['from_first_finish']:.0%})", "value": ours["from_first_finish"], "goal": 0.9, "unit": "%"},
         {"benchmark": "sleepers", "what": f"efficiency from worker start (bare {base['from_start']:.0%})", "value": ours["from_start"], "goal": 0.8, "unit": "%"},
         {"benchmark": "sleepers", "what": f"worker start to first claim, s (bare {base['first_claim']:.2f}; django.setup() alone {setup:.2f})", "value": ours["first_claim"], "goal": 0.4, "unit": "s", "below": True},
+        # No goal of the issue's: the part of the start that is BackWave's, beside Django's own.
+        {"benchmark": "sleepers", "what": "first claim less django.setup() alone, s (BackWave's own part of the start)",
+         "value": ours["first_claim"] - setup, "goal": None, "unit": "s"},
     ]
 
 
