@@ -108,7 +108,7 @@ class Inserted:
     finished_at: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # not frozen, one a job: see backwave.core.jobs.ClaimedJob
 class OutcomeRecord:
     """An outcome as written: the driver's verdict plus the shell's side channel."""
 
