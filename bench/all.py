@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Every benchmark in one run, then one summary table against the goals of issue 13.
 
-    bench/run_all.sh --full     # about 14 minutes on 2 cores; creates and migrates backwave_bench
-    bench/run_all.sh --quick    # about 3 minutes
+    bench/run_all.sh --full     # about 12 minutes on 2 cores; creates and migrates backwave_bench
+    bench/run_all.sh --quick    # about 4 minutes
 
 Each benchmark prints its own lines (every contender beside its baseline) as it goes; the table
 at the end repeats the figures the goals are about. Run on an otherwise idle machine: the CPU
