@@ -125,7 +125,11 @@ def test_7_concurrent_maintenance_releases_each_lapsed_lease_and_mints_each_slot
             leases.append(lease_id)
     schedules = {f"every-second-{i}": {"task": tasks.work.module_path, "cron": "* * * * * *"} for i in range(8)}
     env = faults_env(schedules=schedules)
-    args = ("--queues", "faults", "--pumps", "2", "--pool-size", "4", "--lease-duration", "5", "--poll-interval", "0.05", "--maintenance-interval", "0.05")
+    # The workers' own leases are the default 30 s: the leases this test lapses are the 60 above,
+    # by hand. A short lease of their own could lapse on a starved host (at 5 s one did, on a CI
+    # run that took 2.7 times as long as usual), and the jobs it held would log a second 'lapsed'
+    # that is no fault of the expiry under test.
+    args = ("--queues", "faults", "--pumps", "2", "--pool-size", "4", "--poll-interval", "0.05", "--maintenance-interval", "0.05")
 
     stores = [PostgresStore.from_django() for _ in range(8)]
     barrier = threading.Barrier(len(stores) + 1)
@@ -164,7 +168,7 @@ def test_7_concurrent_maintenance_releases_each_lapsed_lease_and_mints_each_slot
     log = history()
     released_jobs = Job.objects.filter(schedule__isnull=True)
     for job_id in released_jobs.values_list("id", flat=True):
-        assert [state for state, _ in log[job_id]] == ["lapsed", "succeeded"]
+        assert [state for state, _ in log[job_id]] == ["lapsed", "succeeded"], (log[job_id], [w.output for w in workers])
     logged = sum(int(n) for w in workers for n in re.findall(r"Released (\d+) job\(s\) from lapsed leases", w.output))
     assert sum(released_by_threads) + logged == 120
 
