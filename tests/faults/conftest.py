@@ -29,6 +29,9 @@ from backwave.models import Attempt, Job
 from tests.shell.conftest import ROOT, WorkerProcess, start_worker  # noqa: F401 - the fixture, re-exported
 
 FAST = ("--poll-interval", "0.05", "--maintenance-interval", "0.1", "--log-every", "1")
+# A worker whose own lease is not under test (a rescuer, a maintainer) keeps the default 30 s
+# lease: a short one can lapse on a starved host, and its jobs then log a 'lapsed' attempt more
+# than the test's count (a CI run that took 2.7 times as long as usual saw it at 5 s).
 
 
 def faults_env(**faults) -> dict:

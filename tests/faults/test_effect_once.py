@@ -61,7 +61,7 @@ def test_a_zombie_cannot_double_apply_an_atomic_tasks_writes(start_worker, table
     wait_until(lambda: (tmp_path / "inside").exists(), what="the first attempt writing its effect", workers=[zombie])
     zombie.signal(signal.SIGSTOP)
 
-    rescuer = start_worker("--queues", "faults", "--pool-size", "1", "--lease-duration", "5", *FAST, env=OBSERVE_FAST)
+    rescuer = start_worker("--queues", "faults", "--pool-size", "1", *FAST, env=OBSERVE_FAST)
     wait_until(lambda: Job.objects.get(id=job.id).state == "succeeded", what="the second worker finishing the job", workers=[zombie, rescuer])
     (tmp_path / "go").touch()  # the zombie's handler returns as soon as it runs again
     zombie.signal(signal.SIGCONT)

@@ -65,7 +65,7 @@ def test_3_a_job_finishing_while_its_lease_is_expired_is_not_resurrected(start_w
     (b) expiry has already picked and deleted the lapsed lease when the job row it is about to
         release is locked by a transaction that finishes the job: expiry waits for it, re-checks
         ``state = 'running'`` on the committed row, and leaves the finished job alone."""
-    maintainer = start_worker("--queues", "faults", "--lease-duration", "5", *FAST)
+    maintainer = start_worker("--queues", "faults", *FAST)
     wait_until(lambda: "BackWave worker started" in maintainer.output, what="the maintainer starting", workers=[maintainer])
 
     # (a) The outcome write holds its lease row FOR KEY SHARE while it is open.
@@ -125,10 +125,8 @@ def test_7_concurrent_maintenance_releases_each_lapsed_lease_and_mints_each_slot
             leases.append(lease_id)
     schedules = {f"every-second-{i}": {"task": tasks.work.module_path, "cron": "* * * * * *"} for i in range(8)}
     env = faults_env(schedules=schedules)
-    # The workers' own leases are the default 30 s: the leases this test lapses are the 60 above,
-    # by hand. A short lease of their own could lapse on a starved host (at 5 s one did, on a CI
-    # run that took 2.7 times as long as usual), and the jobs it held would log a second 'lapsed'
-    # that is no fault of the expiry under test.
+    # The leases under test are the 60 above, lapsed by hand; the workers' own keep the default
+    # (conftest.FAST says why).
     args = ("--queues", "faults", "--pumps", "2", "--pool-size", "4", "--poll-interval", "0.05", "--maintenance-interval", "0.05")
 
     stores = [PostgresStore.from_django() for _ in range(8)]

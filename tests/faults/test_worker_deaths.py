@@ -37,7 +37,7 @@ def test_1_a_worker_killed_holding_a_full_batch_loses_nothing(start_worker):
     doomed.process.kill()
     doomed.wait()
 
-    rescuer = start_worker("--queues", "faults", "--pool-size", "8", "--lease-duration", "5", *FAST)
+    rescuer = start_worker("--queues", "faults", "--pool-size", "8", *FAST)
     wait_until(lambda: states() == {"succeeded": 8}, what="every job succeeding on the second worker", workers=[rescuer])
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait() == 0, rescuer.output
@@ -76,7 +76,7 @@ def test_2_a_zombie_writes_late_and_changes_nothing(start_worker, stall):
     if stall == "sigstop":
         zombie.signal(signal.SIGSTOP)
 
-    rescuer = start_worker("--queues", "faults", "--pool-size", "4", "--lease-duration", "5", *FAST)
+    rescuer = start_worker("--queues", "faults", "--pool-size", "4", *FAST)
     wait_until(lambda: states() == {"succeeded": 4}, what="the second worker finishing every job", workers=[zombie, rescuer])
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait() == 0, rescuer.output
