@@ -175,14 +175,14 @@ def test_a_fence_that_ignores_the_lease_is_caught(monkeypatch):
         return real_write(db, now, lease_id, rows, observed)
 
     monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(unfenced))
-    # Without dependencies (fewer jobs wait, so more attempts race a late write), and a late write
-    # needs a pump that outlived its lease with outcomes still buffered: with the outcome linger
-    # and the admission draws in the seeds, the first seed that has one is 595 (307 until pumps
-    # claimed, after an expiry, the jobs it released: the draws after it moved).
-    failure = first_failure(Config(dependencies=False), seeds=range(700))
+    # A late write needs a pump that outlived its lease with outcomes still buffered. With the
+    # default knobs the first seed that has one is 6; the range leaves room for draws that move
+    # (without dependencies, the config this test used to run, it was 595: twenty seconds of
+    # simulation, the slowest test of the suite).
+    failure = first_failure(seeds=range(700))
     caught_by = ("still runs on", "applied twice", "attempt row", "backwave_attempt_once")
     assert any(words in failure.problem for words in caught_by), failure.problem
-    assert f"replay: python -m backwave.testing.simulation --seed {failure.seed} --no-dependencies --log" in str(failure)
+    assert f"replay: python -m backwave.testing.simulation --seed {failure.seed} --log" in str(failure)
 
 
 def test_an_expiry_that_forgets_the_jobs_is_caught(monkeypatch):
