@@ -21,8 +21,11 @@ does, except those with a claim batch after a slash: "1x1/64", "2x1:64/64" and "
 64 a statement (``--max-claim-batch 64``) and write outcomes 64 at a time, half the round-trips a
 job. The bare loop then runs at a batch of 64 as well (it gains as much from it): "x bare best"
 and the summary's second best-to-best ratio hold BackWave's best against the bare loop's best of
-any batch, the first against the bare loop as the issue defines it (32 a statement). Needs a benchmark database
-(``bench/run_all.sh`` makes one).
+any batch, the first against the bare loop as the issue defines it (32 a statement). Last in each
+mode, "BackWave's store alone" runs one pump's store calls back to back with nothing else
+(bench/store_alone.py): the ceiling of a one-pump line at its batch, which the summary holds the
+1x1 line against (no goal of the issue's). Needs a benchmark database (``bench/run_all.sh`` makes
+one).
 
 The queue is emptied with VACUUM ANALYZE and then filled, so the planner's statistics count an
 empty table when a contender starts, and a BackWave worker's first maintenance finds them stale
@@ -40,7 +43,7 @@ import statistics
 import sys
 
 from common import (
-    bare_command, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, sql, uptime_line, worker_command, worker_env,
+    PYTHON, ROOT, bare_command, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, sql, uptime_line, worker_command, worker_env,
 )
 
 from project.demo.tasks import noop
@@ -84,6 +87,22 @@ def backwave(
     problem = ran_once(jobs)
     trips = sum(int(m.group(1)) for m in re.finditer(r"and (\d+) store round-trips", result.output))
     return _line(f"BackWave {processes}x{pumps}, pool {pool_size}{_batch_named(claim_batch)}", figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
+
+
+def store_alone(jobs: int, durable: bool, fresh_statistics: bool = False, claim_batch: int = CLAIM_BATCH) -> dict:
+    """BackWave's store calls alone, one pump's, in a loop (bench/store_alone.py): the ceiling of
+    a one-pump line at that batch."""
+    command = [PYTHON, str(ROOT / "bench" / "store_alone.py"), "--batch", str(claim_batch)]
+    env = worker_env(synchronous_commit=durable)
+    fixed = _fixed_cpu(lambda: run(command, env))
+    fill_queue(jobs, fresh_statistics)
+    server = server_cpu()
+    result = run(command, env)
+    server = _delta(server)
+    figures = drain_figures()
+    problem = ran_once(jobs)
+    trips = sum(int(m.group(1)) for m in re.finditer(r"(\d+) store round-trips", result.output))
+    return _line(f"BackWave's store alone, 1 pump{_batch_named(claim_batch)}", figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
 
 
 def _batch_named(batch: int) -> str:
@@ -133,7 +152,8 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
             backwave(jobs, processes, pumps, pool or pool_size, durable, extra, fresh_statistics=fresh_statistics, claim_batch=batch or CLAIM_BATCH)
             for processes, pumps, pool, batch in configurations
         ]
-        for line in ours:
+        alone = store_alone(jobs, durable, fresh_statistics)
+        for line in [*ours, alone]:
             _print(report, mode, line, bares[0], best_bare)
         best = max(ours, key=lambda b: b["drain"])
         single = ours[0]
@@ -150,6 +170,9 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
                 "benchmark": "throughput", "what": f"{mode}: best BackWave ({best['name']}) / best bare of any batch ({best_bare['name']})",
                 "value": best["drain"] / best_bare["drain"], "goal": 0.5, "unit": "x",
             })
+        # No goal of the issue's: how near one pump comes to its own store calls run back to back.
+        summary.append({"benchmark": "throughput", "what": f"{mode}: {single['name']} / {alone['name']} ({alone['drain']:.0f} jobs/s)",
+                        "value": single["drain"] / alone["drain"], "goal": None, "unit": "x"})
         summary.append({"benchmark": "throughput", "what": f"{mode}: {single['name']} CPU us/job (bare: {bares[0]['cpu_us']:.0f})",
                         "value": single["cpu_us"], "goal": None, "unit": "us"})
     return summary
