@@ -77,6 +77,20 @@ def backwave(
     claim_batch: int = CLAIM_BATCH,
 ) -> dict:
     command = worker_command(pool_size=pool_size, pumps=pumps, processes=processes, claim_batch=claim_batch, extra=extra)
+    name = f"BackWave {processes}x{pumps}, pool {pool_size}{_batch_named(claim_batch)}"
+    return _backwave_line(name, command, jobs, durable, fresh_statistics)
+
+
+def store_alone(jobs: int, durable: bool, fresh_statistics: bool = False, claim_batch: int = CLAIM_BATCH) -> dict:
+    """BackWave's store calls alone, one pump's, in a loop (bench/store_alone.py): the ceiling of
+    a one-pump line at that batch."""
+    command = [PYTHON, str(ROOT / "bench" / "store_alone.py"), "--batch", str(claim_batch)]
+    return _backwave_line(f"BackWave's store alone, 1 pump{_batch_named(claim_batch)}", command, jobs, durable, fresh_statistics)
+
+
+def _backwave_line(name: str, command: list[str], jobs: int, durable: bool, fresh_statistics: bool) -> dict:
+    """One drain by ``command`` in the worker's checkout, with its round-trips (each BackWave
+    process ends by logging "... and N store round-trips")."""
     env = worker_env(synchronous_commit=durable)
     fixed = _fixed_cpu(lambda: run(command, env))
     fill_queue(jobs, fresh_statistics)
@@ -86,23 +100,7 @@ def backwave(
     figures = drain_figures()
     problem = ran_once(jobs)
     trips = sum(int(m.group(1)) for m in re.finditer(r"and (\d+) store round-trips", result.output))
-    return _line(f"BackWave {processes}x{pumps}, pool {pool_size}{_batch_named(claim_batch)}", figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
-
-
-def store_alone(jobs: int, durable: bool, fresh_statistics: bool = False, claim_batch: int = CLAIM_BATCH) -> dict:
-    """BackWave's store calls alone, one pump's, in a loop (bench/store_alone.py): the ceiling of
-    a one-pump line at that batch."""
-    command = [PYTHON, str(ROOT / "bench" / "store_alone.py"), "--batch", str(claim_batch)]
-    env = worker_env(synchronous_commit=durable)
-    fixed = _fixed_cpu(lambda: run(command, env))
-    fill_queue(jobs, fresh_statistics)
-    server = server_cpu()
-    result = run(command, env)
-    server = _delta(server)
-    figures = drain_figures()
-    problem = ran_once(jobs)
-    trips = sum(int(m.group(1)) for m in re.finditer(r"(\d+) store round-trips", result.output))
-    return _line(f"BackWave's store alone, 1 pump{_batch_named(claim_batch)}", figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
+    return _line(name, figures, result.cpu - fixed, server, jobs, problem, trips / jobs)
 
 
 def _batch_named(batch: int) -> str:
