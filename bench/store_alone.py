@@ -25,6 +25,8 @@ import uuid
 sys.path.insert(0, os.getcwd())
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
+# bench/common.py's queue, not imported: common sets Django up from this checkout, and this
+# process must load BackWave from the worker's (the working directory).
 QUEUE = "bench"
 
 

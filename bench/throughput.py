@@ -134,7 +134,7 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
     extra = () if claim_ahead is None else ("--claim-ahead", str(claim_ahead))
     ahead = "" if claim_ahead is None else f", claim-ahead {claim_ahead}"
     report(f"{jobs} no-op jobs per line, claim batch {CLAIM_BATCH} unless a line names another{ahead}{', statistics fresh after each fill' if fresh_statistics else ''}; {uptime_line()}")
-    report(f"{'mode':<8} {'contender':<34} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
+    report(f"{'mode':<8} {'contender':<40} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
     # A BackWave line with another claim batch is also held against the bare loop at that batch,
     # which gains from a larger one as much: its best over every batch is the stricter baseline.
     # The batch first: the lines at it are the ones "x bare 1p" and the first ratio use.
@@ -150,7 +150,8 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
             backwave(jobs, processes, pumps, pool or pool_size, durable, extra, fresh_statistics=fresh_statistics, claim_batch=batch or CLAIM_BATCH)
             for processes, pumps, pool, batch in configurations
         ]
-        alone = store_alone(jobs, durable, fresh_statistics)
+        # At the first configuration's claim batch: the summary holds that line against it.
+        alone = store_alone(jobs, durable, fresh_statistics, claim_batch=configurations[0][3] or CLAIM_BATCH)
         for line in [*ours, alone]:
             _print(report, mode, line, bares[0], best_bare)
         best = max(ours, key=lambda b: b["drain"])
@@ -180,7 +181,7 @@ def _print(report, mode, line, bare_single, bare_best) -> None:
     trips = f"{line['trips']:.3f}" if line["trips"] is not None else "-"
     server = f"{line['server_us']:.0f}" if line["server_us"] is not None else "-"
     report(
-        f"{mode:<8} {line['name']:<34} {line['drain']:>8.0f} {line['steady']:>9.0f} {line['cpu_us']:>10.0f} {server:>13} {trips:>7} "
+        f"{mode:<8} {line['name']:<40} {line['drain']:>8.0f} {line['steady']:>9.0f} {line['cpu_us']:>10.0f} {server:>13} {trips:>7} "
         f"{line['drain'] / bare_single['drain']:>9.2f} {line['drain'] / bare_best['drain']:>11.2f}"
     )
     if line["problem"]:
