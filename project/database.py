@@ -16,6 +16,7 @@ import platform
 import sys
 import warnings
 from pathlib import Path
+from urllib.parse import unquote
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 EMBEDDED_DATA_DIR = Path(os.environ.get("BACKWAVE_PGDATA", BASE_DIR / ".pgdata"))
@@ -87,6 +88,20 @@ def stop_embedded_server(timeout: float = 60) -> bool:
         timeout=timeout + 10,
     )
     return True
+
+
+def url_database_config(env, url: str) -> dict:
+    """Django DATABASES entry for ``DATABASE_URL``, read by django-environ.
+
+    libpq's URIs name a unix socket directory as a percent-encoded host
+    (``postgresql://%2Fvar%2Frun%2Fpostgresql/db``), and dj-database-url reads them so;
+    django-environ keeps that host encoded, and psycopg would look ``%2Fvar...`` up as a host
+    name. A host that decodes to an absolute path is that directory."""
+    config = env.db_url_config(url)
+    host = config.get("HOST") or ""
+    if "%" in host and unquote(host).startswith("/"):
+        config["HOST"] = unquote(host)
+    return config
 
 
 def _autostart_allowed() -> bool:

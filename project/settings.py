@@ -65,7 +65,9 @@ WSGI_APPLICATION = "project.wsgi.application"
 ASGI_APPLICATION = "project.asgi.application"
 
 if env.str("DATABASE_URL", default=""):
-    DATABASES = {"default": env.db("DATABASE_URL")}
+    from project.database import url_database_config
+
+    DATABASES = {"default": url_database_config(env, env.str("DATABASE_URL"))}
 else:
     from project.database import embedded_database_config
 

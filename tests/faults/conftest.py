@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -112,9 +113,7 @@ class PrivateServer:
 
     @property
     def database_url(self) -> str:
-        # django-environ passes query parameters to OPTIONS, and Django hands OPTIONS to psycopg:
-        # the unix socket directory goes there (a %2F-encoded host would not be decoded).
-        return f"postgres://postgres@/{self.dbname}?host={self.socket_dir}&port={self.port}"
+        return f"postgres://postgres@{quote(self.socket_dir, safe='')}:{self.port}/{self.dbname}"
 
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(**self.conninfo, autocommit=True)

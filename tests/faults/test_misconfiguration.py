@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def database_url(*, user: str = "postgres", dbname: str | None = None, options: str | None = None) -> str:
     settings = connection.settings_dict
-    url = f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{dbname or settings['NAME']}"
+    # A unix socket directory (the embedded server's) goes in percent-encoded, as libpq's URIs have it.
+    host = quote(settings["HOST"] or "127.0.0.1", safe="")
+    url = f"postgres://{user}@{host}:{settings['PORT'] or 5432}/{dbname or settings['NAME']}"
     return url + (f"?options={quote(options)}" if options else "")
 
 

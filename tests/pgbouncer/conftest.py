@@ -71,10 +71,16 @@ class Bouncer:
         return {"BACKWAVE_TEST_PGBOUNCER": json.dumps({"port": self.port, "options": self.options, "hints_direct": hints_direct})}
 
 
-def _run_as() -> list[str]:
-    """PgBouncer refuses to run as root: drop to an unprivileged user then."""
+def _run_as(server_host: str) -> list[str]:
+    """PgBouncer refuses to run as root: drop to an unprivileged user then. A server reached
+    through a unix socket directory (the embedded server's, mode 0700) is reachable only by that
+    directory's owner, so PgBouncer runs as the owner."""
     if os.geteuid() != 0:
         return []
+    if server_host.startswith("/"):
+        owner = Path(server_host).stat().st_uid
+        if owner != 0:
+            return ["-u", pwd.getpwuid(owner).pw_name]
     for name in ("postgres", "nobody"):
         try:
             pwd.getpwnam(name)
@@ -119,7 +125,7 @@ def pgbouncer(django_db_setup, django_db_blocker) -> Bouncer:
         settings.append("max_prepared_statements = 200")
     (folder / "pgbouncer.ini").write_text("\n".join(settings) + "\n")
     (folder / "users.txt").write_text(f'"{server.get("USER") or "postgres"}" ""\n')
-    run_as = _run_as()
+    run_as = _run_as(server.get("HOST") or "")
     if run_as:
         user = pwd.getpwnam(run_as[1])
         for path in (folder, *folder.iterdir()):
