@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every benchmark, then a summary table against issue 13's goals:
-#   bench/run_all.sh --full    (the default; about 12 minutes on 2 cores, throughput in three rounds)
+#   bench/run_all.sh --full    (the default; about 15 minutes on 2 cores, throughput and the backlog in three rounds)
 #   bench/run_all.sh --quick
 # Uses BENCH_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/backwave_bench), which it
 # creates and migrates when missing; the benchmarks empty its job table, so never point it at a

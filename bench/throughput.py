@@ -2,7 +2,7 @@
 """Throughput: no-op jobs drained by BackWave and by the bare psycopg loop (bench/bare.py), side
 by side in one invocation, in both commit modes; BackWave's ratio to the bare loop per line.
 
-    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1 ... 2x2:32/64 (below)
+    python bench/throughput.py                  # 20,000 jobs; bare 1/2/4 processes; BackWave 1x1 ... 2x1:32/128 (below)
     python bench/throughput.py --quick          # 5,000 jobs, fewer configurations
     python bench/throughput.py --modes durable  # one commit mode only
     python bench/throughput.py --repeat 3       # every line three times; the medians of the ratios
@@ -19,7 +19,8 @@ batch runs while the pump writes the other's outcomes and claims its next jobs (
 and "2x2:32": two pumps of 32 a process). Every line claims 32 jobs a statement, as the bare loop
 does, except those with a claim batch after a slash: "1x1/64", "2x1:64/64" and "2x2:32/64" claim
 64 a statement (``--max-claim-batch 64``) and write outcomes 64 at a time, half the round-trips a
-job. The bare loop then runs at a batch of 64 as well (it gains as much from it): "x bare best"
+job, and "2x1:32/128" claims 128 (a quarter; 32 threads a pump, the rest claimed ahead). The bare
+loop then runs at each of those batches as well (it gains as much from them): "x bare best"
 and the summary's second best-to-best ratio hold BackWave's best against the bare loop's best of
 any batch, the first against the bare loop as the issue defines it (32 a statement). Last in each
 mode, "BackWave's store alone" runs one pump's store calls back to back with nothing else
@@ -50,7 +51,7 @@ from project.demo.tasks import noop
 
 # The bare loop's claim batch, and BackWave's unless a configuration names another ("/64").
 CLAIM_BATCH = 32
-DEFAULT_CONFIGURATIONS = ["1x1", "1x2", "2x1", "2x2", "1x1:64", "2x1:64", "2x2:32", "1x1/64", "2x1:64/64", "2x2:32/64"]
+DEFAULT_CONFIGURATIONS = ["1x1", "1x2", "2x1", "2x2", "1x1:64", "2x1:64", "2x2:32", "1x1/64", "2x1:64/64", "2x2:32/64", "2x1:32/128"]
 
 
 def fill_queue(jobs: int, fresh_statistics: bool) -> None:
