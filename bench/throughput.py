@@ -157,9 +157,10 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
             _print(report, mode, line, bares[0], best_bare)
         best = max(ours, key=lambda b: b["drain"])
         single = ours[0]
+        # The issue sets the one-process goal for durable commits; with them off the ratio is shown, not judged.
         summary.append({
             "benchmark": "throughput", "what": f"{mode}: {single['name']} / bare 1 process", "value": single["drain"] / bares[0]["drain"],
-            "goal": 0.5, "unit": "x",
+            "goal": 0.5 if durable else None, "unit": "x",
         })
         summary.append({
             "benchmark": "throughput", "what": f"{mode}: best BackWave ({best['name']}) / best bare ({best_bare_32['name']})",
