@@ -12,12 +12,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
 
 from backwave.models import Pump
+from tests.database_urls import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,12 +27,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    credentials = quote(db["USER"], safe="") + (f":{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else "")
-    return f"postgres://{credentials}@{quote(db['HOST'] or '127.0.0.1', safe='')}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def session_processes(session_id: int) -> list[int]:
@@ -67,7 +61,7 @@ class BinRun:
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "project.settings",
-            "DATABASE_URL": database_url(),
+            "DATABASE_URL": database_url(connection.settings_dict),
             "PORT": str(self.port),
             "STOP_TIMEOUT": "20",
             "PYTHONUNBUFFERED": "1",

@@ -20,13 +20,13 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import psycopg
 import pytest
 from django.db import connection
 
 from backwave.models import Attempt, Job
+from tests.database_urls import database_url
 from tests.shell.conftest import ROOT, WorkerProcess, start_worker  # noqa: F401 - the fixture, re-exported
 
 FAST = ("--poll-interval", "0.05", "--maintenance-interval", "0.1", "--log-every", "1")
@@ -113,7 +113,7 @@ class PrivateServer:
 
     @property
     def database_url(self) -> str:
-        return f"postgres://postgres@{quote(self.socket_dir, safe='')}:{self.port}/{self.dbname}"
+        return database_url({"USER": "postgres", "HOST": self.socket_dir, "PORT": self.port, "NAME": self.dbname})
 
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(**self.conninfo, autocommit=True)

@@ -9,22 +9,15 @@ reason, the process stays up answering 503 until it is signalled, then exits 1.
 from __future__ import annotations
 
 import signal
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
 
+from tests.database_urls import database_url
+
 from .conftest import FAST, health_url, http_get, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def database_url(*, user: str = "postgres", dbname: str | None = None, options: str | None = None) -> str:
-    settings = connection.settings_dict
-    # A unix socket directory (the embedded server's) goes in percent-encoded, as libpq's URIs have it.
-    host = quote(settings["HOST"] or "127.0.0.1", safe="")
-    url = f"postgres://{user}@{host}:{settings['PORT'] or 5432}/{dbname or settings['NAME']}"
-    return url + (f"?options={quote(options)}" if options else "")
 
 
 @pytest.mark.parametrize(
@@ -38,9 +31,9 @@ def database_url(*, user: str = "postgres", dbname: str | None = None, options: 
 )
 def test_a_worker_on_a_database_it_can_never_use_halts_with_the_reason_and_answers_503(start_worker, env, server_says):
     if env.get("DATABASE_URL") == "role":
-        env = {"DATABASE_URL": database_url(user="backwave_no_such_role")}
+        env = {"DATABASE_URL": database_url(connection.settings_dict, user="backwave_no_such_role")}
     elif env.get("DATABASE_URL") == "option":
-        env = {"DATABASE_URL": database_url(options="-c backwave_no_such_parameter=1")}
+        env = {"DATABASE_URL": database_url(connection.settings_dict, options="-c backwave_no_such_parameter=1")}
     worker = start_worker("--queues", "faults", "--pumps", "2", "--health-port", "0", *FAST, env=env)
     url = health_url(worker)
     # A halted pump tries to record why before its thread ends: wait for both to be over.
