@@ -86,3 +86,15 @@ def orm_probe(n):
 
     Queue.objects.filter(name="bench").exists()
     return connection.connection.info.backend_pid
+
+
+@task(queue_name="bench")
+def sql_probe(n):
+    """The same question as orm_probe, as one SELECT through ``django.db.connection`` (the
+    workload issue 13 measured its reconnects with): no QuerySet to build and compile."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM backwave_queue WHERE name = %s)", ["bench"])
+        cursor.fetchone()
+    return connection.connection.info.backend_pid

@@ -26,3 +26,12 @@ def test_queues():
     assert tasks.report_job.queue_name == "reports"
     assert tasks.email_job.queue_name == "emails"
     assert tasks.fast_job.queue_name == "default"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("probe", [tasks.orm_probe, tasks.sql_probe])
+def test_the_benchmark_probes_name_the_session_that_answered(probe):
+    # bench/orm_jobs.py counts the sessions a worker's threads opened from these return values.
+    from django.db import connection
+
+    assert probe.call(0) == connection.connection.info.backend_pid
