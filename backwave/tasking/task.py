@@ -247,8 +247,8 @@ def validate_backwave_options(task) -> None:
 
 
 def _parameters(task) -> list[str] | None:
-    """The task function's parameter names, or None when it takes **kwargs (any name goes)."""
-    parameters = inspect.signature(task.func).parameters.values()
+    """The names a call's arguments bind to, or None when the task takes **kwargs (any name goes)."""
+    parameters = _call_signature(task).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
@@ -256,9 +256,15 @@ def _parameters(task) -> list[str] | None:
 
 def _check_argument_names(task, option: str, names: Sequence[str]) -> None:
     known = _parameters(task)
+    context = _context_parameter(task)
     for name in names:
         if not isinstance(name, str) or not name:
             raise InvalidTask(f"{option} of task {task.module_path!r} names arguments by their parameter names (strings), got {name!r}.")
+        if name == context:
+            raise InvalidTask(
+                f"{option} of task {task.module_path!r} names {name!r}: that is the context BackWave passes, not an argument of the call, "
+                "so it cannot make a key; name one of the arguments the call passes."
+            )
         if known is not None and name not in known:
             from difflib import get_close_matches
 
@@ -315,16 +321,34 @@ def _validate_limit_key(task) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _signature(func) -> inspect.Signature:
-    """A task function's signature, built once: inspect.signature per call was a sixth of a bulk
-    unique enqueue's client time (20,000 jobs, py-spy)."""
-    return inspect.signature(func)
+def _signature(func, takes_context: bool) -> inspect.Signature:
+    """What a call of the task binds to, built once (inspect.signature per call was a sixth of a
+    bulk unique enqueue's client time, 20,000 jobs, py-spy): the function's signature, less the
+    first parameter when the task takes a context, since the worker passes the context there
+    and the call's arguments after it. Bound to the whole signature, the call's first argument
+    would fill ``context`` and every later one shift by one."""
+    signature = inspect.signature(func)
+    if not takes_context:
+        return signature
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def _call_signature(task) -> inspect.Signature:
+    return _signature(task.func, bool(getattr(task, "takes_context", False)))
+
+
+def _context_parameter(task) -> str | None:
+    """The name of the parameter the context goes to (Django requires ``context``), or None."""
+    if not getattr(task, "takes_context", False):
+        return None
+    first = next(iter(inspect.signature(task.func).parameters), None)
+    return first
 
 
 def _bound_arguments(task, args, kwargs) -> dict[str, Any]:
     """The call's arguments by parameter name (defaults filled in); extra positional arguments
     under "*" and extra keywords under their own names."""
-    signature = _signature(task.func)
+    signature = _call_signature(task)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:

@@ -62,3 +62,30 @@ def hourly_digest(user_id):
 @task(limit_by="customer_id")
 def call_api(customer_id, n=0):
     return n
+
+
+# Tasks that take a context: the context is BackWave's, never an argument of the call, so a key
+# is made of the call's arguments alone (tests/backend/test_unique_jobs.py).
+@task(takes_context=True, unique=Unique(by=("order_id",)))
+def sync_order_with_context(context, order_id):
+    return order_id
+
+
+@task(takes_context=True, unique=Unique(by=("order_id",)))
+def sync_order_with_context_default(context, order_id=0):
+    return order_id
+
+
+@task(takes_context=True, unique=Unique())
+def sync_everything_with_context(context, order_id, note=""):
+    return order_id
+
+
+@task(takes_context=True, limit_by="customer_id")
+def call_api_with_context(context, customer_id="anyone"):
+    return customer_id
+
+
+@task(takes_context=True)
+def with_context_and_kwargs(context, **kwargs):
+    return kwargs

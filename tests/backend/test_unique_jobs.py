@@ -218,3 +218,64 @@ def test_keys_from_arguments_store_whatever_the_arguments_hold():
     assert Job.objects.get(pk=long.id).unique_key.startswith("tests.backend.sample_tasks.sync_order:sha256:")
     with pytest.raises(InvalidTask, match="Unique.key"):
         sample_tasks.sync_order.using(unique=Unique(key="\ud800"))
+
+
+# --- tasks that take a context ----------------------------------------------------------------
+# The worker passes the context as the first argument; the call's arguments are the rest, so the
+# keys are made by binding them to the signature without it.
+
+
+@pytest.mark.django_db
+def test_a_context_task_keys_its_uniqueness_by_the_calls_arguments():
+    first = sample_tasks.sync_order_with_context.enqueue(7)
+    assert Job.objects.get(pk=first.id).unique_key == 'tests.backend.sample_tasks.sync_order_with_context:{"order_id":7}'
+    assert sample_tasks.sync_order_with_context.enqueue(order_id=7).duplicate is True
+    assert sample_tasks.sync_order_with_context.enqueue(8).duplicate is False
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_context_tasks_default_is_not_every_calls_key():
+    one = sample_tasks.sync_order_with_context_default.enqueue(1)
+    two = sample_tasks.sync_order_with_context_default.enqueue(2)
+    assert (one.duplicate, two.duplicate) == (False, False) and one.id != two.id
+    assert sorted(Job.objects.values_list("unique_key", flat=True)) == [
+        'tests.backend.sample_tasks.sync_order_with_context_default:{"order_id":1}',
+        'tests.backend.sample_tasks.sync_order_with_context_default:{"order_id":2}',
+    ]
+    # The default itself is a key as any other value is.
+    assert sample_tasks.sync_order_with_context_default.enqueue().duplicate is False
+    assert sample_tasks.sync_order_with_context_default.enqueue(0).duplicate is True
+
+
+@pytest.mark.django_db
+def test_a_context_task_unique_by_all_arguments_leaves_the_context_out():
+    result = sample_tasks.sync_everything_with_context.enqueue(3, note="x")
+    assert Job.objects.get(pk=result.id).unique_key == 'tests.backend.sample_tasks.sync_everything_with_context:{"note":"x","order_id":3}'
+
+
+@pytest.mark.django_db
+def test_a_context_task_keys_its_limit_by_the_calls_argument():
+    first = sample_tasks.call_api_with_context.enqueue("acme")
+    second = sample_tasks.call_api_with_context.enqueue(customer_id="globex")
+    default = sample_tasks.call_api_with_context.enqueue()
+    keys = {str(id_): key for id_, key in Job.objects.values_list("id", "limit_key")}
+    assert (keys[first.id], keys[second.id], keys[default.id]) == ("acme", "globex", "anyone")
+
+
+@pytest.mark.django_db
+def test_a_context_task_refuses_arguments_that_do_not_fit_the_call():
+    with pytest.raises(InvalidTask, match=r"do not fit sync_order_with_context\(order_id\)"):
+        sample_tasks.sync_order_with_context.enqueue(7, 8)
+    # The context is not the caller's to pass.
+    with pytest.raises(InvalidTask, match="do not fit"):
+        sample_tasks.sync_order_with_context.enqueue(context=1, order_id=7)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("option", ["unique", "limit_by"])
+def test_the_context_cannot_key_uniqueness_or_a_limit(option):
+    values = {"unique": Unique(by=("context",)), "limit_by": "context"}
+    for base in (sample_tasks.with_context, sample_tasks.with_context_and_kwargs):
+        with pytest.raises(InvalidTask, match="the context BackWave passes, not an argument of the call"):
+            base.using(**{option: values[option]})

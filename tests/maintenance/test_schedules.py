@@ -149,6 +149,21 @@ def test_a_minted_job_carries_its_tasks_per_key_limit_key(store):
     assert (Job.objects.get(id=job_id).limit_key, Job.objects.get(id=job_id).queue) == ("acme", "keyed")
 
 
+def test_a_schedule_of_a_context_task_keys_its_limit_by_its_arguments(store):
+    """The schedule's arguments bind to the task's signature without the context, as an
+    enqueue's do: bound with it, "acme" went to the context and every slot got the default key."""
+    from tests.backend import sample_tasks
+
+    task = sample_tasks.call_api_with_context
+    registry = TaskRegistry([task])
+    sync_schedules(store, {"nightly": {"task": task.module_path, "cron": "*/5 * * * *", "args": ["acme"]}}, registry)
+    assert Schedule.objects.get().limit_key == "acme"
+    mint_due(store)
+    due_in_the_past("nightly", minutes=10)
+    (job_id,) = mint_due(store)
+    assert Job.objects.get(id=job_id).limit_key == "acme"
+
+
 def test_a_schedule_of_a_unique_task_is_refused_before_anything_is_written(store):
     from tests.backend import sample_tasks
 
