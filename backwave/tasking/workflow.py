@@ -204,9 +204,12 @@ def group(calls: Iterable[TaskCall | tuple], *, then: TaskCall | tuple | None = 
 
 
 def dag(steps: Mapping[str, TaskCall | tuple], after: Mapping[str, Iterable[Any]] | None = None) -> dict[str, TaskResult]:
-    """A DAG by name: ``steps`` maps names to calls, ``after`` a name to the names (or
-    TaskResults, ids, Dependency of either) it waits for. A cycle or an unknown name is refused
-    before anything is written; one statement; results by name."""
+    """A DAG by name: ``steps`` maps names (strings) to calls, ``after`` a name to what it waits
+    for: step names (strings, always: a name is never read as a job id), existing jobs as
+    TaskResults or integer ids, or Dependency of any of these. A cycle or an unknown name is
+    refused before anything is written; one statement; results by name."""
+    if not_text := [name for name in steps if not isinstance(name, str)]:
+        raise InvalidDependency(f"the step names of a DAG are strings, got {not_text[0]!r} ({type(not_text[0]).__name__}); an existing job goes in after= as its TaskResult or int(id).")
     after = dict(after or {})
     if unknown := sorted(set(after) - set(steps), key=str):
         raise InvalidDependency(f"after= names steps that are not in the DAG: {unknown}.")
@@ -215,9 +218,12 @@ def dag(steps: Mapping[str, TaskCall | tuple], after: Mapping[str, Iterable[Any]
         names = []
         for item in after.get(name, ()):
             target = item.ancestor if isinstance(item, Dependency) else item
-            if isinstance(target, str) and not target.isdigit():
+            if isinstance(target, str):
                 if target not in steps:
-                    raise InvalidDependency(f"step {name!r} waits for {target!r}, which is not a step of the DAG (steps: {sorted(steps)}).")
+                    raise InvalidDependency(
+                        f"step {name!r} waits for {target!r}, which is not a step of the DAG (steps: {sorted(steps)}); "
+                        "to wait for an existing job, pass its TaskResult or int(id)."
+                    )
                 names.append(target)
         graph[name] = names
     try:
@@ -228,11 +234,12 @@ def dag(steps: Mapping[str, TaskCall | tuple], after: Mapping[str, Iterable[Any]
     added: dict[str, Step] = {}
     calls = dict(zip(steps, coerce_calls(steps.values()), strict=True))
     for name in order:
+        # Every step name was checked above and comes earlier in the order, so each resolves.
         resolved = []
         for item in after.get(name, ()):
-            if isinstance(item, Dependency) and isinstance(item.ancestor, str) and item.ancestor in added:
+            if isinstance(item, Dependency) and isinstance(item.ancestor, str):
                 resolved.append(Dependency(added[item.ancestor], item.on_failure))
-            elif isinstance(item, str) and item in added:
+            elif isinstance(item, str):
                 resolved.append(added[item])
             else:
                 resolved.append(item)

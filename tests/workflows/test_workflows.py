@@ -280,6 +280,33 @@ def test_a_cycle_is_refused_before_anything_is_written(db):
     assert not Job.objects.exists()
 
 
+def test_a_dag_step_named_by_digits_is_a_step_whatever_the_order(db):
+    """A name in a DAG's after= is always a step: named like an existing job's id and not added
+    yet when its dependent is, it was read as that job's id."""
+    unrelated = tasks.noop.enqueue(0)
+    name = str(unrelated.id)
+    results = dag({"first": (tasks.noop, [1]), name: (tasks.noop, [2])}, after={"first": [name]})
+    assert list(Dependency.objects.filter(job_id=int(results["first"].id)).values_list("ancestor_id", flat=True)) == [int(results[name].id)]
+    assert job(results["first"]).state == "waiting" and job(results[name]).state == "ready"
+
+
+def test_a_dag_waits_for_an_existing_job_by_its_result_or_its_integer_id(db):
+    first, second = tasks.noop.enqueue(1), tasks.noop.enqueue(2)
+    results = dag({"a": (tasks.noop,), "b": (tasks.noop,)}, after={"a": [first, After(int(second.id), on_failure="run")], "b": ["a"]})
+    edges = set(Dependency.objects.values_list("job_id", "ancestor_id", "on_failure"))
+    a, b = int(results["a"].id), int(results["b"].id)
+    assert edges == {(a, int(first.id), "cancel"), (a, int(second.id), "run"), (b, a, "cancel")}
+
+
+def test_a_dag_refuses_a_job_id_as_text_and_step_names_that_are_not_text(db):
+    existing = tasks.noop.enqueue(1)
+    with pytest.raises(InvalidDependency, match=rf"'{existing.id}', which is not a step of the DAG .*pass its TaskResult or int\(id\)"):
+        dag({"a": (tasks.noop,)}, after={"a": [existing.id]})
+    with pytest.raises(InvalidDependency, match="step names of a DAG are strings, got 1"):
+        dag({1: (tasks.noop,), "b": (tasks.noop,)}, after={"b": [1]})
+    assert list(Job.objects.values_list("id", flat=True)) == [int(existing.id)]
+
+
 def test_a_dangling_ancestor_is_refused_with_nothing_written_and_the_transaction_usable(db):
     real = tasks.noop.enqueue(1)
     with pytest.raises(InvalidDependency, match=r"job 999999999 does not exist"):
