@@ -150,3 +150,42 @@ def test_a_raising_receiver_is_logged_and_neither_stops_the_others_nor_the_pump(
     assert PumpRow.objects.get(worker_id=pump.worker_id).status == HEALTHY
     logged = [r for r in caplog.records if r.exc_info and "a receiver that breaks" in str(r.exc_info[1])]
     assert len(logged) == 6  # one per signal, with its traceback
+
+
+def _django_lines(caplog, job_id: str) -> list:
+    """Django's own log_task_finished records for one job ("Task id=... path=... state=...")."""
+    return [r for r in caplog.records if r.name == "django.tasks" and r.funcName == "log_task_finished" and r.args[0] == job_id]
+
+
+def test_djangos_own_failure_line_carries_the_exception_and_its_traceback(pump_factory, caplog):
+    """log_task_finished reads sys.exc_info(): Django's backends send task_finished inside the
+    handler's except. A failed attempt's line carries the handler's exception and traceback, a
+    successful one's none, as with Django's own backends."""
+    caplog.set_level("INFO", logger="django.tasks")
+    (result,) = enqueue_many([(worker_tasks.flaky, (2,), {})])  # fails once, then succeeds
+    pump = pump_factory()
+    wait_until(lambda: len(_django_lines(caplog, result.id)) == 2, what="two task_finished lines")
+    wait_until(lambda: pump.driver.unreported == 0)
+
+    failed, succeeded = _django_lines(caplog, result.id)
+    assert (failed.levelname, succeeded.levelname) == ("ERROR", "INFO")
+    assert failed.exc_info is not None and failed.exc_info[0] is RuntimeError
+    assert str(failed.exc_info[1]) == "attempt 1 fails on purpose"
+    formatted = caplog.handler.formatter.formatException(failed.exc_info)
+    assert "in flaky" in formatted and "raise RuntimeError" in formatted
+    assert succeeded.exc_info is None
+
+
+def test_djangos_line_for_an_attempt_ended_at_its_time_limit_names_the_limit(pump_factory, caplog):
+    """The driver ended the attempt while its handler ran on: no exception was raised, and the
+    line carries the stored error instead."""
+    caplog.set_level("INFO", logger="django.tasks")
+    (result,) = enqueue_many([(worker_tasks.overruns_first_attempt, (), {})])
+    pump = pump_factory()
+    wait_until(lambda: len(_django_lines(caplog, result.id)) == 2, what="two task_finished lines", timeout=30)
+    failed, _ = _django_lines(caplog, result.id)
+    assert failed.levelname == "ERROR"
+    assert failed.exc_info is not None
+    assert f"{failed.exc_info[0].__module__}.{failed.exc_info[0].__qualname__}" == "backwave.TimeLimitExceeded"
+    assert "ran past its time limit" in str(failed.exc_info[1])
+    wait_until(lambda: pump.controls.stopped_running() == [], what="the overrunning handler returning", timeout=30)

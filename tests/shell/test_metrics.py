@@ -44,10 +44,10 @@ def running_worker():
     """A Worker on a thread with its health endpoint on a free port; drained at the end."""
     started = []
 
-    def start(**options) -> Worker:
+    def start(*, tasks=(), **options) -> Worker:
         options = {"pool_size": 4, "poll_interval": 0.05, "maintenance_interval": 3600, **options}
         group = WorkerGroupOptions(name="metrics", policy=Strict("e2e"), database="default", **options)
-        registry = TaskRegistry([worker_tasks.noop, worker_tasks.always_fails, worker_tasks.flaky])
+        registry = TaskRegistry([worker_tasks.noop, worker_tasks.always_fails, worker_tasks.flaky, *tasks])
         worker = Worker([group], store_factory=PostgresStore.from_django, registry=registry, health_port=0)
         thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, name="worker-main")
         thread.start()
@@ -105,6 +105,32 @@ def test_the_worker_endpoint_counts_outcomes_durations_and_pumps(running_worker)
     # The health JSON is still served everywhere else.
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
         assert response.headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_atomic_successes_and_snoozes_are_counted_with_their_durations(running_worker):
+    """An atomic task's success is written by its attempt, not by the pump's batched write: it
+    is counted all the same, as is a snooze and the attempt after it."""
+    enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(20)] + [(worker_tasks.atomic_noop, (i,), {}) for i in range(20)])
+    worker_tasks.snoozes_once.enqueue()
+    worker = running_worker(tasks=[worker_tasks.atomic_noop, worker_tasks.snoozes_once])
+    wait_until(lambda: Job.objects.filter(state="succeeded").count() == 41, "every job succeeded", timeout=60)
+    published = lambda: sum(sum(p.tally_snapshot.finished.values()) for p in worker.pumps)  # noqa: E731
+    try:
+        wait_until(lambda: published() >= 42, "the tally published", timeout=10)
+    except AssertionError:
+        pass  # the scrape below says which outcomes are missing
+
+    _, _, samples = scrape(worker.health_server.port)
+    common = {"database": "default", "queue": "e2e"}
+    noop, atomic, snoozes = (f"tests.shell.worker_tasks.{name}" for name in ("noop", "atomic_noop", "snoozes_once"))
+    assert value(samples, "backwave_jobs_finished_total", **common, task=noop, outcome="succeeded") == 20
+    assert value(samples, "backwave_jobs_finished_total", **common, task=atomic, outcome="succeeded") == 20
+    assert value(samples, "backwave_job_duration_seconds_count", **common, task=atomic) == 20
+    assert value(samples, "backwave_jobs_finished_total", **common, task=snoozes, outcome="snoozed") == 1
+    assert value(samples, "backwave_jobs_finished_total", **common, task=snoozes, outcome="succeeded") == 1
+    total = sum(count for labels, count in samples["backwave_jobs_finished_total"].items())
+    assert total == 42
 
 
 @pytest.mark.django_db(transaction=True)

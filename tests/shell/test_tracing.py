@@ -145,6 +145,29 @@ def test_a_workers_failed_and_retried_attempts_are_error_spans_of_the_same_paren
     assert outcomes == [(1, "failed"), (2, "succeeded")]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_atomic_successes_and_snoozes_are_not_error_spans(spans, running_worker):
+    """An atomic success (written by its attempt) and a snooze (the task asking to run later) are
+    no failures: their spans carry no ERROR status and no exception event."""
+    atomic = worker_tasks.atomic_noop.enqueue(3)
+    snoozed = worker_tasks.snoozes_once.enqueue()
+    running_worker(tasks=[worker_tasks.atomic_noop, worker_tasks.snoozes_once])
+    wait_until(lambda: Job.objects.filter(state="succeeded").count() == 2, "both jobs succeeded")
+    wait_until(lambda: len(attempt_spans(spans)) == 3, "three attempt spans")
+    by_job: dict[str, list] = {}
+    for span in attempt_spans(spans):
+        by_job.setdefault(span.attributes["messaging.message.id"], []).append(span)
+    (atomic_span,) = by_job[atomic.id]
+    snooze_spans = sorted(by_job[snoozed.id], key=lambda s: s.attributes["backwave.attempt"])
+    for span in (atomic_span, *snooze_spans):
+        assert span.status.status_code is StatusCode.UNSET, (span.attributes["backwave.outcome"], span.status)
+        assert list(span.events) == []
+        assert "error.type" not in span.attributes
+    # The outcome stored: an atomic success is a success, however it was written.
+    assert atomic_span.attributes["backwave.outcome"] == "succeeded"
+    assert [(s.attributes["backwave.attempt"], s.attributes["backwave.outcome"]) for s in snooze_spans] == [(1, "snoozed"), (2, "succeeded")]
+
+
 @pytest.mark.django_db
 def test_with_the_api_but_no_sdk_set_up_no_span_is_made(monkeypatch):
     made = []

@@ -268,3 +268,9 @@ def per_customer(customer, seconds=0.0):
 def rated_noop(n=0):
     """A job of the queue limited to 50 starts a second (tests/settings.py)."""
     return n
+
+
+@task(queue_name="e2e", atomic=True)
+def atomic_noop(n=0):
+    """An atomic task: its success is written by its attempt, in its own transaction."""
+    return n
