@@ -13,8 +13,10 @@ are kept (never baggage, which may carry application data into a table operators
 Attributes follow OpenTelemetry's semantic conventions for messaging (``messaging.system``,
 ``messaging.operation.*``, ``messaging.destination.name``, ``messaging.message.id``), plus
 ``backwave.*`` for what they have no name for (the task, the attempt number, the outcome). A
-failed attempt's span has status ERROR, ``error.type`` and an ``exception`` event with the
-stored traceback. A trace context that does not parse (a row written by hand) starts a new
+failed attempt's span (failed, discarded, unroutable) has status ERROR, ``error.type`` and an
+``exception`` event with the stored traceback; the other ends are no failure and leave the
+status unset: a success however it was written (an atomic task's, committed by its attempt, is
+``succeeded``), a snooze (the task asked to run later) and a cancel (an operator asked). A trace context that does not parse (a row written by hand) starts a new
 trace instead: it never costs the attempt.
 """
 
@@ -116,6 +118,11 @@ class _NoSpan:
 
 NO_SPAN = _NoSpan()  # what attempt_span returns when tracing is off (run_attempt skips it)
 
+# The attempt's results that are failures; every other one ends its span without an error.
+FAILURES = frozenset({"failed", "discarded", "unroutable"})
+# An atomic task's success is reported "committed" (its attempt wrote it): a success all the same.
+OUTCOME_NAMES = {"committed": "succeeded"}
+
 
 class _AttemptSpan:
     __slots__ = ("span",)
@@ -127,8 +134,9 @@ class _AttemptSpan:
         """Record the attempt's outcome on the span; returns ``report``."""
         span = self.span
         if span.is_recording():
-            span.set_attribute("backwave.outcome", report.result)
-            if report.result != "succeeded":
+            result = report.result
+            span.set_attribute("backwave.outcome", OUTCOME_NAMES.get(result, result))
+            if result in FAILURES:
                 span.set_attribute("error.type", report.error_class)
                 span.add_event("exception", {"exception.type": report.error_class, "exception.stacktrace": report.traceback})
                 span.set_status(Status(StatusCode.ERROR, report.error_class))

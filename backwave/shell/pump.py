@@ -37,7 +37,9 @@ Reports: a worker thread posts each attempt's report inside its ``JobFinished``;
 driver's Outcome and comes back with the ``WriteOutcomes``, so the pump keeps no map of reports
 and one dropped with its outcome (a lost lease, an abandoned attempt) is simply gone. Once a
 write lands, Django's ``task_finished`` is sent here, on this thread, once per outcome the store
-applied (never for one the fence refused), with the status that was stored.
+applied (never for one the fence refused), with the status that was stored. The worker's
+metrics count each of those outcomes here too, and an atomic task's success, which its attempt
+wrote and signalled itself, when its ``JobFinished`` reaches this thread.
 
 Faults: a transient store fault marks the pump degraded and is reported to the driver as
 ``StoreFailed`` (it retries on a later tick after a jittered backoff; the store reconnects on
@@ -87,6 +89,7 @@ from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport,
 from .executor import Executor
 from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
+from backwave.core.jobs import OutcomeKind
 from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.pump")
@@ -571,6 +574,11 @@ class Pump:
         """Feed the driver one event; say so when that made it give its lease up."""
         had_lease = self.driver.lease_id is not None and self.driver.state is State.RUNNING
         self._unpublished += 1
+        if type(event) is ev.JobFinished and event.result == "committed":
+            # An atomic task's success, written by its attempt in its own transaction: no batch
+            # write will apply it, so it is counted here, as it reaches this thread.
+            report = event.report
+            self._tally.applied(report.queue, report.task_path, OutcomeKind.SUCCEEDED, report.duration)
         commands = self.driver.handle(event)
         if isinstance(event, ev.LeasesExpired):
             self._tally.expired(event.released)
