@@ -8,7 +8,8 @@ class and traceback are cleaned and cut to what their columns hold (``backwave/s
 
 Django's ``task_started`` is sent here, as the attempt starts; ``task_finished`` is not: the pump
 sends it (``send_finished``) once the attempt's outcome is written, and only if the fence let it
-through, so a receiver never hears of an outcome that did not stick.
+through, so a receiver never hears of an outcome that did not stick; a failure's is sent with
+the handler's exception being handled, as Django's backends send it from their ``except``.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from backwave.core.events import JobResult
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 from backwave.tasking.results import task_result_for_attempt
 from backwave.store.contract import Applied, OutcomeRecord, ProgressReport
-from backwave.store.storable import clean_text, cut_tail, encode_result, error_class_text
+from backwave.store.storable import UnstorableResult, clean_text, cut_tail, encode_result, error_class_text
 
 from backwave.tasking.context import AttemptControl, JobContext, database_resolver
-from backwave.tasking.control import Discard, Snooze, seconds_of
+from backwave.tasking.control import Cancelled, Discard, Snooze, TimeLimitExceeded, seconds_of
 from backwave.tasking.registry import TaskRegistry
 from backwave.tracing import NO_SPAN, attempt_span
 from .scope import enter_attempt, leave_attempt
@@ -81,6 +82,9 @@ class AttemptReport:
     # unroutable job, which never started) and the backend class it is sent from.
     task_result: TaskResult | None = field(default=None, compare=False, repr=False)
     sender: type | None = field(default=None, compare=False, repr=False)
+    # A failed attempt's exception, for task_finished's receivers (Django's log_task_finished
+    # reads it from sys.exc_info()); None for any other end.
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 class _Attempt:
@@ -145,15 +149,17 @@ class _Attempt:
         if result == "snoozed":
             text = f"{error_class}: {error}\n"  # not a failure: no traceback to read
             object.__setattr__(self.result, "status", TaskResultStatus.READY)
+            exception = None
         else:
             text = _traceback_text(error, error_class, self.max_traceback_chars)
             object.__setattr__(self.result, "status", TaskResultStatus.FAILED)
             self.result.errors.append(TaskError(exception_class_path=error_class, traceback=text))
+            exception = error
         job = self.job
         return AttemptReport(
             job_id=job.id, attempt=job.attempt, result=result, error_class=error_class, traceback=text, duration=duration, delay=delay,
             progress=self.control.last_progress, metadata=self.control.last_metadata, queue=job.queue, task_path=job.task_path,
-            task_result=self.result, sender=self.sender, **self.side_channels(),
+            task_result=self.result, sender=self.sender, exception=exception, **self.side_channels(),
         )
 
     def succeeded(self, encoded) -> AttemptReport:
@@ -506,11 +512,20 @@ def send_finished(report: AttemptReport, written: OutcomeRecord | None = None) -
     driver's when it ended the attempt (a time limit): the signal then says what was stored, a
     failure. A receiver that raises is logged; the others still run, and neither the batch nor
     the pump ever hears of it."""
-    send_finished_for(report.task_result, report.sender, written)
+    send_finished_for(report.task_result, report.sender, written, report.exception)
 
 
-def send_finished_for(result: TaskResult | None, sender: type | None, written: OutcomeRecord | None = None) -> None:
-    """send_finished for an attempt known by its TaskResult and sender alone."""
+def send_finished_for(
+    result: TaskResult | None, sender: type | None, written: OutcomeRecord | None = None, exception: BaseException | None = None
+) -> None:
+    """send_finished for an attempt known by its TaskResult and sender alone (and the exception
+    its handler raised, if it failed).
+
+    A failure is signalled while its exception is being handled, as Django's own backends send
+    task_finished from inside their ``except``: receivers that read ``sys.exc_info()`` (Django's
+    log_task_finished) see it with its traceback, though the write it waited for ran later, on
+    another thread. What the store or the driver wrote in the attempt's place is the exception
+    then, the handler's own (if any) its cause."""
     if result is None:
         return  # an unroutable job never started: no task_started, no task_finished
     try:
@@ -518,8 +533,34 @@ def send_finished_for(result: TaskResult | None, sender: type | None, written: O
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             object.__setattr__(result, "_return_value", None)
             result.errors.append(TaskError(exception_class_path=written.error_class, traceback=written.traceback))
-        # send_robust: every receiver runs, and each one's exception is logged by Django
-        # ("django.dispatch", with its traceback) instead of raised into the pump.
-        task_finished.send_robust(sender=sender, task_result=result)
+            exception = _stored_error(written, exception)
+        if exception is None:
+            # send_robust: every receiver runs, and each one's exception is logged by Django
+            # ("django.dispatch", with its traceback) instead of raised into the pump.
+            task_finished.send_robust(sender=sender, task_result=result)
+            return
+        traceback = exception.__traceback__
+        try:
+            raise exception
+        except BaseException:
+            # Raising it here put this frame at the head of its traceback: the handler's is what
+            # a receiver should read.
+            exception.__traceback__ = traceback
+            task_finished.send_robust(sender=sender, task_result=result)
     except Exception:
         logger.exception("task_finished could not be sent for job %s", result.id)
+
+
+# The errors the store or the driver write in an attempt's place, by their stored class.
+_STORED_ERRORS = {f"backwave.{kind.__qualname__}": kind for kind in (Cancelled, TimeLimitExceeded, UnstorableResult)}
+
+
+def _stored_error(written: OutcomeRecord, cause: BaseException | None) -> BaseException | None:
+    """The exception a record written in the attempt's place stands for (it was never raised:
+    no traceback of its own), or the handler's own when the record is not one of those."""
+    kind = _STORED_ERRORS.get(written.error_class)
+    if kind is None:
+        return cause
+    error = kind(written.traceback.removeprefix(f"{written.error_class}: ").rstrip("\n"))
+    error.__cause__ = cause
+    return error
