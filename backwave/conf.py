@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .core.backoff import MAX_DELAY
 from .core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
 from .core.policy import Strict
 from .queue_rules import MAX_CONCURRENCY_LIMIT, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
@@ -145,6 +146,13 @@ def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
 def _seconds(value) -> str | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         return "a finite number of seconds >= 0"
+    return None
+
+
+def _delay(value) -> str | None:
+    """A backoff's base or cap: seconds up to MAX_DELAY, the longest any retry waits."""
+    if _seconds(value) or value > MAX_DELAY:
+        return f"a finite number of seconds >= 0 and at most {MAX_DELAY:,.0f} (a year)"
     return None
 
 
@@ -348,8 +356,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "MAX_PAYLOAD_BYTES": _int_at_least(1),
     "MAX_RESULT_BYTES": _int_at_least(1),
     "DEFAULT_MAX_ATTEMPTS": _int_at_least(1),
-    "DEFAULT_BACKOFF_BASE": _seconds,
-    "DEFAULT_BACKOFF_MAX": _seconds,
+    "DEFAULT_BACKOFF_BASE": _delay,
+    "DEFAULT_BACKOFF_MAX": _delay,
     "TASK_MODULES": _list_of(str, "dotted module paths (strings)"),
     "WORKER_GROUPS": _list_of(dict, "dicts (one per worker group)"),
     "MAX_TRACEBACK_CHARS": _int_at_least(0),
@@ -361,8 +369,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "QUEUES": _queues,
     "RETENTION": _retention,
     "OBSERVER_MAX_DELIVERIES": _int_at_least(1),
-    "OBSERVER_BACKOFF_BASE": _seconds,
-    "OBSERVER_BACKOFF_MAX": _seconds,
+    "OBSERVER_BACKOFF_BASE": _delay,
+    "OBSERVER_BACKOFF_MAX": _delay,
     "OBSERVER_LEASE": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
     "OBSERVER_BATCH": _int_at_least(1),
     "OBSERVER_POLL_INTERVAL": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The longest any job waits to run again: a retry's backoff (the default one or a task's own),
+# a snooze, an attempt ended at its time limit. Longer is a unit mistake (milliseconds given as
+# seconds), and far longer is past the dates PostgreSQL's timestamptz holds, where the write
+# would fail the job for good instead of retrying it. Options that set a delay are refused
+# above it; a delay computed at run time (a task's backoff(), doubling) is cut to it.
+MAX_DELAY = 366 * 86_400.0  # a year (a leap one)
+
 
 def retry_delay(*, attempt: int, base: float, cap: float, jitter: float) -> float:
     """Seconds to wait before the attempt after ``attempt`` (1-based).
 
     The ceiling doubles per attempt from ``base`` up to ``cap``; the delay is drawn uniformly from
     its upper half (``jitter`` in [0, 1)), so retries spread out yet never come sooner than half the
-    nominal wait. Half-jitter rather than full jitter keeps a retry from landing at once.
+    nominal wait. Half-jitter rather than full jitter keeps a retry from landing at once. The
+    ceiling never passes MAX_DELAY, whatever ``cap`` a job was enqueued with.
     """
     if attempt < 1:
         raise ValueError(f"attempt must be 1 or more, got {attempt}")
@@ -18,8 +26,13 @@ def retry_delay(*, attempt: int, base: float, cap: float, jitter: float) -> floa
         raise ValueError(f"jitter must be in [0, 1), got {jitter}")
     if base < 0 or cap < 0:
         raise ValueError(f"backoff base and cap must not be negative (base={base}, cap={cap})")
-    ceiling = min(cap, base * (2.0 ** min(attempt - 1, 62)))
+    ceiling = min(cap, MAX_DELAY, base * (2.0 ** min(attempt - 1, 62)))
     return ceiling / 2.0 + (ceiling / 2.0) * jitter
+
+
+def bounded_delay(seconds: float) -> float:
+    """A delay computed at run time, cut to MAX_DELAY: a retry stays a retry however far off."""
+    return min(float(seconds), MAX_DELAY)
 
 
 def fault_delay(*, streak: int, base: float, cap: float, jitter: float) -> float:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from . import commands as cmd
 from . import events as ev
-from .backoff import retry_delay
+from .backoff import bounded_delay, retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .ledger import Ledger
 from .options import WorkerGroupOptions
@@ -49,8 +49,9 @@ TIMEOUT_JITTER = 0.5
 def decide(job: ClaimedJob, event: ev.JobFinished, *, cancelled_by: str | None = None) -> Outcome:
     """The outcome of ``job``'s attempt that ``event`` reports; ValueError when it cannot be
     decided (an unknown result, a jitter outside [0, 1), a delay that is not a finite number of
-    seconds >= 0, a snooze without one). ``cancelled_by``: the job's cancel was requested while
-    the attempt ran, so it ends cancelled however its handler ended."""
+    seconds >= 0, a snooze without one). A delay past MAX_DELAY (a task's backoff() answering
+    1e15) is cut to it. ``cancelled_by``: the job's cancel was requested while the attempt ran,
+    so it ends cancelled however its handler ended."""
     if event.result not in RESULTS:
         raise ValueError(f"unknown result {event.result!r}")
     delay = event.delay
@@ -58,6 +59,8 @@ def decide(job: ClaimedJob, event: ev.JobFinished, *, cancelled_by: str | None =
         raise ValueError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
     if event.result == "snoozed" and delay is None:
         raise ValueError("a snoozed attempt needs a delay")
+    if delay is not None:
+        delay = bounded_delay(delay)
     decided = {"job_id": job.id, "attempt": job.attempt, "report": event.report}
     if event.result == "committed":
         # Already written by the attempt, in the transaction of its effects: a cancel that came

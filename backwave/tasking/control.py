@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-# A snooze of more than this is a unit mistake (milliseconds for seconds), as for worker intervals.
-MAX_SNOOZE = 366 * 86_400.0
+from ..core.backoff import MAX_DELAY
+
+# A snooze is a delay like a retry's, under the same ceiling.
+MAX_SNOOZE = MAX_DELAY
 
 
 def seconds_of(value, *, what: str) -> float:

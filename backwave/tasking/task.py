@@ -27,6 +27,7 @@ from asgiref.sync import sync_to_async
 from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 
+from ..core.backoff import MAX_DELAY
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
 
 MAX_TASK_PATH_LENGTH = 255  # Job.task_path
@@ -223,8 +224,8 @@ def validate_backwave_options(task) -> None:
         raise InvalidTask(f"max_attempts of task {path!r} must be an integer >= 1 (or None for the default), got {max_attempts!r}.")
     for name in ("backoff_base", "backoff_max"):
         value = getattr(task, name, None)
-        if value is not None and not _is_seconds(value):
-            raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 (or None for the default), got {value!r}.")
+        if value is not None and not (_is_seconds(value) and value <= MAX_DELAY):
+            raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 and at most {MAX_DELAY:,.0f} (a year), or None for the default, got {value!r}.")
     validate_control_options(task)
     atomic = getattr(task, "atomic", False)
     if not isinstance(atomic, bool):

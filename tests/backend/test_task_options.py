@@ -59,6 +59,16 @@ def test_backoff_values_must_be_seconds(name, value):
         sample_tasks.add.using(**{name: value})
 
 
+@pytest.mark.parametrize("name", ["backoff_base", "backoff_max"])
+def test_backoff_values_past_the_maximum_delay_are_refused_at_definition(name):
+    """A retry delay has a ceiling (a year): past it a retry could never be written as one."""
+    from backwave.core.backoff import MAX_DELAY
+
+    assert getattr(sample_tasks.add.using(backoff_base=1.0, backoff_max=MAX_DELAY), "backoff_max") == MAX_DELAY
+    with pytest.raises(InvalidTask, match=rf"{name} of task .* must be a finite number of seconds >= 0 and at most 31,622,400 \(a year\)"):
+        sample_tasks.add.using(**{name: 1e15})
+
+
 def test_a_backoff_cap_below_the_base_is_refused_at_definition():
     with pytest.raises(InvalidTask) as caught:
         sample_tasks.add.using(backoff_base=2.0, backoff_max=0.5)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from backwave.core.backoff import retry_delay
+from backwave.core.backoff import MAX_DELAY, retry_delay
 
 
 def delay(attempt, base=1.0, cap=1000.0, jitter=0.0):
@@ -90,3 +90,8 @@ def test_negative_base_or_cap_is_refused(base, cap):
 def test_arguments_are_keyword_only():
     with pytest.raises(TypeError):
         retry_delay(1, 1.0, 10.0, 0.0)
+
+
+def test_no_cap_lets_the_ceiling_pass_the_maximum_delay():
+    assert delay(62, base=1.0, cap=1e300, jitter=0.0) == MAX_DELAY / 2
+    assert delay(1, base=1e15, cap=1e300, jitter=0.999999) == pytest.approx(MAX_DELAY, rel=1e-5)

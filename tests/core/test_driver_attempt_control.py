@@ -113,6 +113,28 @@ def test_a_failure_with_a_task_backoff_waits_what_the_task_said():
     assert [(o.kind, o.retry_delay) for o in write.outcomes] == [(OutcomeKind.RETRY, 7.0)]
 
 
+def test_a_delay_past_the_maximum_is_cut_to_it_and_stays_a_retry():
+    """A task's backoff() or a snooze answering 1e15 s: past any date the store holds."""
+    from backwave.core.backoff import MAX_DELAY
+
+    t, (failing, snoozing) = Trace.with_jobs(2, pool_size=4)
+    assert _finished(t, failing, "failed", delay=1e15, now=0.1) == []
+    out = _finished(t, snoozing, "snoozed", delay=MAX_DELAY * 2, now=0.2)
+    (write,) = of_type(out, cmd.WriteOutcomes)
+    assert [(o.kind, o.retry_delay) for o in write.outcomes] == [(OutcomeKind.RETRY, MAX_DELAY), (OutcomeKind.SNOOZED, MAX_DELAY)]
+
+
+def test_a_job_enqueued_with_a_huge_backoff_max_retries_within_the_maximum():
+    """A row written before backoff_max had a bound, retried by the default backoff."""
+    from backwave.core.backoff import MAX_DELAY
+
+    t = Trace.running(pool_size=1, poll_interval=100.0, maintenance_interval=1e6, lease_duration=3000.0)
+    (job,) = t.jobs.make(1, attempt=60, max_attempts=100, backoff_base=1.0, backoff_max=1e300)
+    t.returned(job, now=0.0)
+    (write,) = of_type(t.finished(job, "failed", jitter=0.999, now=0.1), cmd.WriteOutcomes)
+    assert write.outcomes[0].kind is OutcomeKind.RETRY and MAX_DELAY / 2 <= write.outcomes[0].retry_delay <= MAX_DELAY
+
+
 @pytest.mark.parametrize(("result", "delay"), [("snoozed", None), ("failed", -1.0), ("snoozed", float("nan")), ("failed", "3")])
 def test_a_bad_delay_is_refused_and_changes_nothing(result, delay):
     t, (job,) = Trace.with_jobs(1, pool_size=4)

@@ -87,6 +87,21 @@ def test_retry_is_due_after_the_delay_by_the_database_clock(store, lease, rows):
     assert claim(store, lease) == []  # not due yet
 
 
+@pytest.mark.parametrize("kind", [OutcomeKind.RETRY, OutcomeKind.SNOOZED])
+def test_a_retry_or_snooze_at_the_maximum_delay_is_written_as_one(store, lease, rows, kind):
+    """The longest delay the driver hands over (MAX_DELAY) is a time every store holds."""
+    from backwave.core.backoff import MAX_DELAY
+
+    rows.make_jobs(1, max_attempts=3)
+    (job,) = claim(store, lease)
+    before = rows.now()
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, kind, retry_delay=MAX_DELAY, error_class="app.Boom")])
+    assert applied == {job.id} and not applied.replaced
+    stored = rows.job(job.id)
+    assert stored.state == "ready"
+    assert before + timedelta(seconds=MAX_DELAY) <= stored.run_at <= rows.now() + timedelta(seconds=MAX_DELAY)
+
+
 def test_a_stale_writer_changes_nothing_while_valid_outcomes_in_the_batch_apply(store, lease, open_lease, rows):
     other = open_lease("host:2:default:0")
     rows.make_jobs(3)

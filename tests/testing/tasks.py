@@ -151,3 +151,20 @@ def running_beside(customer):
     from backwave.models import Job
 
     return Job.objects.filter(state="running", limit_key=customer).count()
+
+
+@task(max_attempts=3, backoff=lambda attempt, exc: 1e15)
+def backs_off_for_ages():
+    """Its backoff answers a delay past any date the database holds."""
+    raise ValueError("fails")
+
+
+@task(takes_context=True, max_attempts=1)
+def snoozes_for_ages(context):
+    from datetime import timedelta
+
+    from backwave.tasking.control import Snooze
+
+    if context.attempt == 1:
+        raise Snooze(timedelta(days=366))
+    return context.attempt

@@ -105,3 +105,36 @@ def test_a_broken_backoff_falls_back_to_the_default_one(pump, caplog):
     pump.advance(1)
     assert pump.drain().failed == 1
     assert len(_attempts(result)) == 2
+
+
+def _due_in(result) -> float:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM run_at - now()) FROM backwave_job WHERE id = %s", [result.id])
+        return float(cursor.fetchone()[0])
+
+
+def test_a_huge_delay_from_the_tasks_backoff_stays_a_retry_at_the_maximum(pump):
+    """1e15 s is past any timestamp PostgreSQL holds: written as asked, the job failed for good."""
+    from backwave.core.backoff import MAX_DELAY
+
+    result = tasks.backs_off_for_ages.enqueue()
+    assert pump.drain().retried == 1
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.attempts) == ("ready", 1)
+    # The run time is cut to the maximum, not refused (now() is the test transaction's start).
+    assert MAX_DELAY - 60 <= _due_in(result) <= MAX_DELAY + 60
+    pump.advance(MAX_DELAY)
+    assert pump.drain().retried == 1
+    assert _attempts(result) == [("failed", "builtins.ValueError")] * 2
+
+
+def test_a_snooze_of_the_maximum_delay_is_kept(pump):
+    from backwave.core.backoff import MAX_DELAY
+
+    result = tasks.snoozes_for_ages.enqueue()
+    assert pump.drain().snoozed == 1
+    assert Job.objects.get(pk=result.id).state == "ready"
+    pump.advance(MAX_DELAY)
+    assert pump.drain().succeeded == 1
