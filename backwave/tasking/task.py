@@ -37,6 +37,7 @@ MAX_TAG_LENGTH = 64  # Job.tags is varchar(64)[]
 MAX_KEY_LENGTH = 200  # a uniqueness key before the task path and period are put around it
 MAX_LIMIT_KEY_LENGTH = 255  # Job.limit_key
 UNIQUE_STATES = ("ready", "running", "succeeded", "failed", "cancelled", "quarantined")
+UNIQUE_FINISHED_STATES = ("succeeded", "failed", "cancelled", "quarantined")
 UNIQUE_REPLACEABLE = ("args", "run_at")
 
 
@@ -50,7 +51,7 @@ class Unique:
     window of that length on the database clock (None: for as long as the job is covered).
     ``states``: what the uniqueness covers; ``ready`` always (a job waiting, due or scheduled),
     ``running`` for "at most one in flight" (the default), finished states to refuse repeats
-    within the period. ``replace``: what a duplicate changes on the job it finds while that one
+    within the period (only beside ``running``: a job gets there by running). ``replace``: what a duplicate changes on the job it finds while that one
     is still ready: ``args`` (its arguments) and/or ``run_at`` (pushed to the later run time).
     """
 
@@ -305,6 +306,16 @@ def _validate_unique(task) -> None:
         raise InvalidTask(f"Unique.states of task {path!r} must be a tuple of {', '.join(UNIQUE_STATES)}, got {states!r}.")
     if "ready" not in states:
         raise InvalidTask(f"Unique.states of task {path!r} must include 'ready' (a waiting job is what a duplicate would join), got {states!r}.")
+    # A job lets go of its key for good when it first leaves the covered states (the trigger of
+    # migration 0008), and it reaches a finished state by running (or, cancelled, straight from
+    # ready): a finished state covered without 'running' would find the key already gone.
+    finished = [state for state in states if state in UNIQUE_FINISHED_STATES]
+    if finished and "running" not in states:
+        raise InvalidTask(
+            f"Unique.states of task {path!r} covers {', '.join(map(repr, finished))} without 'running', got {states!r}: a job gets "
+            "there by running, and lets go of its key for good when it leaves the covered states, so the key would be gone by then. "
+            f"Add 'running' (states={(*states, 'running')!r}), or leave the finished states out."
+        )
     replace = unique.replace
     if isinstance(replace, str) or not isinstance(replace, tuple) or any(item not in UNIQUE_REPLACEABLE for item in replace):
         raise InvalidTask(f"Unique.replace of task {path!r} must be a tuple of {', '.join(UNIQUE_REPLACEABLE)}, got {replace!r}.")
