@@ -62,7 +62,7 @@ DEFAULTS: dict[str, Any] = {
     # without waiting for the WAL flush, set per transaction (SET LOCAL, PgBouncer-safe); only a
     # crash of the PostgreSQL server itself can then lose its last few hundred milliseconds, and
     # what it loses is re-run (at-least-once) and still fenced (effect-once). Measured with
-    # bench/throughput.py it gains little on an ordinary disk (see README), so durable is the
+    # bench/throughput.py it gains little on an ordinary disk (see the docs' benchmarks), so durable is the
     # default. Enqueues always keep the application's own setting.
     "WORKER_SYNCHRONOUS_COMMIT": True,
     # Seconds every statement of a worker's store may run, and wait for a lock, before it fails

@@ -114,7 +114,7 @@ class WorkerGroupOptions:
     poll_interval: float = 1.0
     lease_duration: float = DEFAULT_LEASE_DURATION
     heartbeat_interval: float | None = None  # None: lease_duration / 3
-    maintenance_interval: float = 30.0
+    maintenance_interval: float = 30.0  # seconds between this node's maintenance runs (lease expiry, schedules, retention)
     drain_timeout: float = 30.0
     # Seconds a cancelled running job's handler gets to notice and return before its attempt is
     # ended as cancelled without it (like a timeout: its thread's slot stays taken until it returns).

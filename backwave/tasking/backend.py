@@ -13,8 +13,14 @@ serve the database of every backend that declares their groups' queues (``databa
 caller's transaction commits.
 
 System check ids of this module (the project-wide ones are in ``backwave/checks.py``):
-backwave.E101 DATABASE alias unknown, E102 database not PostgreSQL, E103 invalid queue name,
-E104 unknown OPTIONS key, E105 invalid OPTIONS value, E106 app not installed, E107 alias too long.
+
+backwave.E101  the backend's ``OPTIONS["DATABASE"]`` is not an alias of ``DATABASES``
+backwave.E102  the backend's database is not PostgreSQL
+backwave.E103  a name in the backend's ``QUEUES`` is not a valid queue name
+backwave.E104  the backend's ``OPTIONS`` has an unknown key (the message suggests the closest one)
+backwave.E105  a value in the backend's ``OPTIONS`` has the wrong kind (the message says what is allowed)
+backwave.E106  a BackWave backend is configured but ``backwave`` is not in ``INSTALLED_APPS``
+backwave.E107  the ``TASKS`` alias is longer than the job table's column holds
 """
 
 from __future__ import annotations
