@@ -88,7 +88,7 @@ class BackWaveBackend(BaseTaskBackend):
         """Django's checks plus BackWave's (queue name shape, retry options, tags), each error
         naming the option, the value and what is allowed."""
         if not is_module_level_function(task.func):
-            raise InvalidTask(f"Task function {task.func!r} must be defined at a module level (not nested, not a lambda or partial).")
+            raise InvalidTask(f"Task function must be defined at a module level. {task.func!r} is not: it is nested, a lambda or a partial.")
         validate_django_options(task, queues=self.queues, alias=self.alias)
         super().validate_task(task)
         validate_backwave_options(task)

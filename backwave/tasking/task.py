@@ -190,11 +190,14 @@ def _is_seconds(value) -> bool:
 
 def validate_django_options(task, *, queues: Iterable[str], alias: str) -> None:
     """Check the options Django's base backend checks too, first, with messages that name the value
-    (and without the TypeError a string priority or a timedelta run_after would raise there)."""
+    (and without the TypeError a string priority or a timedelta run_after would raise there). Each
+    message opens with Django's own sentence, which code written against Django's backends matches."""
     path = task.module_path
     priority = task.priority
     if not (_is_int(priority) or (isinstance(priority, float) and priority.is_integer())) or not -100 <= priority <= 100:
-        raise InvalidTask(f"priority of task {path!r} must be an integer from -100 to 100 (higher runs first), got {priority!r}.")
+        raise InvalidTask(
+            f"priority must be a whole number between -100 and 100. Task {path!r} has priority {priority!r} (higher runs first)."
+        )
     if task.run_after is not None and not isinstance(task.run_after, datetime):
         raise InvalidTask(
             f"run_after of task {path!r} must be a datetime, got {task.run_after!r}; "
@@ -202,7 +205,7 @@ def validate_django_options(task, *, queues: Iterable[str], alias: str) -> None:
         )
     queue = task.queue_name
     if not is_queue_name(queue):
-        raise InvalidTask(f"queue_name of task {path!r} must be {QUEUE_NAME_RULE}, got {queue!r}.")
+        raise InvalidTask(f"Queue {queue!r} is not valid for backend. The queue_name of task {path!r} must be {QUEUE_NAME_RULE}, got {queue!r}.")
     queues = sorted(queues, key=str)
     if queues and queue not in queues:
         from difflib import get_close_matches
@@ -210,7 +213,7 @@ def validate_django_options(task, *, queues: Iterable[str], alias: str) -> None:
         close = get_close_matches(queue, queues, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise InvalidTask(
-            f"queue_name {queue!r} of task {path!r} is not one of backend {alias!r}'s QUEUES {queues}.{hint}"
+            f"Queue {queue!r} is not valid for backend. The queue_name of task {path!r} is not one of backend {alias!r}'s QUEUES {queues}.{hint}"
         )
     if len(path) > MAX_TASK_PATH_LENGTH:
         raise InvalidTask(f"task path {path!r} is {len(path)} characters long; the limit is {MAX_TASK_PATH_LENGTH}.")

@@ -114,3 +114,15 @@ def test_the_rule_is_written_once():
     )
     assert spelled == ["queue_rules.py"]
     assert QUEUE_NAME_PATTERN.pattern.endswith("\\Z")
+
+
+@pytest.mark.parametrize(
+    ("queues", "name"),
+    [(["default"], "nowhere"), ([], "has space")],  # not in QUEUES; not a queue name at all
+)
+def test_queue_errors_carry_djangos_wording(settings, queues, name):
+    # Code written against Django's backends matches its message ("Queue '...' is not valid for
+    # backend."); BackWave's own explanation follows it.
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": queues}}
+    with pytest.raises(InvalidTask, match=f"^Queue '{name}' is not valid for backend\\. .*task '.*add'"):
+        sample_tasks.add.using(queue_name=name)

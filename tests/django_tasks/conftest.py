@@ -54,13 +54,6 @@ KNOWN_DEFECTS = {
     "test_tasks.py::TaskTestCase::test_aenqueue_with_invalid_argument": "20",
     "test_immediate_backend.py::ImmediateBackendTestCase::test_complex_return_value": "20: an unstorable result is no TypeError",
     "test_immediate_backend.py::ImmediateBackendTestCase::test_catches_exception": "21: Django's failure log line has no exception",
-    "test_dummy_backend.py::DummyBackendTestCase::test_validate_on_enqueue": "23: Django's queue wording",
-    "test_dummy_backend.py::DummyBackendTestCase::test_validate_on_aenqueue": "23",
-    "test_immediate_backend.py::ImmediateBackendTestCase::test_validate_on_enqueue": "23",
-    "test_immediate_backend.py::ImmediateBackendTestCase::test_validate_on_aenqueue": "23",
-    "test_tasks.py::TaskTestCase::test_unknown_queue_name": "23",
-    "test_tasks.py::TaskTestCase::test_invalid_function": "Django's wording for a nested task function",
-    "test_tasks.py::TaskTestCase::test_invalid_priority": "Django's wording for a bad priority",
 }
 
 
