@@ -334,12 +334,12 @@ class Job(models.Model):
             # is all the search asks, and is a third the size of the default jsonb_ops.
             # Partial, leaving running rows out: a claim (ready -> running) then writes no GIN
             # entry (it tripled the claim's WAL bytes otherwise); the search looks for running
-            # jobs through the small running-jobs index instead (backwave/job_search.py).
+            # jobs through the small running-jobs index instead (backwave/ops/search.py).
             # The second conjunct keeps the index out of reach of every statement that does not
             # search: "NOT state = 'running'" alone is implied by "state = 'ready'", and with
             # statistics from an empty table the claim read this index as a bitmap over every
             # row (10 ms a claim at 20,000 jobs). Only the search states "payload <> '{}'"
-            # (job_search.SEARCHABLE), and no payload that '{}' has can match a search anyway.
+            # (ops.search.SEARCHABLE), and no payload that '{}' has can match a search anyway.
             GinIndex(fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"],
                      condition=~models.Q(state="running") & ~models.Q(payload={})),
             # The tag filter: tags @> ARRAY['tenant:7'], partial for the same reasons (a job

@@ -3,7 +3,7 @@ serves the cluster's Prometheus metrics at ``backwave/metrics``."""
 
 from django.urls import path
 
-from .metrics import metrics_view
+from .ops.metrics import metrics_view
 
 app_name = "backwave"
 

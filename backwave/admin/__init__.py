@@ -1,14 +1,17 @@
 """The operator's view: jobs, queues, pumps and schedules in the Django admin.
 
 One module per page (``jobs``, ``queues``, ``pumps``, ``schedules``, ``transitions``, ``taskstats``; the
-dashboard on the app's index page is ``dashboard``, drawn with ``charts``), what they share in
-``common``, the bounded counts and estimates in ``stats`` and the operator's writes in
-``actions``. Importing this package registers the pages (Django's admin autodiscovery does).
+dashboard on the app's index page is ``dashboard``, drawn with ``charts``) and what they share in
+``common``. The pages only draw: the bounded counts and estimates, the operator's writes, the
+history, search and redaction are ``backwave.ops``'s, which the commands and the public API use
+too, and nothing outside this package and its template tags imports it (so a project without
+``django.contrib.admin`` never loads it). Importing this package registers the pages (Django's
+admin autodiscovery does).
 
 Every page is read-only to the admin's ordinary change form: rows belong to the engine, so the
 only writes are the actions, each guarded by its own permission (``@admin.action(permissions=)``
 plus a ``has_<name>_permission`` method and a custom model permission), and each one conditional
-statement (``actions``). A staff user with view permissions only sees everything and can do
+statement (``backwave.ops.actions``). A staff user with view permissions only sees everything and can do
 nothing.
 
 Page cost is bounded however large the job table grows: no page counts the whole table (see

@@ -73,13 +73,6 @@ def duration_text(seconds) -> str:
     return f"{hours // 24} d {hours % 24} h"
 
 
-def seconds_shown(seconds):
-    """0.00042 -> '0.42 ms', 1.5 -> '1.500 s'."""
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1000:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
-
-
 class EngineRows:
     """ModelAdmin mixin: the rows are the engine's; nobody adds, edits or deletes them here,
     only the admin actions (each behind its own permission) write."""

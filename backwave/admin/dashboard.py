@@ -23,8 +23,8 @@ from django.db import connections
 
 from .. import taskstats
 from ..models import Pump, ShownPumpStatus
+from ..ops import stats
 from ..store import operator
-from . import stats
 
 # The ranges an operator picks from: name -> (seconds, bucket resolution, label).
 RANGES = {"1h": (3600, 60, "last hour, per minute"), "24h": (86400, 3600, "last 24 hours, per hour")}

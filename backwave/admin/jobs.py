@@ -1,5 +1,5 @@
 """The Jobs page: filters that never scan the job table, search by id, task, argument value or
-tag (backwave/job_search.py), each row's worker, timing and last error, every attempt on the
+tag (backwave/ops/search.py), each row's worker, timing and last error, every attempt on the
 detail page, and the retry and cancel actions (on ticked jobs, or on everything a filter
 matches, in bounded batches after a confirmation page), each recorded in the admin's history."""
 
@@ -12,10 +12,8 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
-from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import connections, router
 from django.db.models.fields import BLANK_CHOICE_DASH
@@ -27,12 +25,15 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from .. import conf, job_search
+from .. import conf
 from ..models import Attempt, Job, JobState, Pump
-from ..redaction import redact
+from ..ops import actions, stats, tracebacks
+from ..ops import search as job_search
+from ..ops.formatting import attempt_row
+from ..ops.history import record_history
+from ..ops.redaction import redact
 from ..store import operator
-from . import actions, stats, tracebacks
-from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, duration_text, parse_row_id, seconds_shown, timestamp
+from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, duration_text, parse_row_id, timestamp
 
 LINKS_SHOWN = 50  # ancestors, and dependents, listed on a job's page (with the total of each)
 GONE_SHOWN = 10  # ids listed in the "no longer exists" message before "and N more"
@@ -208,31 +209,6 @@ class JobChangeList(ChangeList):
         self.result_list = jobs
 
 
-HISTORY = {
-    # action -> (LogEntry flag, what it says)
-    "retry": (CHANGE, "Retried: ready to run now, with one more attempt"),
-    "cancel": (CHANGE, "Cancelled"),
-    "purge": (DELETION, "Purged with its attempts"),
-}
-
-
-def record_history(user, action: str, result: actions.JobActionResult, note: str = "") -> None:
-    """One LogEntry per job the action changed, naming who did it and the state it left: the
-    job's History page and the admin's "Recent actions" show it. One INSERT per batch."""
-    if user is None or not result.changed_rows:
-        return
-    content_type = ContentType.objects.get_for_model(Job)
-    flag, text = HISTORY[action]
-    LogEntry.objects.bulk_create([
-        LogEntry(
-            user_id=user.pk, content_type_id=content_type.pk, object_id=str(job_id),
-            object_repr=f"{task_path} #{job_id}"[:200], action_flag=flag,
-            change_message=f"{text}{note} (was {state}).",
-        )
-        for job_id, state, task_path in result.changed_rows
-    ])
-
-
 BULK_ACTIONS = {
     # name -> (action, permission method, verb, past tense, which jobs it applies to)
     "retry-all": ("retry", "has_retry_permission", "retry", "retried", "failed, quarantined or held"),
@@ -302,7 +278,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         return queryset
 
     def get_search_results(self, request, queryset, search_term):
-        """The search box: ids, argument values, tags, task paths (backwave/job_search.py)."""
+        """The search box: ids, argument values, tags, task paths (backwave/ops/search.py)."""
         if not search_term.strip():
             return queryset, False
         try:
@@ -613,25 +589,3 @@ def time_zone_context() -> dict:
     """The zone the page's times are rendered in (Django's current one), for the note that
     names it and for local_times.js, which can show them in the browser's zone instead."""
     return {"server_time_zone": timezone.get_current_timezone_name(), "uses_tz": settings.USE_TZ}
-
-
-def attempt_row(attempt: Attempt) -> dict:
-    """What the attempts table shows of one attempt: when it really ran, its error message, its
-    traceback with the machinery's frames folded, its return value with secrets hidden."""
-    lapsed = attempt.state == "lapsed"
-    ran_until = attempt.lease_renewed_at if lapsed and attempt.lease_renewed_at else attempt.finished_at
-    duration = None
-    if attempt.started_at and ran_until:
-        duration = max((ran_until - attempt.started_at).total_seconds(), 0.0)
-    rendered = tracebacks.render(attempt.traceback) if attempt.traceback else None
-    return {
-        "attempt": attempt,
-        "lapsed": lapsed,
-        "ran_until": ran_until,
-        "duration": duration,
-        "duration_shown": ("≥ " if lapsed else "") + seconds_shown(duration) if duration is not None else "-",
-        "error_message": tracebacks.error_message(attempt.error_class, attempt.traceback) if attempt.error_class else "",
-        "traceback_html": rendered.html if rendered else "",
-        "hidden_frames": rendered.hidden_frames if rendered else 0,
-        "return_value": json.dumps(redact(attempt.return_value), ensure_ascii=False) if attempt.state == "succeeded" else None,
-    }

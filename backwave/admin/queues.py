@@ -10,8 +10,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ..models import Queue
+from ..ops import actions, stats
 from ..queue_rules import parse_concurrency_limit
-from . import actions, stats
 from .common import EngineRows
 
 @admin.register(Queue)

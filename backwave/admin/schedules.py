@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from ..models import Schedule
-from . import actions
+from ..ops import actions
 from .common import BigintIds, EngineRows, RefuseUnpermittedActions
 
 @admin.register(Schedule)

@@ -32,7 +32,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from backwave.conf import DEFAULTS
-from backwave.redaction import redacted_text
+from backwave.ops.redaction import redacted_text
 from backwave.core.events import JobResult
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 from backwave.tasking.results import task_result_for_attempt

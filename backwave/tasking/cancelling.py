@@ -30,7 +30,7 @@ def cancel(result_id, *, by: str = "api", backend: str = "default") -> Cancellat
     ``by`` names who cancels in the attempt's error. TaskResultDoesNotExist when no such job."""
     from django.tasks import task_backends
 
-    from ..admin import actions
+    from ..ops import actions
 
     text = str(result_id)
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_JOB_ID:

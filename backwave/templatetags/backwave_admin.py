@@ -1,5 +1,9 @@
 """Template tags of BackWave's admin pages: the halted-pump banner, the throughput sparkline, the
-dashboard and the live-refresh switch."""
+dashboard and the live-refresh switch.
+
+Django loads every installed app's tag libraries at start-up (the templates' system check), in
+projects without ``django.contrib.admin`` too: this module imports the admin package (whose
+pages need the admin) only inside the tags that draw admin pages."""
 
 from __future__ import annotations
 
@@ -8,9 +12,8 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..admin import charts
-from ..admin.stats import Count, humanize_estimate, sparkline_points
 from ..models import Pump, PumpStatus
+from ..ops.stats import Count, humanize_estimate, sparkline_points
 
 register = template.Library()
 
@@ -89,7 +92,7 @@ def bw_estimate(count):
 @register.inclusion_tag("admin/backwave/includes/dashboard.html", takes_context=True)
 def backwave_dashboard(context):
     """The dashboard at the top of the BackWave admin's index (its queries: admin/dashboard.py)."""
-    from ..admin import dashboard
+    from ..admin import charts, dashboard
 
     request = context.get("request")
     current_app = getattr(request, "current_app", None) or "admin"

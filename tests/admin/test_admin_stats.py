@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from backwave.admin import stats as admin_stats
+from backwave.ops import stats as admin_stats
 from backwave.models import Job
 
 from .conftest import make_job

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from backwave.admin import actions as operations
+from backwave.ops import actions as operations
 from backwave.models import Job, Queue, Schedule
 
 from .conftest import make_job, make_schedule

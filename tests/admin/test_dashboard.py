@@ -229,7 +229,7 @@ def test_schedules_do_not_refresh_themselves(admin_client):
 def test_the_queue_and_dashboard_reads_run_without_jit_and_leave_the_session_alone():
     from django.db import connection
 
-    from backwave.admin import stats
+    from backwave.ops import stats
 
     def jit():
         with connection.cursor() as cursor:

@@ -10,7 +10,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.urls import reverse
 from django.utils import timezone
 
-from backwave.admin import stats as admin_stats
+from backwave.ops import stats as admin_stats
 from backwave.models import Job
 
 from .conftest import make_attempt, make_job

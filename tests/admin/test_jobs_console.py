@@ -13,7 +13,7 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
-from backwave.admin import actions as operations
+from backwave.ops import actions as operations
 from backwave.models import Attempt, Job
 
 from .conftest import make_attempt, make_job, make_pump, staff_user

@@ -1,4 +1,4 @@
-"""backwave.admin.actions and manage.py backwave_queue: one conditional statement per operation."""
+"""backwave.ops.actions and manage.py backwave_queue: one conditional statement per operation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 
-from backwave.admin import actions as operations
+from backwave.ops import actions as operations
 from backwave.models import Job, Queue
 
 from .conftest import make_job

@@ -9,7 +9,7 @@ from django.db.models.functions import Now
 from django.urls import reverse
 from django.utils import timezone
 
-from backwave.admin import stats as admin_stats
+from backwave.ops import stats as admin_stats
 from backwave.models import Job, Queue
 
 from .conftest import make_job

@@ -9,7 +9,7 @@ import json
 import pytest
 from django.db import connection
 
-from backwave import job_search
+from backwave.ops import search as job_search
 from backwave.models import Job
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from backwave.admin import actions
+from backwave.ops import actions
 from backwave.models import Job, Transition
 from backwave.observers import ObserverRegistry, observe
 

@@ -11,7 +11,7 @@ from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTask
 
 import backwave
-from backwave.admin import actions as operations
+from backwave.ops import actions as operations
 from backwave.checks import check_backwave_settings
 from backwave.core.options import WorkerGroupConfigError
 from backwave.models import Job, Queue

@@ -9,7 +9,7 @@ from datetime import datetime, timezone as dt_timezone
 
 import pytest
 
-from backwave.admin import actions as operations
+from backwave.ops import actions as operations
 from backwave.models import Job
 from tests.admin.conftest import ACTION_PERMISSIONS, VIEW_PERMISSIONS, make_attempt, make_job, staff_user
 

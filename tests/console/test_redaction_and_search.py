@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from backwave import conf, job_search
-from backwave.admin import tracebacks
-from backwave.redaction import REDACTED, is_sensitive, redact, redacted_text
+from backwave import conf
+from backwave.ops import search as job_search
+from backwave.ops import tracebacks
+from backwave.ops.redaction import REDACTED, is_sensitive, redact, redacted_text
 
 
 @pytest.mark.parametrize("key", ["password", "DB_PASSWORD", "passwd", "client_secret", "access_token", "api_key", "apiKey", "API-KEY",

@@ -214,7 +214,7 @@ def test_a_queue_concurrency_limit_holds_across_worker_processes(start_worker, s
 
     from django.db import connections
 
-    from backwave.admin import actions as operations
+    from backwave.ops import actions as operations
 
     operations.limit_queues(["slow"], 2)
     enqueue_many([(worker_tasks.sleeper, (0.15,), {}) for _ in range(24)])
@@ -246,7 +246,7 @@ def test_a_queue_concurrency_limit_holds_across_worker_processes(start_worker, s
 
 
 def test_a_paused_queue_waits_and_resumes(start_worker):
-    from backwave.admin import actions as operations
+    from backwave.ops import actions as operations
 
     operations.pause_queues(["e2e"])
     results = enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(5)])

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from backwave.admin import actions
+from backwave.ops import actions
 from backwave.models import Dependency, Job, Transition
 from backwave.observers import ObserverRegistry
 from backwave.store import operator

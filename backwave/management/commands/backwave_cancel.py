@@ -12,7 +12,7 @@ import getpass
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from backwave.admin import actions
+from backwave.ops import actions
 
 
 class Command(BaseCommand):

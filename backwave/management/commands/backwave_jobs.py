@@ -12,9 +12,10 @@ run it can read the settings and the database password anyway, so without ``--as
 not limited, and what it does is logged (logger ``backwave.operator``) with the OS user's name.
 ``--as-user USERNAME`` applies the admin's rules for that Django user instead (active staff,
 ``backwave.view_job`` to read, ``retry_job`` / ``cancel_job`` to act, ``delete_job`` to purge)
-and records each change in the admin's history under that user, as the admin does.
+and records each change in the admin's history under that user, as the admin does (where
+``django.contrib.admin`` is installed).
 
-Retry, cancel and purge act through ``backwave.admin.actions`` (the admin's statements), in
+Retry, cancel and purge act through ``backwave.ops.actions`` (the admin's statements too), in
 batches of ``actions.BATCH_SIZE`` each committed on its own; they refuse to run with no filter
 at all unless given ``--all``, and ask for confirmation unless given ``--yes``.
 """
@@ -33,12 +34,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 from django.utils import timezone
 
-from backwave import job_search
-from backwave.admin import actions
-from backwave.admin.jobs import attempt_row, record_history
-from backwave.admin.tracebacks import error_message
 from backwave.models import Attempt, Job, JobState
-from backwave.redaction import redact
+from backwave.ops import actions
+from backwave.ops import search as job_search
+from backwave.ops.formatting import attempt_row
+from backwave.ops.history import record_history
+from backwave.ops.redaction import redact
+from backwave.ops.tracebacks import error_message
 
 logger = logging.getLogger("backwave.operator")
 

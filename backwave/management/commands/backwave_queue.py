@@ -8,14 +8,14 @@
 
 Each edits the queue's row (creating it when the queue has none yet) with one statement; workers
 read the rows when they claim. The command only validates and hands over to
-``backwave.admin.actions``, which the admin's actions use too.
+``backwave.ops.actions``, which the admin's actions use too.
 """
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from backwave.admin import actions
+from backwave.ops import actions
 from backwave.models import Queue
 from backwave.queue_rules import MAX_CONCURRENCY_LIMIT, parse_concurrency_limit, validate_queue_name
 

@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from . import conf
+from .. import conf
 
 REDACTED = "********************"  # Django's SafeExceptionReporterFilter.cleansed_substitute
 

@@ -27,7 +27,7 @@ from typing import Any
 from django.db.models import BooleanField, F, Func, Q, Value
 from django.db.models.functions import Cast
 
-from .models import Job
+from ..models import Job
 from .redaction import is_sensitive
 
 MAX_ROW_ID = 2**63 - 1

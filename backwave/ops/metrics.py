@@ -31,17 +31,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily
 
-from . import conf
-from .admin.stats import COUNT_CAP, COUNTED_STATES, table_statistics
-from .models import Pump, ShownPumpStatus
-from .store import operator
+from .. import conf
+from ..models import Pump, ShownPumpStatus
+from ..store import operator
+from .stats import COUNT_CAP, COUNTED_STATES, table_statistics
 
 SHOWN_STATUSES = tuple(status.value for status in ShownPumpStatus)
 
 
 def served_databases() -> list[str]:
     """The databases BackWave's backends enqueue into, in TASKS order (``default`` when none)."""
-    from .databases import backwave_backends
+    from ..databases import backwave_backends
 
     return list(dict.fromkeys(backend.database for backend in backwave_backends())) or [DEFAULT_DB_ALIAS]
 
