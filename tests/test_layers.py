@@ -180,3 +180,29 @@ def test_the_harness_itself_is_checked():
         "backwave.ops.stats:1 imports backwave.admin.common",
     ]
     assert violations(production, modules) == ["backwave.tasks.backend:2 imports backwave.testing.pump"]
+
+
+MOVED = {
+    "backwave.admin.actions": "backwave.ops.actions",
+    "backwave.admin.stats": "backwave.ops.stats",
+    "backwave.admin.tracebacks": "backwave.ops.tracebacks",
+    "backwave.job_search": "backwave.ops.search",
+    "backwave.redaction": "backwave.ops.redaction",
+    "backwave.metrics": "backwave.ops.metrics",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), MOVED.items())
+def test_an_old_import_path_is_the_moved_module_itself(old, new):
+    """A user's ``from backwave.admin import actions`` (or a monkeypatch through it) reaches the
+    very module the commands and the admin use, for one release."""
+    import importlib
+    import sys
+    import warnings
+
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [f"{old} moved to {new}; import it from there"]
