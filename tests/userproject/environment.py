@@ -37,11 +37,11 @@ class Venv:
 
     def has(self, distribution: str) -> bool:
         code = f"import importlib.metadata as m; m.version({distribution!r})"
-        return subprocess.run([self.python, "-c", code], capture_output=True).returncode == 0
+        return subprocess.run([self.python, "-c", code], check=False, capture_output=True).returncode == 0
 
 
 def run(argv, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)
+    return subprocess.run([str(a) for a in argv], check=False, capture_output=True, text=True, **kwargs)
 
 
 def pinned_constraints(path: Path) -> Path:
