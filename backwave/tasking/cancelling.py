@@ -15,6 +15,7 @@ import enum
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 MAX_JOB_ID = 2**63 - 1
+MAX_BY_LENGTH = 255  # Job.cancel_requested_by
 
 
 class Cancellation(enum.StrEnum):
@@ -27,10 +28,18 @@ class Cancellation(enum.StrEnum):
 
 def cancel(result_id, *, by: str = "api", backend: str = "default") -> Cancellation:
     """Cancel the job of ``result_id`` (a TaskResult's id) on the BackWave backend ``backend``;
-    ``by`` names who cancels in the attempt's error. TaskResultDoesNotExist when no such job."""
+    ``by`` names who cancels in the attempt's error. TaskResultDoesNotExist when no such job;
+    ValueError, before anything is written, for a ``by`` its column cannot hold."""
     from django.tasks import task_backends
 
     from ..ops import actions
+    from ..store.storable import text_problem
+
+    if not isinstance(by, str) or not 1 <= len(by) <= MAX_BY_LENGTH or text_problem(by):
+        raise ValueError(
+            f"by of backwave.cancel() must be a string of 1 to {MAX_BY_LENGTH} characters without a NUL or a lone surrogate "
+            f"(who cancels, as the attempt's error names it), got {by!r:.300}"
+        )
 
     text = str(result_id)
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_JOB_ID:

@@ -36,6 +36,11 @@ MAX_TAGS = 16
 MAX_TAG_LENGTH = 64  # Job.tags is varchar(64)[]
 MAX_KEY_LENGTH = 200  # a uniqueness key before the task path and period are put around it
 MAX_LIMIT_KEY_LENGTH = 255  # Job.limit_key
+# A uniqueness window's number (the epoch over the period) is a bigint in the key: a period far
+# below a millisecond overflows it (1e-10 s did, aborting the caller's transaction), and one of
+# more than a century is a unit mistake (None is "no period").
+MIN_UNIQUE_PERIOD = 0.001
+MAX_UNIQUE_PERIOD = 100 * 366 * 86_400.0
 UNIQUE_STATES = ("ready", "running", "succeeded", "failed", "cancelled", "quarantined")
 UNIQUE_FINISHED_STATES = ("succeeded", "failed", "cancelled", "quarantined")
 UNIQUE_REPLACEABLE = ("args", "run_at")
@@ -245,8 +250,8 @@ def validate_backwave_options(task) -> None:
     if len(tags) > MAX_TAGS:
         raise InvalidTask(f"task {path!r} has {len(tags)} tags; at most {MAX_TAGS} are allowed.")
     for tag in tags:
-        if not isinstance(tag, str) or not 1 <= len(tag) <= MAX_TAG_LENGTH or "\x00" in tag:
-            raise InvalidTask(f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters, got {tag!r}.")
+        if not _is_key_text(tag, MAX_TAG_LENGTH):
+            raise InvalidTask(f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters without a NUL or a lone surrogate, got {tag!r}.")
     _validate_unique(task)
     _validate_limit_key(task)
 
@@ -302,8 +307,11 @@ def _validate_unique(task) -> None:
         _check_argument_names(task, "Unique.by", unique.by)
     if unique.key is not None and not _is_key_text(unique.key, MAX_KEY_LENGTH):
         raise InvalidTask(f"Unique.key of task {path!r} must be a string of 1 to {MAX_KEY_LENGTH} characters, got {unique.key!r}.")
-    if unique.period is not None and (not _is_seconds(unique.period) or unique.period <= 0):
-        raise InvalidTask(f"Unique.period of task {path!r} must be a number of seconds above 0 (or None: no period), got {unique.period!r}.")
+    if unique.period is not None and not (_is_seconds(unique.period) and MIN_UNIQUE_PERIOD <= unique.period <= MAX_UNIQUE_PERIOD):
+        raise InvalidTask(
+            f"Unique.period of task {path!r} must be a number of seconds from {MIN_UNIQUE_PERIOD:g} to {MAX_UNIQUE_PERIOD:,.0f} "
+            f"(a century), or None for no period, got {unique.period!r}."
+        )
     states = unique.states
     if isinstance(states, str) or not isinstance(states, tuple) or any(state not in UNIQUE_STATES for state in states):
         raise InvalidTask(f"Unique.states of task {path!r} must be a tuple of {', '.join(UNIQUE_STATES)}, got {states!r}.")

@@ -66,6 +66,23 @@ def test_the_api_cancels_a_ready_job_at_once_and_asks_a_running_ones_worker():
             backwave.cancel(missing)
 
 
+@pytest.mark.parametrize("by", ["a\x00b", "a\ud800b", "", "x" * 256, 5, None])
+@pytest.mark.parametrize("state", ["ready", "running"])
+def test_the_api_refuses_a_by_the_database_cannot_hold_before_any_sql(by, state, django_assert_num_queries):
+    """by="a\x00b" reached the UPDATE: a raw DataError that aborted the caller's transaction."""
+    from django.db import connection, transaction
+
+    import backwave
+
+    job = make_job(state=state)
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(ValueError, match=r"by of backwave.cancel\(\) must be a string of 1 to 255 characters"):
+            backwave.cancel(job.pk, by=by)
+        assert Job.objects.get(pk=job.pk).state == state  # the transaction still answers
+    assert Job.objects.get(pk=job.pk).cancel_requested_by == ""
+    assert not connection.needs_rollback
+
+
 def test_the_command_cancels_by_id_and_says_what_it_did():
     from io import StringIO
 

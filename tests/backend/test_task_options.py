@@ -108,13 +108,28 @@ def test_zero_backoff_is_allowed():
         ("email", r"must be a list or tuple of strings, got 'email'; did you mean \('email',\)\?"),
         (("",), "must be a string of 1 to 64 characters"),
         (("x" * 65,), "must be a string of 1 to 64 characters"),
-        ((1,), "must be a string of 1 to 64 characters, got 1"),
+        ((1,), "must be a string of 1 to 64 characters without a NUL or a lone surrogate, got 1"),
         (tuple(f"t{i}" for i in range(17)), "has 17 tags; at most 16"),
     ],
 )
 def test_tags_must_be_a_few_short_strings(tags, message):
     with pytest.raises(InvalidTask, match=message):
         sample_tasks.add.using(tags=tags)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tag", ["a\x00b", "caf\udce9"])
+def test_a_tag_text_cannot_hold_is_refused_at_definition_and_the_transaction_stays_usable(tag):
+    """A lone surrogate passed the NUL check and failed the INSERT (DataError, the caller's
+    transaction aborted)."""
+    from django.db import transaction
+
+    from backwave.models import Job
+
+    with transaction.atomic():
+        with pytest.raises(InvalidTask, match="each tag of task .* must be a string of 1 to 64 characters without a NUL or a lone surrogate"):
+            sample_tasks.add.using(tags=("ok", tag)).enqueue(1, 2)
+        assert not Job.objects.exists()
 
 
 @pytest.mark.parametrize("priority", [101, -101, 1.5, "5", None.__class__])

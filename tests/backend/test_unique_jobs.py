@@ -248,6 +248,19 @@ def test_finished_states_without_running_are_refused_at_definition(states):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("period", [1e-10, 0.0009, 1e300, float("inf"), float("nan"), True])
+def test_a_period_out_of_range_is_refused_before_any_sql_and_the_transaction_stays_usable(period, django_assert_num_queries):
+    """1e-10 s made the window number overflow bigint: a DataError that aborted the caller's
+    transaction."""
+    with transaction.atomic():
+        kept = sample_tasks.sync_order.enqueue(1)
+        with django_assert_num_queries(0), pytest.raises(InvalidTask, match=r"Unique.period of task .* must be a number of seconds from 0.001 to 3,162,240,000 \(a century\)"):
+            sample_tasks.sync_order.using(unique=Unique(by=("order_id",), period=period)).enqueue(2)
+        assert list(Job.objects.values_list("id", flat=True)) == [int(kept.id)]
+    assert sample_tasks.sync_order.using(unique=Unique(by=("order_id",), period=0.001)).enqueue(3).duplicate is False
+
+
+@pytest.mark.django_db
 def test_the_limit_key_comes_from_the_named_argument_or_an_explicit_key():
     by_argument = sample_tasks.call_api.enqueue("acme", n=1)
     explicit = sample_tasks.call_api.using(limit_by=None).enqueue("acme")
