@@ -14,6 +14,7 @@ from django.db import connection
 from backwave.models import Pump
 from backwave.shell.health import DEGRADED, HALTED, HEALTHY, HealthServer, group_status, overall_status
 from tests.factories import JobFactory, make_lease
+from tests.shell.conftest import wait_until
 
 
 def get(url: str) -> tuple[int, dict]:
@@ -56,6 +57,71 @@ def test_the_endpoint_answers_200_until_halted_then_503():
         assert get(url)[0] == 200
         state["status"] = HALTED
         assert get(url + "anything") == (503, {"status": "halted", "pumps": []})
+    finally:
+        server.close()
+
+
+def _closed_by_the_server(connection) -> bool:
+    """Whether the server has closed this idle client connection (EOF or a reset)."""
+    try:
+        return connection.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_idle_connections_neither_pin_threads_nor_keep_the_endpoint_from_answering(monkeypatch):
+    """300 clients that connect and send nothing: the endpoint holds at most MAX_CONNECTIONS
+    threads for them, answers a probe meanwhile, and closes each idle one (the oldest first when
+    all its threads are taken, the rest at their deadline)."""
+    import socket
+    import threading
+
+    from backwave.shell import health
+
+    monkeypatch.setattr(health, "REQUEST_TIMEOUT", 1.0, raising=False)  # the deadline, shortened for the test
+    before = threading.active_count()
+    server = HealthServer(lambda: {"status": HEALTHY}, port=0)
+    server.start()
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+        # Accepted in order: once this probe is answered, all 300 before it were handed a thread or closed.
+        assert get(f"http://127.0.0.1:{server.port}/") == (200, {"status": "healthy"})
+        threads = threading.active_count() - before
+        assert threads <= 1 + getattr(health, "MAX_CONNECTIONS", 16), f"{threads} threads for 300 idle connections"
+        for connection in idle:
+            connection.setblocking(False)
+        wait_until(lambda: all(_closed_by_the_server(c) for c in idle), "every idle connection closed by the server", timeout=30)
+        assert get(f"http://127.0.0.1:{server.port}/")[0] == 200
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
+def test_a_client_that_trickles_its_request_is_cut_at_the_deadline(monkeypatch):
+    """A byte at a time, each within the socket timeout: the whole request still has one deadline."""
+    import socket
+
+    from backwave.shell import health
+
+    monkeypatch.setattr(health, "REQUEST_TIMEOUT", 1.0, raising=False)
+    server = HealthServer(lambda: {"status": HEALTHY}, port=0)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+            slow.setblocking(False)
+            sent = 0
+            import time
+
+            while not _closed_by_the_server(slow) and sent < 100:
+                slow.send(b"G")  # a request line that never ends, 0.1 s a byte
+                sent += 1
+                time.sleep(0.1)
+        assert sent < 100, "the trickling client was never cut off"
     finally:
         server.close()
 
@@ -175,8 +241,41 @@ def test_a_health_port_in_use_stops_the_worker_before_it_starts():
 
 
 def test_one_health_port_cannot_serve_several_processes():
-    with pytest.raises(CommandError, match="--health-port 8081 serves one worker process"):
+    with pytest.raises(CommandError, match="--health-port 8081 serves one worker process, and --processes 2 would start 2"):
         call_command("backwave_worker", "--processes", "2", "--health-port", "8081")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_the_health_port_of_a_worker_under_hard_time_limits_outlives_its_replacement(start_worker):
+    """--hard-time-limits runs one worker process under a supervisor, which replaces it when a
+    handler will not stop: the supervisor holds the port, so the endpoint stays on it, served by
+    the process that runs now."""
+    import re
+
+    from backwave.models import Attempt, Job
+    from tests.shell import worker_tasks
+
+    import socket
+
+    with socket.socket() as probe:  # a port free now, named as an operator names one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = worker_tasks.hangs_on_first_attempt.enqueue()
+    worker = start_worker(
+        "--queues", "e2e", "--hard-time-limits", "0.5", "--drain-timeout", "2", "--health-port", str(port),
+        "--poll-interval", "0.05", "--maintenance-interval", "0.5", "--log-every", "0.5",
+    )
+    worker.wait_for(lambda: Job.objects.get(id=result.id).state == "succeeded", timeout=60, what="the retry succeeding in a new process")
+    served = re.findall(r"Health endpoint on http://127\.0\.0\.1:(\d+)/ \(pid (\d+)\)", worker.output)
+    assert [int(p) for p, _ in served] == [port, port], worker.output  # the first process, then its replacement
+    code, body = get(f"http://127.0.0.1:{port}/")
+    assert code == 200 and body["status"] == "healthy", body
+    replacement = Job.objects.get(id=result.id).return_value
+    first_pid = int(Attempt.objects.get(job_id=result.id, number=1).worker_id.split(":")[1])
+    assert body["pid"] == replacement != first_pid
+    worker.signal()
+    assert worker.wait() == 0, worker.output
 
 
 @pytest.mark.django_db(databases=["default", "other"])
