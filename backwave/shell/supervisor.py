@@ -5,6 +5,10 @@ processes. The supervisor starts N children, each a plain ``backwave_worker`` wi
 arguments (its own pumps, leases and connections; they coordinate only through the database),
 restarts a child that dies with exponential backoff (its jobs come back through its lease), and
 forwards signals: the first SIGTERM or SIGINT makes every child drain, a second stops them at once.
+
+With ``listener`` (the health endpoint of a single child, ``--hard-time-limits --health-port``),
+the supervisor holds the bound socket and each child it starts inherits it and serves on it
+(``backwave/shell/health.py``): the port outlives every replacement.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+
+from .health import LISTENER_FD_ENV
 
 logger = logging.getLogger("backwave.supervisor")
 
@@ -56,9 +63,15 @@ class Child:
 class Supervisor:
     """Keeps ``processes`` copies of ``command`` running until told to stop."""
 
-    def __init__(self, command: Sequence[str], processes: int, *, initial_backoff: float = 0.5, max_backoff: float = 30.0, tick: float = 0.2):
+    def __init__(
+        self, command: Sequence[str], processes: int, *, initial_backoff: float = 0.5, max_backoff: float = 30.0, tick: float = 0.2,
+        listener: socket.socket | None = None,
+    ):
         if processes < 1:
             raise ValueError(f"--processes must be at least 1, got {processes}")
+        if listener is not None and processes != 1:
+            raise ValueError(f"one health endpoint serves one worker process, not {processes}")
+        self.listener = listener
         self.command = list(command)
         self.children = [Child(i) for i in range(processes)]
         self._initial_backoff = initial_backoff
@@ -80,6 +93,8 @@ class Supervisor:
             if finished and (self._signals or all(c.done for c in self.children)):
                 break
             time.sleep(self._tick)
+        if self.listener is not None:
+            self.listener.close()
         codes = [c.process.returncode for c in self.children if c.process is not None]
         logger.info("Supervisor stopped; worker exit codes %s", codes)
         return 0 if all(code == 0 for code in codes) else 1
@@ -114,7 +129,11 @@ class Supervisor:
         # Its own session: a Ctrl-C in the terminal reaches only the supervisor, which forwards
         # exactly one signal, so a child never mistakes it for a second "stop at once".
         env = {**os.environ, SUPERVISED_ENV: "1"}
-        child.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_drain_when_orphaned, env=env)
+        pass_fds: tuple[int, ...] = ()
+        if self.listener is not None:
+            env[LISTENER_FD_ENV] = str(self.listener.fileno())
+            pass_fds = (self.listener.fileno(),)
+        child.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_drain_when_orphaned, env=env, pass_fds=pass_fds)
         child.started_at = time.monotonic()
         child.restarts += 1
         logger.info("Worker process %d started (pid %d)", child.index, child.process.pid)

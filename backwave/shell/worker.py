@@ -67,6 +67,7 @@ class Worker:
         cleaners: Mapping[str, JobTableCleaner] | None = None,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
+        health_listener: socket.socket | None = None,
         hard_time_limit: float | None = None,
         observers: ObserverRegistry = NO_OBSERVERS,
         delivery_options: DeliveryOptions | None = None,
@@ -85,7 +86,11 @@ class Worker:
         self.groups = [g for alias in dict.fromkeys(g.database for g in groups) for g in validate_groups(g for g in groups if g.database == alias)]
         self.databases = list(dict.fromkeys(g.database for g in self.groups))
         # The endpoint binds first, so a port in use fails the command before any thread starts.
-        self.health_server = None if health_port is None else HealthServer(self.health_snapshot, host=health_host, port=health_port, metrics=self.metrics)
+        # ``health_listener``: a listening socket made elsewhere (a supervisor's) to serve on instead.
+        self.health_server = (
+            None if health_port is None and health_listener is None
+            else HealthServer(self.health_snapshot, host=health_host, port=health_port or 0, metrics=self.metrics, listener=health_listener)
+        )
         self.pumps = []
         numbered: dict[str, int] = {}
         for group in self.groups:

@@ -240,6 +240,18 @@ def test_a_health_port_in_use_stops_the_worker_before_it_starts():
             call_command("backwave_worker", "--queues", "e2e", "--health-port", str(port), "--no-hints")
 
 
+def test_a_health_port_in_use_stops_a_supervised_worker_before_any_process_starts(monkeypatch):
+    import socket
+
+    monkeypatch.delenv("BACKWAVE_SUPERVISED", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve the health endpoint on 127.0.0.1:{port}"):
+            call_command("backwave_worker", "--queues", "e2e", "--hard-time-limits", "1", "--health-port", str(port))
+
+
 def test_one_health_port_cannot_serve_several_processes():
     with pytest.raises(CommandError, match="--health-port 8081 serves one worker process, and --processes 2 would start 2"):
         call_command("backwave_worker", "--processes", "2", "--health-port", "8081")

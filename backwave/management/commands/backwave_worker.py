@@ -26,6 +26,7 @@ from backwave.core.options import Retention, WorkerGroupConfigError, WorkerGroup
 from backwave.databases import database_problem, place_groups, write_queue_settings
 from backwave.observers import ObserverRegistry
 from backwave.tasking.registry import TaskRegistry
+from backwave.shell.health import inherited_listener, listening_socket
 from backwave.shell.supervisor import REPLACE_ME, SUPERVISED_ENV, Supervisor
 from backwave.shell.worker import Worker
 
@@ -86,14 +87,14 @@ class Command(BaseCommand):
             logging.getLogger("backwave").setLevel(logging.DEBUG)
         # --hard-time-limits supervises even one process: a supervisor must replace it.
         if options["processes"] != 1 or (options["hard_time_limits"] is not None and not os.environ.get(SUPERVISED_ENV)):
-            if options["health_port"]:
+            if options["health_port"] and options["processes"] != 1:
                 raise CommandError(
                     f"--health-port {options['health_port']} serves one worker process, and --processes {options['processes']} "
-                    "would start several on that one port. Run one worker per process manager entry to give each its own port."
+                    f"would start {options['processes']} on that one port. Run one worker per process manager entry to give each its own port."
                 )
             if options["hard_time_limits"] is not None and not options["hard_time_limits"] > 0:
                 raise CommandError(f"--hard-time-limits must be a number of seconds above 0, got {options['hard_time_limits']!r}")
-            return self._supervise(options["processes"])
+            return self._supervise(options["processes"], self._supervised_listener(options))
         try:
             groups = self._groups(options)
             conf.get_setting("HINT_DATABASES")  # read before anything starts: a bad alias stops it here
@@ -115,6 +116,8 @@ class Command(BaseCommand):
                 cleaners=_job_table_cleaners(databases),
                 health_port=options["health_port"],
                 health_host=options["health_host"],
+                # Under a supervisor that bound the port (--hard-time-limits): serve on its socket.
+                health_listener=inherited_listener() if os.environ.get(SUPERVISED_ENV) else None,
                 hard_time_limit=options["hard_time_limits"],
                 observers=ObserverRegistry.discover(conf.get_setting("TASK_MODULES")),
                 delivery_options=conf.delivery_options(),
@@ -136,7 +139,21 @@ class Command(BaseCommand):
         if code:
             raise CommandError("every pump halted; see the log above for the reasons", returncode=code)
 
-    def _supervise(self, processes: int) -> None:
+    @staticmethod
+    def _supervised_listener(options):
+        """The health endpoint's socket, bound here when one supervised process serves it: its
+        replacements serve on the same socket, so the port never changes (and a port in use
+        stops the command before any process starts)."""
+        if options["health_port"] is None or options["processes"] != 1:
+            return None
+        try:
+            listener = listening_socket(options["health_host"], options["health_port"])
+        except OSError as error:
+            raise CommandError(f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}") from error
+        logger.info("Supervisor holds the health endpoint's port %s:%d for its worker process", *listener.getsockname()[:2])
+        return listener
+
+    def _supervise(self, processes: int, listener=None) -> None:
         if processes < 1:
             raise CommandError(f"--processes must be at least 1, got {processes}")
         argv = list(sys.argv)
@@ -146,7 +163,7 @@ class Command(BaseCommand):
                 position = argv.index(flag)
                 del argv[position : position + 2]
             argv = [a for a in argv if not a.startswith(flag + "=")]
-        code = Supervisor([sys.executable, *argv], processes).run()
+        code = Supervisor([sys.executable, *argv], processes, listener=listener).run()
         if code:
             raise CommandError("a worker process exited with an error", returncode=code)
 
