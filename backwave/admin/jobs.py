@@ -92,7 +92,7 @@ class JobStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request, model_admin):
-        return [("ready", "Ready (due)"), ("scheduled", "Scheduled (later)"), *[(v, l) for v, l in JobState.choices if v != "ready"]]
+        return [("ready", "Ready (due)"), ("scheduled", "Scheduled (later)"), *[(value, label) for value, label in JobState.choices if value != "ready"]]
 
     def queryset(self, request, queryset):
         value = self.value()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from inspect import iscoroutinefunction
 
 from asgiref.sync import sync_to_async
 from django.apps import apps

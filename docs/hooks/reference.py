@@ -191,7 +191,7 @@ def settings_reference() -> str:
         out += [f"### `{name}` {{#{_anchor(name)}}}", ""]
         out.append(f"Default: {_literal(default)}." + (f" Allowed: {_markdown(_allowed(name))}." if _allowed(name) else ""))
         if name in conf.BACKEND_OVERRIDABLE:
-            out.append(f"A backend's `OPTIONS` may override it for that backend's tasks (see [backend options](#backend-options)).")
+            out.append("A backend's `OPTIONS` may override it for that backend's tasks (see [backend options](#backend-options)).")
         out.append("")
         text = texts.get(name, "")
         if text and text.lower() != "see the module docstring":

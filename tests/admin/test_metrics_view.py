@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 from prometheus_client.parser import text_string_to_metric_families
 
 from backwave.ops import metrics
-from backwave.models import Job, Pump
+from backwave.models import Pump
 from tests.admin.conftest import make_job, staff_user
 from tests.factories import JobFactory, make_lease
 

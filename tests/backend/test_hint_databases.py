@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from django.core import checks
 from django.core.management import CommandError, call_command
-from django.core.exceptions import ImproperlyConfigured
 
 from backwave.management.commands.backwave_worker import _hint_listener
 

@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from backwave import conf
 from backwave.ops import search as job_search
 from backwave.ops import tracebacks
-from backwave.ops.redaction import REDACTED, is_sensitive, redact, redacted_text
+from backwave.ops.redaction import REDACTED, is_sensitive, redact
 
 
 @pytest.mark.parametrize("key", ["password", "DB_PASSWORD", "passwd", "client_secret", "access_token", "api_key", "apiKey", "API-KEY",

@@ -18,7 +18,6 @@ from backwave.core import events as ev
 from backwave.core.driver import ROLLUP_BATCH, NodeDriver
 from backwave.core.jobs import ClaimedJob
 from backwave.core.options import MAX_OUTCOME_LINGER, Retention, WorkerGroupOptions
-from backwave.core.policy import Strict
 
 LEASE = uuid.UUID(int=0xB0A7)
 LEASE2 = uuid.UUID(int=0xB0A8)

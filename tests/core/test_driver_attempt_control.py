@@ -10,7 +10,7 @@ from backwave.core import events as ev
 from backwave.core.jobs import OutcomeKind
 from backwave.core.transitions import InvalidEvent
 
-from .helpers import LEASE, Trace, claim, execute, internals, of_type
+from .helpers import LEASE, Trace, claim, internals, of_type
 
 
 def _cancel(t: Trace, job_id: int, by: str = "admin:alice", now=None):

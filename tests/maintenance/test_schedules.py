@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from backwave.models import Job, Schedule
 from backwave.tasking.registry import TaskRegistry
-from backwave.conf import ScheduleConfigError, definitions_from_settings
+from backwave.conf import ScheduleConfigError
 from backwave.shell.schedules import mint_due, plan_slots, sync_schedules
 from backwave.store.contract import DueSchedule, ScheduleSlot
 from tests.shell import worker_tasks

@@ -11,7 +11,6 @@ import json
 import logging
 
 import pytest
-from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 
 from backwave.store.contract import NewJob
 
-from .helpers import ago
 
 QUEUE = "default"
 

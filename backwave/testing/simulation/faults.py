@@ -15,7 +15,12 @@ kills its process is not a fault: it goes on doing so in the quiesce.)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from backwave.core import events as ev
+
+if TYPE_CHECKING:  # world.py imports this mixin
+    from .world import Node, SimPump
 
 
 class Faults:
