@@ -7,18 +7,21 @@ block is checked:
   is a test item with pytest-django's ``db``). The namespace is a module of its own
   (``docs_snippets_<page>``), registered in ``sys.modules`` and in ``BACKWAVE["TASK_MODULES"]``
   while the page runs, so the tasks a page defines are importable by their path and found by the
-  test pump, as an app's ``tasks.py`` is. A block preceded by ``<!-- file: accounts/tasks.py -->``
-  is that file: it runs as the module ``accounts.tasks``, which later blocks import. A function
+  test pump, as an app's ``tasks.py`` is. A block titled as a file (```` ```python
+  title="accounts/tasks.py" ````, which the site shows as the block's title and the user's-project
+  lane writes into that file) runs as the module ``accounts.tasks``, which later blocks import;
+  a second block with the same title adds to it. A function
   named ``test_*`` that a block defines is run at once, its arguments filled with the pytest
   fixtures of those names (``backwave_pump``, ``backwave_jobs``, ``client``...).
-- ``python`` blocks that only assign upper-case names are settings fragments: they are executed
-  on their own and checked as Django and BackWave check settings (a ``BACKWAVE`` dict by
+- ``python`` blocks that only assign upper-case names (``=`` or ``+=``) are settings fragments:
+  they are executed on their own (a ``+=`` adds to the test settings' value) and checked as
+  Django and BackWave check settings (a ``BACKWAVE`` dict by
   ``conf.settings_problems`` and the worker's group validation, ``TASKS`` by the backends'
   checks, every other name against Django's global settings).
 - ``sh``: each line is checked without running it: ``manage.py`` commands are parsed by their own
   argparse parsers (an unknown command or option fails), ``python -m`` modules must exist, and
   paths into the repository (``bin/run``, ``bench/x.py``) must exist.
-- ``toml``, ``yaml``, ``ini`` and ``json`` must parse.
+- ``toml``, ``yaml``, ``ini`` and ``json`` must parse; ``html`` must compile as a Django template.
 - ``text`` blocks are not code (output, a layout tree) and are not collected.
 
 Anything else fails until it gets an evaluator here, or ``<!-- skip: next "why" -->`` before it
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import copy
 import importlib.util
 import inspect
 import json
@@ -43,11 +47,11 @@ from pathlib import Path
 import pytest
 from sybil import Region, Sybil
 from sybil.parsers.markdown import SkipParser
-from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer, FencedCodeBlockLexer
+from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_CODE = {"text"}
-FILE_DIRECTIVE = re.compile(r"<!--\s*file:\s*(\S+)\s*-->\s*\n\s*```")
+TITLE = re.compile(r'title="(?P<title>[^"]+)"')
 
 
 # --- the page's namespace as a module -----------------------------------------------------------
@@ -113,7 +117,7 @@ def _is_settings_fragment(tree: ast.Module) -> bool:
     if not statements:
         return False
     for node in statements:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else None
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else None
         if not targets or not all(isinstance(t, ast.Name) and t.id.isupper() for t in targets):
             return False
     return True
@@ -195,7 +199,11 @@ def evaluate_python(example) -> None:
     padded = "\n" * (example.line + source.line_offset) + source
     tree = ast.parse(padded, example.path)
     if _is_settings_fragment(tree):
-        values: dict = {}
+        from django.conf import settings
+
+        # A `+=` adds to what the project has: the test settings' value stands for it.
+        added = {node.target.id for node in tree.body if isinstance(node, ast.AugAssign)}
+        values: dict = {name: copy.deepcopy(getattr(settings, name)) for name in added if hasattr(settings, name)}
         exec(compile(tree, example.path, "exec"), values)
         values = {key: value for key, value in values.items() if key.isupper()}
         problems = _check_settings(values)
@@ -286,6 +294,12 @@ def evaluate_json(example) -> None:
     json.loads(str(example.parsed))
 
 
+def evaluate_html(example) -> None:
+    from django.template import engines
+
+    engines["django"].from_string(str(example.parsed))
+
+
 EVALUATORS = {
     "python": evaluate_python,
     "sh": evaluate_sh,
@@ -293,6 +307,7 @@ EVALUATORS = {
     "yaml": evaluate_yaml,
     "ini": evaluate_ini,
     "json": evaluate_json,
+    "html": evaluate_html,
 }
 
 
@@ -311,25 +326,18 @@ class CodeBlocks:
 
     def __init__(self):
         self.lexer = FencedCodeBlockLexer(language=r".+", mapping={"language": "arguments", "source": "source"})
-        self.file_lexer = DirectiveInHTMLCommentLexer(directive="file", arguments=r"\S+")
 
     def __call__(self, document):
         document.namespace["__file__"] = document.path  # for the page's module name, at setup
-        files = {lexed.end: lexed.lexemes["arguments"] for lexed in self.file_lexer(document)}
         for lexed in self.lexer(document):
-            language = lexed.lexemes["arguments"].split()[0]
+            info = lexed.lexemes["arguments"]
+            language = info.split()[0]
             if language in NOT_CODE:
                 continue
             region = Region(lexed.start, lexed.end, lexed.lexemes["source"], EVALUATORS.get(language) or _no_evaluator(language))
-            # A file directive right above the block (only blank space between them).
-            region.file_module = next(
-                (
-                    path.removesuffix(".py").replace("/", ".")
-                    for end, path in files.items()
-                    if end <= lexed.start and not document.text[end : lexed.start].replace("-->", "").strip()
-                ),
-                None,
-            )
+            title = TITLE.search(info)
+            path = title["title"] if title else ""
+            region.file_module = path.removesuffix(".py").replace("/", ".") if path.endswith(".py") and not path.endswith("settings.py") else None
             yield region
 
 
