@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from psycopg.pq import TransactionStatus
 
 from .contract import Inserted, NewJob
-from .params import inserted_from_rows, insert_statement
+from .params import inserted_from_rows, run_enqueue
 from .queries import QUERIES
 
 
@@ -26,9 +26,12 @@ def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[I
     """insert_jobs, saying for each job whether it was a duplicate and of what."""
     if not jobs:
         return []
-    name, params = insert_statement(jobs, hint=hint)
-    cursor.execute(QUERIES[name], params)
-    rows = cursor.fetchall()
+
+    def execute(name: str, params: dict) -> list[tuple]:
+        cursor.execute(QUERIES[name], params)
+        return cursor.fetchall()
+
+    name, rows = run_enqueue(execute, jobs, hint=hint)
     restore_caller_settings(cursor, name, rows)
     return inserted_from_rows(name, rows)
 

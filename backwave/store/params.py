@@ -24,7 +24,7 @@ from backwave.core.jobs import ClaimedJob, OutcomeKind
 
 from .contract import (
     NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, Heartbeat, Inserted, NewJob, OutcomeRecord, ProgressReport, Store,
-    StoreError, TransitionRecord,
+    StoreError, TransientStoreError, TransitionRecord,
 )
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
@@ -112,6 +112,36 @@ def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[s
             for edge in job.after
         ]
     return "enqueue_with_dependencies", {"jobs": json.dumps(rows), "hint": hint}
+
+
+# How many statements a unique enqueue sends at most: each one after the first is for keys that
+# changed hands while the one before ran (see enqueue_unique_many's "retry"), which takes another
+# transaction committing on that very key each time.
+MAX_UNIQUE_ROUNDS = 16
+
+
+def run_enqueue(execute: Callable[[str, dict[str, Any]], list[tuple]], jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, list[tuple]]:
+    """Run the enqueue statement for ``jobs`` through ``execute(name, params) -> rows``: one
+    statement, and for a unique batch one more for each round of keys the last one could not
+    settle (their rows replace the unsettled ones). The statement's name and rows, in input order."""
+    name, params = insert_statement(jobs, hint=hint)
+    rows = execute(name, params)
+    if name != "enqueue_unique_many":
+        return name, rows
+    rows = list(rows)
+    for _ in range(MAX_UNIQUE_ROUNDS - 1):
+        pending = [position for position, row in enumerate(rows) if row[8]]
+        if not pending:
+            return name, rows
+        for position, row in zip(pending, execute(name, insert_jobs_params([jobs[p] for p in pending], hint=hint)), strict=True):
+            rows[position] = row
+    if any(row[8] for row in rows):
+        raise TransientStoreError(
+            f"enqueue_unique_many: the keys of {sum(1 for row in rows if row[8])} job(s) changed hands in each of "
+            f"{MAX_UNIQUE_ROUNDS} statements in a row; nothing more was sent for them (retry the enqueue)",
+            statement="enqueue_unique_many",
+        )
+    return name, rows
 
 
 def inserted_ids(name: str, rows: list[tuple]) -> list[int]:
@@ -205,6 +235,11 @@ def delivery_params(token: uuid.UUID, results: Sequence[DeliveryResult]) -> dict
 def enqueue_statement(jobs: Sequence[NewJob]) -> str:
     """enqueue_unique_many when a job of the batch declares uniqueness, else enqueue_many."""
     return "enqueue_unique_many" if any(job.unique_key is not None for job in jobs) else "enqueue_many"
+
+
+def insert_statement_name(jobs: Sequence[NewJob]) -> str:
+    """The name of insert_statement's statement for ``jobs``."""
+    return "enqueue_with_dependencies" if any(job.after for job in jobs) else enqueue_statement(jobs)
 
 
 def inserted_from_rows(name: str, rows: list[tuple]) -> list[Inserted]:

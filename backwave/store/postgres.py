@@ -54,8 +54,8 @@ from .contract import (
     ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
 )
 from .params import (
-    applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, insert_statement, inserted_ids,
-    is_refused_heartbeat, known_params, lease_seconds, lock_params, outcome_batch, transition_record, write_isolating, write_then_claim,
+    applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, inserted_ids,
+    is_refused_heartbeat, known_params, lease_seconds, lock_params, outcome_batch, run_enqueue, transition_record, write_isolating, write_then_claim,
 )
 from .queries import QUERIES, native_statement
 from .storable import clean_text
@@ -456,8 +456,7 @@ class PostgresStore:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:
             return []
-        name, params = insert_statement(jobs, hint=True)
-        return inserted_ids(name, self._execute(name, params))
+        return inserted_ids(*run_enqueue(self._execute, jobs, hint=True))
 
     # -- transition observers -------------------------------------------------------------------
 

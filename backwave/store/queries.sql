@@ -1587,23 +1587,31 @@ SELECT set_config('enable_seqscan', %(enable_seqscan)s, true)
 -- The stored key is the task path, the caller's key and, for a key with a period, the period and
 -- the number of the period's window that now() (the database clock) falls in, so "unique per
 -- hour" is one key per clock hour. The partial unique index backwave_job_unique_key (WHERE
--- unique_key IS NOT NULL) is the arbiter of ON CONFLICT: a second enqueue of a key that a
--- committed job holds takes the DO UPDATE branch and gets that job back; one that a
--- transaction still in flight holds waits for it, then inserts (it rolled back) or takes the
--- DO UPDATE branch (it committed). Two enqueues in two transactions make one job either way.
--- A key is held only while its job is in a covered state (the trigger of migration 0008).
+-- unique_key IS NOT NULL) is the arbiter of ON CONFLICT DO NOTHING: a key that a transaction
+-- still in flight holds makes the insert wait for it, then insert (it rolled back) or find the
+-- key taken (it committed). Two enqueues in two transactions make one job either way. A key is
+-- held only while its job is in a covered state (the trigger of migration 0008).
 --
--- A batch may name one key twice, which ON CONFLICT DO UPDATE refuses ("cannot affect row a
--- second time"): "first" keeps the first row of each key, and the later ones get its job back
--- as duplicates. Ids are drawn from the table's sequence beforehand ("input"), so the answer
--- can tell an inserted row (its id is the one drawn) from a duplicate (the existing job's id),
--- joined back by id, then by key, with hash joins (an OR in one join would be a nested loop).
+-- DO NOTHING, not DO UPDATE: a duplicate must lock no row the engine writes. DO UPDATE locks the
+-- job it finds (FOR NO KEY UPDATE, and writes it even when nothing changes) until the caller's
+-- transaction ends, and the pump's outcome write, heartbeat and lease expiry of a running job
+-- all wait for that lock. The job holding a key the insert found taken is read instead
+-- ("held"), without a lock, as this statement's snapshot sees it. Only what a duplicate's
+-- unique_replace asks for is written, and only to a job still ready ("replaced"): 'args'
+-- replaces the payload, 'run_at' pushes the run time to the later of the two (a debounce). A
+-- ready row so locked is one the claim passes over (SKIP LOCKED) until the caller commits;
+-- nothing waits for it.
 --
--- The DO UPDATE branch always writes (RETURNING only sees rows it writes), but changes only
--- what the duplicate's unique_replace asks for, and only while the job is ready: 'args'
--- replaces the payload, 'run_at' pushes the run time to the later of the two (a debounce).
--- Returns per input row, in input order: id, duplicate, and the job's state and times for
--- the TaskResult of a duplicate.
+-- "retry" marks a key this statement could not settle, for the caller to send again in a new
+-- statement (a new snapshot): taken by a transaction that committed while the insert waited for
+-- it (this snapshot does not see that job), or a job to replace that stopped being ready (or
+-- let go of the key) after the snapshot was taken. Sent again, such a key is inserted, or found.
+--
+-- A batch may name one key twice: "first" keeps the first row of each key, and the later ones
+-- get its job back as duplicates. Ids are drawn from the table's sequence beforehand ("input"),
+-- so the answer can tell an inserted row (its id is the one drawn) from a duplicate.
+-- Returns per input row, in input order: id, duplicate, the job's state, payload and times (for
+-- the TaskResult of a duplicate), and retry.
 WITH input AS MATERIALIZED (
     SELECT n.*, nextval(pg_get_serial_sequence('backwave_job', 'id')) AS new_id,
            CASE WHEN n.unique_key IS NOT NULL
@@ -1623,7 +1631,7 @@ WITH input AS MATERIALIZED (
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
               backend, tags, trace_context, timeout, limit_key, unique_key, unique_period, unique_states,
               unique_replace, position)
-), first AS (
+), first AS MATERIALIZED (
     SELECT DISTINCT ON (coalesce(i.stored_key, i.new_id::text)) i.*
     FROM input AS i
     ORDER BY coalesce(i.stored_key, i.new_id::text), i.position
@@ -1640,25 +1648,51 @@ WITH input AS MATERIALIZED (
            CASE WHEN f.stored_key IS NOT NULL THEN f.unique_replace END
     FROM first AS f
     ORDER BY f.position
-    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
-    SET payload = CASE WHEN j.state = 'ready' AND 'args' = ANY(EXCLUDED.unique_replace)
-                       THEN EXCLUDED.payload ELSE j.payload END,
-        run_at = CASE WHEN j.state = 'ready' AND 'run_at' = ANY(EXCLUDED.unique_replace)
-                      THEN greatest(j.run_at, EXCLUDED.run_at) ELSE j.run_at END
-    RETURNING j.id, j.unique_key, j.queue, j.state, j.payload, j.enqueued_at, j.started_at,
-              j.last_attempted_at, j.finished_at
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+    RETURNING j.id, j.unique_key, j.queue, j.payload, j.enqueued_at
+), taken AS MATERIALIZED (
+    -- The keys the insert found taken, with what their duplicates would replace.
+    SELECT f.stored_key, f.payload, coalesce(f.run_at, now()) AS run_at,
+           coalesce('args' = ANY(f.unique_replace), false) AS replace_args,
+           coalesce('run_at' = ANY(f.unique_replace), false) AS replace_run_at
+    FROM first AS f
+    WHERE f.stored_key IS NOT NULL AND NOT EXISTS (SELECT FROM written AS w WHERE w.id = f.new_id)
+), held AS MATERIALIZED (
+    SELECT j.id, j.unique_key, j.state, j.payload, j.enqueued_at, j.started_at, j.last_attempted_at, j.finished_at,
+           j.state = 'ready' AND (t.replace_args OR t.replace_run_at) AS to_replace
+    FROM taken AS t
+    JOIN backwave_job AS j ON j.unique_key = t.stored_key
+), replaced AS (
+    -- A row that changed since the snapshot is checked again as it is now (READ COMMITTED): one
+    -- claimed meanwhile is no longer ready, and is left alone. By primary key, the ids as one
+    -- array and the state as a sub-select, as the outcome write reads its rows (see there): the
+    -- partial indexes on ready rows are not the way to a row whose id is known.
+    UPDATE backwave_job AS j
+    SET payload = CASE WHEN t.replace_args THEN t.payload ELSE j.payload END,
+        run_at = CASE WHEN t.replace_run_at THEN greatest(j.run_at, t.run_at) ELSE j.run_at END
+    FROM held AS h
+    JOIN taken AS t ON t.stored_key = h.unique_key
+    WHERE j.id = h.id AND h.to_replace
+      AND j.id = ANY(ARRAY(SELECT r.id FROM held AS r WHERE r.to_replace))
+      AND j.state = (SELECT 'ready') AND j.unique_key = h.unique_key
+    RETURNING j.id, j.payload
 ), hinted AS (
     SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
     FROM (SELECT DISTINCT queue FROM written) AS q
     WHERE %(hint)s::boolean
 )
-SELECT coalesce(own.id, held.id), own.id IS NULL,
-       coalesce(own.state, held.state), coalesce(own.payload, held.payload),
-       coalesce(own.enqueued_at, held.enqueued_at), coalesce(own.started_at, held.started_at),
-       coalesce(own.last_attempted_at, held.last_attempted_at), coalesce(own.finished_at, held.finished_at)
+SELECT coalesce(own.id, sibling.id, h.id),
+       own.id IS NULL,
+       coalesce(h.state, 'ready'),
+       coalesce(r.payload, sibling.payload, h.payload, own.payload),
+       coalesce(own.enqueued_at, sibling.enqueued_at, h.enqueued_at),
+       h.started_at, h.last_attempted_at, h.finished_at,
+       own.id IS NULL AND sibling.id IS NULL AND (h.id IS NULL OR (h.to_replace AND r.id IS NULL)) AS retry
 FROM input AS i
 LEFT JOIN written AS own ON own.id = i.new_id
-LEFT JOIN written AS held ON own.id IS NULL AND held.unique_key = i.stored_key
+LEFT JOIN written AS sibling ON own.id IS NULL AND sibling.unique_key = i.stored_key
+LEFT JOIN held AS h ON own.id IS NULL AND sibling.id IS NULL AND h.unique_key = i.stored_key
+LEFT JOIN replaced AS r ON r.id = h.id
 CROSS JOIN hinted
 ORDER BY i.position
 

@@ -34,7 +34,7 @@ from psycopg.types.json import JsonbLoader
 
 from backwave.store.contract import NOTHING_OBSERVED, NewJob, StoreError, TransientStoreError
 from backwave.store.enqueue import restore_caller_settings
-from backwave.store.params import insert_statement, inserted_ids
+from backwave.store.params import insert_statement_name, inserted_ids, run_enqueue
 from backwave.store.postgres import PostgresStore, is_transient
 from backwave.store.queries import QUERIES
 
@@ -82,10 +82,13 @@ class DjangoConnectionStore(PostgresStore):
         """Insert jobs in one statement (no Wake-Up Hint); returns their ids in input order."""
         if not jobs:
             return []
-        name, params = insert_statement(jobs, hint=False)
-        with self._cursor(name) as cursor:
-            cursor.execute(_statement(name), self._with_clock(params))
-            rows = cursor.fetchall()
+        with self._cursor(insert_statement_name(jobs)) as cursor:
+
+            def execute(name: str, params: dict) -> list[tuple]:
+                cursor.execute(_statement(name), self._with_clock(params))
+                return cursor.fetchall()
+
+            name, rows = run_enqueue(execute, jobs, hint=False)
             # Inside atomic(): in a test's transaction the statement's SET LOCAL would outlive it.
             restore_caller_settings(cursor, name, rows)
         return inserted_ids(name, rows)

@@ -540,8 +540,12 @@ def test_a_unique_enqueue_is_arbitrated_by_the_partial_unique_index(transactiona
                         "unique_key": "k", "unique_states": ["ready"], "unique_replace": []}])
     nodes = explain("enqueue_unique_many", {"jobs": jobs, "hint": False})
     (insert,) = [n for n in nodes if n.get("Operation") == "Insert"]
-    assert insert["Conflict Resolution"] == "UPDATE"
+    # DO NOTHING: a duplicate locks no row (see test_application_locks.py).
+    assert insert["Conflict Resolution"] == "NOTHING"
     assert insert["Conflict Arbiter Indexes"] == ["backwave_job_unique_key"]
+    # The job holding a key is read by that index, not by a scan.
+    reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+    assert reads and all(n.get("Index Name") in ("backwave_job_unique_key", "backwave_job_pkey") for n in reads), [(n["Node Type"], n.get("Index Name")) for n in reads]
 
 
 @pytest.fixture
