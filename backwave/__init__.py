@@ -29,6 +29,10 @@ def __getattr__(name):
         from backwave.tasking import results, task
 
         return getattr(task if name == "Unique" else results, name)
+    if name == "InvalidArguments":
+        from backwave.tasking.payload import InvalidArguments
+
+        return InvalidArguments
     if name == "UnstorableResult":
         from backwave.store.storable import UnstorableResult
 

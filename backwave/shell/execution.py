@@ -465,13 +465,20 @@ def route(job: ClaimedJob, registry: TaskRegistry):
 
 def _json_value(value: Any, *, max_bytes: int) -> Any:
     """The return value as it will be stored (its JSON round trip), or UnstorableResult: raised
-    inside the attempt, so it fails this attempt and nothing else."""
+    inside the attempt, so it fails this attempt and nothing else. A value of a type JSON has not
+    raises the TypeError Django's backends record for it instead ("Unsupported type: <class 'set'>"),
+    with BackWave's where and what after Django's sentence."""
     if value is None or value is True or value is False:
         return value
     # The common scalars cannot be unstorable: no encoding needed (ints far below the digit limit).
     if (type(value) is int and value.bit_length() < 64) or (type(value) is float and math.isfinite(value)):
         return value
-    return json.loads(encode_result(value, max_bytes=max_bytes))
+    try:
+        return json.loads(encode_result(value, max_bytes=max_bytes))
+    except UnstorableResult as error:
+        if error.unsupported_type is None:
+            raise
+        raise TypeError(f"Unsupported type: {error.unsupported_type}: {error}") from None
 
 
 def _error_class(error: BaseException) -> str:

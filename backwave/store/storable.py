@@ -32,8 +32,14 @@ class UnstorableResult(Exception):
 
     The attempt fails with it (retried under the task's normal rules); the message says what was
     wrong and where in the value. It also names the attempts the store itself had to fail because
-    their outcome could not be written as it was.
+    their outcome could not be written as it was. ``unsupported_type``: the type JSON has not that
+    is at fault, if that is what is wrong (a task's return value then fails with the TypeError
+    Django's backends record, see backwave/shell/execution.py).
     """
+
+    def __init__(self, message: str, unsupported_type: type | None = None):
+        super().__init__(message)
+        self.unsupported_type = unsupported_type
 
 
 # Its public name, the one stored as the attempts' error class: backwave.UnstorableResult.
@@ -59,7 +65,8 @@ def encode_result(value: Any, *, max_bytes: int) -> str:
     except (TypeError, ValueError) as error:
         if "ircular" in str(error):
             raise UnstorableResult("the return value contains itself (a circular reference), which JSON cannot encode") from None
-        raise UnstorableResult(result_problem(value) or f"the return value cannot be encoded as JSON: {error}") from None
+        problem, culprit = _first_problem(value) or (f"the return value cannot be encoded as JSON: {error}", None)
+        raise UnstorableResult(problem, culprit) from None
     # A NUL or a lone surrogate reaches the text only as a \u escape (json.dumps escapes all that
     # is not ASCII): without one, the walk is not needed.
     if "\\u" in text and (problem := result_problem(value)):
@@ -74,6 +81,12 @@ def encode_result(value: Any, *, max_bytes: int) -> str:
 
 def result_problem(value: Any) -> str | None:
     """The first thing in ``value`` that PostgreSQL's jsonb cannot store, and where, or None."""
+    found = _first_problem(value)
+    return found[0] if found else None
+
+
+def _first_problem(value: Any) -> tuple[str, type | None] | None:
+    """result_problem's text, and the type at fault when it is a type JSON has not (else None)."""
     max_digits, digits_limit = _int_limit()
     safe_bits = int((max_digits - 1) * _LOG2_10)  # an int this short has fewer digits than the limit
     seen: set[int] = set()
@@ -84,15 +97,15 @@ def result_problem(value: Any) -> str | None:
             continue
         if isinstance(item, int):
             if item.bit_length() > safe_bits and (digits := _digits(item)) > max_digits:
-                return _where(path, f"an int of {digits:,} digits", f", more than {digits_limit}")
+                return _where(path, f"an int of {digits:,} digits", f", more than {digits_limit}"), None
         elif isinstance(item, float):
             if math.isnan(item):
-                return _where(path, "NaN", ", which JSON cannot represent")
+                return _where(path, "NaN", ", which JSON cannot represent"), None
             if math.isinf(item):
-                return _where(path, "Infinity" if item > 0 else "-Infinity", ", which JSON cannot represent")
+                return _where(path, "Infinity" if item > 0 else "-Infinity", ", which JSON cannot represent"), None
         elif isinstance(item, str):
             if problem := text_problem(item):
-                return _where(path, problem, ", which PostgreSQL cannot store")
+                return _where(path, problem, ", which PostgreSQL cannot store"), None
         elif isinstance(item, (list, tuple, dict)):
             if id(item) in seen:
                 continue  # shared, or a cycle (json.dumps reports that one itself)
@@ -102,17 +115,17 @@ def result_problem(value: Any) -> str | None:
                 for key, child in item.items():
                     if isinstance(key, str):
                         if problem := text_problem(key):
-                            return _where(path, f"a key holding {problem}", ", which PostgreSQL cannot store", key=True)
+                            return _where(path, f"a key holding {problem}", ", which PostgreSQL cannot store", key=True), None
                     elif isinstance(key, float) and not math.isfinite(key):
-                        return _where(path, f"the key {key!r}", ", which JSON cannot represent", key=True)
+                        return _where(path, f"the key {key!r}", ", which JSON cannot represent", key=True), None
                     elif key is not None and not isinstance(key, (int, float, bool)):
-                        return _where(path, f"a key of type {_type_name(key)}", "; JSON object keys are strings", key=True)
+                        return _where(path, f"a key of type {_type_name(key)}", "; JSON object keys are strings", key=True), type(key)
                     children.append((child, (*path, key)))
                 stack.extend(reversed(children))
             else:
                 stack.extend((child, (*path, index)) for index, child in reversed(list(enumerate(item))))
         else:
-            return _where(path, f"a {_type_name(item)}", ", which is not JSON-serialisable")
+            return _where(path, f"a {_type_name(item)}", ", which is not JSON-serialisable"), type(item)
     return None
 
 

@@ -131,14 +131,14 @@ def test_default_payload_limit_is_one_mebibyte():
 @pytest.mark.django_db
 def test_queue_removed_from_settings_is_rejected_at_enqueue(settings):
     settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": ["default"]}}
-    with pytest.raises(InvalidTask, match="queue_name 'emails'"):
+    with pytest.raises(InvalidTask, match="Queue 'emails' is not valid for backend"):
         sample_tasks.send_email.enqueue("a@example.com")
     assert not Job.objects.exists()
 
 
 @pytest.mark.django_db
 def test_unknown_queue_raises(settings):
-    with pytest.raises(InvalidTask, match="queue_name 'nope'"):
+    with pytest.raises(InvalidTask, match="Queue 'nope' is not valid for backend"):
         sample_tasks.add.using(queue_name="nope").enqueue(1, 2)
 
 

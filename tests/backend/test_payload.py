@@ -66,3 +66,25 @@ def test_json_problem_is_none_for_good_values():
 
 def test_a_backslash_u0000_text_is_not_mistaken_for_a_nul():
     assert encode(("\\u0000",)) == {"args": ["\\u0000"], "kwargs": {}}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "opening"),
+    [
+        ((datetime(2030, 1, 1),), "Unsupported type: <class 'datetime.datetime'>. "),
+        (({1, 2},), "Unsupported type: <class 'set'>. "),
+        ((float("nan"),), ""),  # a value, not a type: BackWave's sentence alone
+    ],
+)
+def test_non_json_arguments_raise_a_type_error_as_in_django(args, opening):
+    # Django's contract raises TypeError ("Unsupported type: ...") for arguments JSON cannot hold;
+    # BackWave's error is that TypeError and still an InvalidTask, with the path to the value.
+    from backwave.models import Job
+
+    with pytest.raises(TypeError) as excinfo:
+        sample_tasks.add.enqueue(*args)
+    assert isinstance(excinfo.value, InvalidTask)
+    assert str(excinfo.value).startswith(f"{opening}Arguments of task 'tests.backend.sample_tasks.add' must be plain JSON")
+    assert "payload['args'][0]" in str(excinfo.value)
+    assert not Job.objects.exists()

@@ -50,9 +50,6 @@ KNOWN_DEFECTS = {
     "test_tasks.py::TaskTestCase::test_enqueue_task_async": "19",
     "test_tasks.py::TaskTestCase::test_get_result": "19",
     "test_tasks.py::TaskTestCase::test_get_result_async": "19",
-    "test_tasks.py::TaskTestCase::test_enqueue_with_invalid_argument": "20: non-JSON arguments raise no TypeError",
-    "test_tasks.py::TaskTestCase::test_aenqueue_with_invalid_argument": "20",
-    "test_immediate_backend.py::ImmediateBackendTestCase::test_complex_return_value": "20: an unstorable result is no TypeError",
     "test_immediate_backend.py::ImmediateBackendTestCase::test_catches_exception": "21: Django's failure log line has no exception",
 }
 

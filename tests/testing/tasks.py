@@ -90,6 +90,11 @@ def returns_nan():
     return {"score": float("nan")}
 
 
+@task(max_attempts=1)
+def returns_a_set():
+    return {"ids": {1, 2}}
+
+
 # --- attempt control: a task moves the test pump's clock to say "this took that long" -----------
 
 PUMP = {}  # the test puts its pump here: PUMP["pump"] = pump

@@ -322,6 +322,22 @@ def test_a_value_jsonb_cannot_store_fails_its_attempt_not_the_batch(pump):
     assert "the return value holds NaN at ['score']" in attempt.traceback
 
 
+def test_a_return_value_of_a_type_json_lacks_fails_with_a_type_error_as_in_django(pump):
+    # Django's backends record builtins.TypeError ("Unsupported type: ...") for a return value
+    # JSON has no type for; BackWave records the same class, with where the value is.
+    result = tasks.returns_a_set.enqueue()
+
+    assert pump.drain().failed == 1
+
+    attempt = Attempt.objects.get(job_id=result.id)
+    assert attempt.error_class == "builtins.TypeError"
+    assert attempt.traceback.endswith(
+        "TypeError: Unsupported type: <class 'set'>: the return value holds a set at ['ids'], which is not JSON-serialisable\n"
+    )
+    result.refresh()
+    assert result.errors[0].exception_class is TypeError
+
+
 def test_max_result_bytes_bounds_a_return_value(pump, settings):
     settings.BACKWAVE = {**settings.BACKWAVE, "MAX_RESULT_BYTES": 10}
     short, long = tasks.add.enqueue(1, 2), tasks.send_email.enqueue("someone@example.com")
