@@ -1608,7 +1608,8 @@ SELECT set_config('enable_seqscan', %(enable_seqscan)s, true)
 -- let go of the key) after the snapshot was taken. Sent again, such a key is inserted, or found.
 --
 -- A batch may name one key twice: "first" keeps the first row of each key, and the later ones
--- get its job back as duplicates. Ids are drawn from the table's sequence beforehand ("input"),
+-- get its job back as duplicates, each replacing what its own unique_replace asks for, in input
+-- order ("folded"): the batch ends as the same calls enqueued one after another would. Ids are drawn from the table's sequence beforehand ("input"),
 -- so the answer can tell an inserted row (its id is the one drawn) from a duplicate.
 -- Returns per input row, in input order: id, duplicate, the job's state, payload and times (for
 -- the TaskResult of a duplicate), and retry.
@@ -1635,28 +1636,45 @@ WITH input AS MATERIALIZED (
     SELECT DISTINCT ON (coalesce(i.stored_key, i.new_id::text)) i.*
     FROM input AS i
     ORDER BY coalesce(i.stored_key, i.new_id::text), i.position
+), folded AS MATERIALIZED (
+    -- What the calls of each key replace, folded in input order as if enqueued one by one: the
+    -- last arguments of a call whose replace has 'args', the latest run time of those with
+    -- 'run_at'. "later": the calls after the key's first (the first's own job gets them);
+    -- "all": every call (a job that already held the key gets them).
+    SELECT i.stored_key,
+           (array_agg(i.payload ORDER BY i.position DESC)
+                FILTER (WHERE 'args' = ANY(i.unique_replace) AND i.position > f.position))[1] AS later_payload,
+           max(coalesce(i.run_at, now())) FILTER (WHERE 'run_at' = ANY(i.unique_replace) AND i.position > f.position) AS later_run_at,
+           (array_agg(i.payload ORDER BY i.position DESC) FILTER (WHERE 'args' = ANY(i.unique_replace)))[1] AS all_payload,
+           max(coalesce(i.run_at, now())) FILTER (WHERE 'run_at' = ANY(i.unique_replace)) AS all_run_at,
+           coalesce(bool_or('args' = ANY(i.unique_replace)), false) AS replace_args,
+           coalesce(bool_or('run_at' = ANY(i.unique_replace)), false) AS replace_run_at
+    FROM input AS i
+    JOIN first AS f ON f.stored_key = i.stored_key
+    GROUP BY i.stored_key
 ), written AS (
     INSERT INTO backwave_job AS j (
         id, task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
         backend, tags, state, attempts, enqueued_at, worker_id, trace_context, timeout, limit_key,
         unique_key, unique_states, unique_replace
     )
-    SELECT f.new_id, f.task_path, f.payload, f.queue, f.priority, coalesce(f.run_at, now()), f.max_attempts,
+    SELECT f.new_id, f.task_path, coalesce(d.later_payload, f.payload), f.queue, f.priority,
+           greatest(coalesce(f.run_at, now()), d.later_run_at), f.max_attempts,
            f.backoff_base, f.backoff_max, f.backend, coalesce(f.tags, '{}'::varchar[]),
            'ready', 0, now(), '', f.trace_context, f.timeout, f.limit_key,
            f.stored_key, CASE WHEN f.stored_key IS NOT NULL THEN f.unique_states END,
            CASE WHEN f.stored_key IS NOT NULL THEN f.unique_replace END
     FROM first AS f
+    LEFT JOIN folded AS d ON d.stored_key = f.stored_key
     ORDER BY f.position
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING j.id, j.unique_key, j.queue, j.payload, j.enqueued_at
 ), taken AS MATERIALIZED (
     -- The keys the insert found taken, with what their duplicates would replace.
-    SELECT f.stored_key, f.payload, coalesce(f.run_at, now()) AS run_at,
-           coalesce('args' = ANY(f.unique_replace), false) AS replace_args,
-           coalesce('run_at' = ANY(f.unique_replace), false) AS replace_run_at
+    SELECT f.stored_key, d.all_payload AS payload, d.all_run_at AS run_at, d.replace_args, d.replace_run_at
     FROM first AS f
-    WHERE f.stored_key IS NOT NULL AND NOT EXISTS (SELECT FROM written AS w WHERE w.id = f.new_id)
+    JOIN folded AS d ON d.stored_key = f.stored_key
+    WHERE NOT EXISTS (SELECT FROM written AS w WHERE w.id = f.new_id)
 ), held AS MATERIALIZED (
     SELECT j.id, j.unique_key, j.state, j.payload, j.enqueued_at, j.started_at, j.last_attempted_at, j.finished_at,
            j.state = 'ready' AND (t.replace_args OR t.replace_run_at) AS to_replace

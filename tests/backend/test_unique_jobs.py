@@ -101,6 +101,21 @@ def test_debounce_replaces_the_arguments_and_pushes_the_run_time():
 
 
 @pytest.mark.django_db
+def test_enqueue_many_debounces_as_separate_enqueues_do():
+    soon = timezone.now() + timedelta(seconds=5)
+    later = soon + timedelta(seconds=5)
+    sample_tasks.reindex.using(run_after=later).enqueue(1, text="v1")
+    sample_tasks.reindex.using(run_after=soon).enqueue(1, text="v2")
+    first, second = enqueue_many([
+        (sample_tasks.reindex.using(run_after=later), [2], {"text": "v1"}),
+        (sample_tasks.reindex.using(run_after=soon), [2], {"text": "v2"}),
+    ])
+    assert second.duplicate and second.id == first.id and second.kwargs == {"text": "v2"}
+    apart, together = Job.objects.get(payload__args=[1]), Job.objects.get(payload__args=[2])
+    assert (together.payload["kwargs"], together.run_at) == (apart.payload["kwargs"], apart.run_at) == ({"text": "v2"}, later)
+
+
+@pytest.mark.django_db
 def test_replace_leaves_a_running_job_alone():
     first = sample_tasks.sync_order.using(unique=Unique(by=("order_id",), replace=("args",))).enqueue(4, note="old")
     Job.objects.filter(pk=first.id).update(state="running", lease_id="00000000-0000-0000-0000-000000000001")

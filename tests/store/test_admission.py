@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 
 from backwave.store.contract import NewJob
 
@@ -124,3 +125,36 @@ def test_past_key_windows_are_deleted_by_the_next_claim(make_store, rows, lease)
     _jobs(store, ["a"])
     store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=[QUEUE], limit=10)
     assert rows.key_rate_windows(QUEUE) == {"a": 1}  # b's past window is gone; a's moved on
+
+
+def _debounced(number, run_at, key="k", replace=("args", "run_at")):
+    return NewJob(task_path="tests.t", payload={"args": [number], "kwargs": {}}, run_at=run_at, unique_key=key,
+                  unique_states=("ready",), unique_replace=replace)
+
+
+def _as_stored(rows, job_id):
+    job = rows.job(job_id)
+    return job.payload, job.run_at
+
+
+def test_a_batch_debounces_as_enqueues_one_by_one_do(store, rows):
+    """Calls with one key in one enqueue_many end as the same calls enqueued one after another:
+    the last arguments, the latest run time (what each duplicate's replace asks for)."""
+    now = rows.now()
+    soon, later = now + timedelta(seconds=60), now + timedelta(seconds=120)
+    calls = [(1, later), (2, soon), (3, soon)]
+    one_by_one = [store.enqueue_many([_debounced(n, at, key="apart")])[0] for n, at in calls]
+    batch = store.enqueue_many([_debounced(n, at, key="together") for n, at in calls])
+    assert len(set(one_by_one)) == 1 and len(set(batch)) == 1
+    assert _as_stored(rows, batch[0]) == _as_stored(rows, one_by_one[0]) == ({"args": [3], "kwargs": {}}, later)
+
+
+def test_a_batch_of_duplicates_of_a_waiting_job_replaces_as_one_by_one(store, rows):
+    now = rows.now()
+    soon, later = now + timedelta(seconds=60), now + timedelta(seconds=120)
+    for key in ("apart", "together"):
+        store.enqueue_many([_debounced(0, soon, key=key)])
+    calls = [(1, later), (2, soon, ("args",)), (3, soon, ("run_at",))]
+    one_by_one = [store.enqueue_many([_debounced(n, at, key="apart", replace=r[0] if r else ("args", "run_at"))])[0] for n, at, *r in calls]
+    batch = store.enqueue_many([_debounced(n, at, key="together", replace=r[0] if r else ("args", "run_at")) for n, at, *r in calls])
+    assert _as_stored(rows, batch[0]) == _as_stored(rows, one_by_one[0]) == ({"args": [2], "kwargs": {}}, later)
