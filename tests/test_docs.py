@@ -29,6 +29,11 @@ def test_the_docs_build_strictly(tmp_path):
     # Generated, not written: every key of the one table has its entry.
     missing = [name for name in conf.DEFAULTS if f'id="{name.lower().replace("_", "-")}"' not in settings_page]
     assert not missing, f"settings without an entry on the generated page: {missing}"
+    from django.core.management import get_commands
+
+    commands_page = (tmp_path / "site" / "reference" / "commands" / "index.html").read_text()
+    ours = [name for name, app in get_commands().items() if app == "backwave"]
+    assert ours and not [name for name in ours if f'id="{name.replace("_", "-")}"' not in commands_page]
 
 
 def test_the_readme_is_an_introduction():
