@@ -16,6 +16,8 @@ from .options import Retention
 
 # Jobs of lapsed leases released per ExpireLeases; the rest wait for the next maintenance run.
 EXPIRY_BATCH = 1000
+# Statistics buckets one maintenance run deletes at most.
+STATS_PURGE_BATCH = 10_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +114,16 @@ class PurgePumps(Command):
     """Maintenance: forget the health rows of pumps silent for ``older_than`` seconds."""
 
     older_than: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgeTaskStats(Command):
+    """Maintenance: delete up to ``limit`` per-task statistics buckets past their resolution's
+    retention, ``older_than`` as (bucket width, seconds kept) pairs. Unpaged: a minute adds one
+    bucket per task, so one bounded run a maintenance interval outpaces their growth."""
+
+    older_than: tuple[tuple[int, float], ...]
+    limit: int = STATS_PURGE_BATCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

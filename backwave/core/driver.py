@@ -326,7 +326,7 @@ class NodeDriver:
                 self._give_up_lease()
                 self.state = State.STOPPED
             return []
-        if undo := _UNDO.get(type(failed)):  # ExpireLeases, MintSchedules, PurgePumps: none
+        if undo := _UNDO.get(type(failed)):  # ExpireLeases, MintSchedules, PurgePumps, PurgeTaskStats: none
             undo(self, retry_at)
         if self.state is State.DRAINING and self._drain.past_deadline(event.now):
             self._give_up_lease(drop_buffer=True)
@@ -509,6 +509,7 @@ _HANDLERS = {
     ev.JobsPurged: NodeDriver._on_jobs_purged,
     ev.StatsRolledUp: NodeDriver._on_stats_rolled_up,
     ev.PumpsPurged: NodeDriver._on_nothing_to_do,
+    ev.TaskStatsPurged: NodeDriver._on_nothing_to_do,
     ev.TablesAnalyzed: NodeDriver._on_nothing_to_do,
     ev.JobsReleased: NodeDriver._on_nothing_to_do,
     ev.LeaseReleased: NodeDriver._on_lease_released,

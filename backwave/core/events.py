@@ -141,6 +141,13 @@ class PumpsPurged(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStatsPurged(Event):
+    """A maintenance run deleted ``purged`` per-task statistics buckets past retention."""
+
+    purged: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobsReleased(Event):
     """Jobs the driver gave back are ready again."""
 

@@ -1,8 +1,8 @@
 """When a pump runs maintenance, and what one run sends.
 
 Every step is harmless when other nodes run it at the same time: lease expiry, schedule minting,
-the rollup of finished attempts into per-task statistics, retention's purge of finished jobs
-and silent pumps, and the refresh of the planner's statistics of tables autovacuum left behind. The rollup and the purge work a page at a time; a full page means more is due,
+the rollup of finished attempts into per-task statistics, retention's purge of finished jobs,
+silent pumps and old statistics buckets, and the refresh of the planner's statistics of tables autovacuum left behind. The rollup and the purge work a page at a time; a full page means more is due,
 done on the next tick, so a large backlog never holds the pump (and its heartbeat) for long. The
 rollup goes before the purge: the purge keeps a job until its attempts are rolled up.
 """
@@ -42,6 +42,8 @@ class Maintenance:
             commands += self._purge(now)
             if self.options.retention.pumps is not None:
                 commands.append(cmd.PurgePumps(older_than=float(self.options.retention.pumps)))
+            if self.options.retention.task_stats:
+                commands.append(cmd.PurgeTaskStats(older_than=self.options.retention.task_stats))
             return commands
         commands = []
         if self.next_rollup is not None and now >= self.next_rollup:

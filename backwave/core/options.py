@@ -69,9 +69,13 @@ class Retention:
     cancelled: float | None = 7 * DAY
     quarantined: float | None = 7 * DAY
     pumps: float | None = 3_600.0  # a pump silent this long (killed, host gone) is forgotten
+    # Per-task statistics buckets, by the width they span: past the admin's longest range at that
+    # width (an hour of minutes, seven days of hours), with room to spare.
+    task_stats_minutely: float | None = 2 * DAY
+    task_stats_hourly: float | None = 30 * DAY
 
     def __post_init__(self):
-        for name in ("succeeded", "failed", "cancelled", "quarantined", "pumps"):
+        for name in ("succeeded", "failed", "cancelled", "quarantined", "pumps", "task_stats_minutely", "task_stats_hourly"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -83,6 +87,13 @@ class Retention:
         """(state, seconds) for every finished state that is purged at all, in a fixed order."""
         pairs = (("succeeded", self.succeeded), ("failed", self.failed), ("cancelled", self.cancelled), ("quarantined", self.quarantined))
         return tuple((state, float(seconds)) for state, seconds in pairs if seconds is not None)
+
+    @property
+    def task_stats(self) -> tuple[tuple[int, float], ...]:
+        """(bucket width in seconds, seconds kept) for every statistics resolution purged at all
+        (the widths of backwave/taskstats.py's RESOLUTIONS)."""
+        pairs = ((60, self.task_stats_minutely), (3600, self.task_stats_hourly))
+        return tuple((width, float(seconds)) for width, seconds in pairs if seconds is not None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,9 +22,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | backoff): WriteOutcomes + ClaimJobs;                |
                       |                  | heartbeat due: RenewLease; maintenance due:         |
                       |                  | ExpireLeases, MintSchedules, RollUpStats,           |
-                      |                  | AnalyzeTables, PurgeJobs, PurgePumps; a full rollup |
-                      |                  | page: the next RollUpStats; a full purge page: the  |
-                      |                  | next PurgeJobs;                                     |
+                      |                  | AnalyzeTables, PurgeJobs, PurgePumps,               |
+                      |                  | PurgeTaskStats; a full rollup page: the next        |
+                      |                  | RollUpStats; a full purge page: the next PurgeJobs; |
                       |                  | an attempt past its deadline (see ** below): its    |
                       |                  | outcome buffered, StopAttempt, its slot taken until |
                       |                  | its handler returns, jobs claimed ahead: ReleaseJobs|
@@ -88,7 +88,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       | PumpsPurged,     | only; in RUNNING, jobs expiry released or minting   |
                       | JobsPurged,      | made ready: ClaimJobs(free) unless one is in flight |
                       | StatsRolledUp,   | (the pump does not hear its own hints)              |
-                      | TablesAnalyzed   |                                                     |
+                      | TablesAnalyzed,  |                                                     |
+                      | TaskStatsPurged  |                                                     |
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
                       | Tick             | ReleaseLease (gives back what did not finish); a    |
@@ -181,7 +182,7 @@ class InvalidEvent(Exception):
 
 
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
-_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp, ev.TablesAnalyzed})
+_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp, ev.TablesAnalyzed, ev.TaskStatsPurged})
 # What every state but NEW takes: timers, hints, cancels, handlers returning, faults, maintenance, a drain.
 _LIVE = frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
 # Answers to commands sent under a held lease.
@@ -206,6 +207,7 @@ ANSWERS: dict[type[ev.Event], type[cmd.Command]] = {
     ev.JobsPurged: cmd.PurgeJobs,
     ev.StatsRolledUp: cmd.RollUpStats,
     ev.PumpsPurged: cmd.PurgePumps,
+    ev.TaskStatsPurged: cmd.PurgeTaskStats,
     ev.TablesAnalyzed: cmd.AnalyzeTables,
     ev.JobsReleased: cmd.ReleaseJobs,
     ev.LeaseReconciled: cmd.ReconcileLease,
@@ -221,7 +223,7 @@ STALE_TOLERANT = frozenset({cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cm
 
 # Store commands the driver waits for none of: a StoreFailed of one is always accepted, and the
 # next maintenance run (or the lease's lapse) makes up for it.
-UNTRACKED = frozenset({cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgePumps, cmd.AnalyzeTables, cmd.ReleaseJobs})
+UNTRACKED = frozenset({cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgePumps, cmd.PurgeTaskStats, cmd.AnalyzeTables, cmd.ReleaseJobs})
 
 # The results of the commands the driver waits for: each is refused while none of its kind is in flight.
 AWAITED: dict[type[ev.Event], type[cmd.Command]] = {result: sent for result, sent in ANSWERS.items() if sent not in UNTRACKED}

@@ -380,6 +380,11 @@ class Executor:
                 if purged:
                     maintenance_logger.info("Forgot %d pump(s) silent for more than %.0f s", purged, command.older_than)
                 return ev.PumpsPurged(now=self._clock(), purged=purged)
+            case cmd.PurgeTaskStats():
+                purged = store.purge_task_stats(older_than=command.older_than, limit=command.limit)
+                if purged:
+                    maintenance_logger.info("Statistics: purged %d bucket(s) past retention", purged)
+                return ev.TaskStatsPurged(now=self._clock(), purged=purged)
         raise TypeError(f"the executor cannot run {command!r}")
 
     def _settled(self, outcomes: tuple[Outcome, ...], applied) -> None:

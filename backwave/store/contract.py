@@ -411,6 +411,10 @@ class Store(Protocol):
     def purge_pumps(self, *, older_than: float) -> int:
         """Delete the health rows of pumps silent for more than ``older_than`` seconds."""
 
+    def purge_task_stats(self, *, older_than: Sequence[tuple[int, float]], limit: int) -> int:
+        """Delete up to ``limit`` per-task statistics buckets of each listed resolution (seconds a
+        bucket spans) that began more than that many seconds before now(); returns how many."""
+
     def refresh_statistics(self) -> list[str]:
         """ANALYZE those of BackWave's busy tables whose planner statistics fell behind: changed
         since their last analysis by more than ``STALE_STATISTICS`` allows. Returns their names

@@ -553,6 +553,13 @@ class PostgresStore:
         """Delete health rows silent for more than ``older_than`` seconds; returns how many."""
         return self._execute("purge_pumps", {"older_than": float(older_than)})[0][0]
 
+    def purge_task_stats(self, *, older_than: Sequence[tuple[int, float]], limit: int) -> int:
+        """Delete up to ``limit`` statistics buckets past their resolution's retention."""
+        if not older_than or limit < 1:
+            return 0
+        params = {"resolutions": [int(r) for r, _ in older_than], "seconds": [float(s) for _, s in older_than], "limit": int(limit)}
+        return self._execute("purge_task_stats", params)[0][0]
+
     # -- connection ----------------------------------------------------------------------------
 
     @property

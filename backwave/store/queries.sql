@@ -1349,6 +1349,30 @@ WITH gone AS (
 SELECT count(*) FROM gone
 
 
+-- name: purge_task_stats
+-- Maintenance: the per-task statistics grow a row per task a minute (and an hour) for as long as
+-- tasks run, so buckets older than their resolution's retention are dropped, at most %(limit)s
+-- a run (the next run takes the rest). Each resolution's cutoff is a range of the unique index
+-- (resolution, bucket, task_path); rows another node is deleting are skipped, not waited for.
+WITH keep(resolution, seconds) AS (
+    SELECT * FROM unnest(%(resolutions)s::int[], %(seconds)s::float8[])
+), doomed AS (
+    SELECT s.ctid
+    FROM keep AS k
+    CROSS JOIN LATERAL (
+        SELECT t.ctid FROM backwave_task_stat AS t
+        WHERE t.resolution = k.resolution AND t.bucket < now() - make_interval(secs => k.seconds)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+    LIMIT %(limit)s
+), gone AS (
+    DELETE FROM backwave_task_stat WHERE ctid IN (SELECT ctid FROM doomed)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+
+
 -- name: lock_limited_queues
 -- Sent just before a claim, in the same transaction (one pipelined round-trip). It locks the
 -- rows of the claim's queues that carry a concurrency limit, so claimers of a limited queue take

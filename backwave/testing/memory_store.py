@@ -870,6 +870,17 @@ class InMemoryStore:
                 del db.pumps[worker_id]
             return len(gone)
 
+    def purge_task_stats(self, *, older_than: Sequence[tuple[int, float]], limit: int) -> int:
+        """Delete up to ``limit`` statistics buckets past their resolution's retention."""
+        if not older_than or limit < 1:
+            return 0
+        with self._operation() as (db, now):
+            cutoffs = {int(resolution): now - timedelta(seconds=float(seconds)) for resolution, seconds in older_than}
+            gone = [key for key in sorted(db.task_stats) if key[0] in cutoffs and key[1] < cutoffs[key[0]]][:limit]
+            for key in gone:
+                del db.task_stats[key]
+            return len(gone)
+
     # -- connection ----------------------------------------------------------------------------
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from backwave.core.options import Retention, WorkerGroupConfigError
 
 from .helpers import LEASE, MAINTENANCE, Trace, claim, internals, of_type
 
-RETAIN = Retention(succeeded=60.0, failed=None, cancelled=120.0, quarantined=None, pumps=600.0)
+RETAIN = Retention(succeeded=60.0, failed=None, cancelled=120.0, quarantined=None, pumps=600.0, task_stats_minutely=None, task_stats_hourly=None)
 PURGE = cmd.PurgeJobs(retention=RETAIN, limit=PURGE_BATCH)
 FULL_MAINTENANCE = [*MAINTENANCE, PURGE, cmd.PurgePumps(older_than=600.0)]
 
@@ -306,3 +306,29 @@ def test_a_write_that_landed_just_in_time_still_lets_the_next_one_through():
     t.finished(jobs[0], now=30.0)
     (write, ride) = t.finished(jobs[1], now=30.0)
     assert of_type([write], cmd.WriteOutcomes) and ride == claim(4)
+
+
+# ---- the statistics' retention ---------------------------------------------------------------------
+
+
+def test_each_run_purges_statistics_buckets_past_their_resolutions_retention():
+    t = Trace(retention=Retention(task_stats_minutely=3600.0, task_stats_hourly=None), maintenance_interval=30.0)
+    t.started()
+    sent = t.opened()
+    stats = [command for command in sent if isinstance(command, cmd.PurgeTaskStats)]
+    assert stats == [cmd.PurgeTaskStats(older_than=((60, 3600.0),), limit=cmd.STATS_PURGE_BATCH)]
+    assert sent[-1] == stats[0], "last: after the rollup that may still write into those buckets"
+    assert t.driver.handle(ev.TaskStatsPurged(now=0.1, purged=5)) == []
+
+
+def test_statistics_kept_for_ever_send_no_purge():
+    t = Trace(retention=Retention(task_stats_minutely=None, task_stats_hourly=None))
+    t.started()
+    assert not of_type(t.opened(), cmd.PurgeTaskStats)
+
+
+def test_statistics_retention_defaults_cover_the_admins_longest_ranges():
+    retention = Retention()
+    assert retention.task_stats_minutely >= 3600 and retention.task_stats_hourly >= 7 * 86_400
+    with pytest.raises(WorkerGroupConfigError, match="task_stats_hourly"):
+        Retention(task_stats_hourly=-1.0)

@@ -86,14 +86,15 @@ def test_a_batch_of_32_costs_two_round_trips():
         ("refresh_statistics", 0),  # the planner's statistics are fresh: the check alone
         ("purge_jobs", 1000),
         ("purge_pumps", 0),
+        ("purge_task_stats", 10000),  # statistics buckets past retention, one bounded statement
         ("write_outcomes_then_claim", 32),  # all 32 outcomes, and the re-poll riding the write
         ("release_lease", 0),  # the drain
         ("forget_pumps_many", 0),  # a clean stop leaves no health row behind
         ("close", 0),
     ]
     # The 32 jobs themselves cost two round-trips: the claim and the pipelined write+claim. The
-    # rest is start-up (open, health, six maintenance steps) and the drain (release, forget).
-    assert store.round_trips == 12
+    # rest is start-up (open, health, seven maintenance steps) and the drain (release, forget).
+    assert store.round_trips == 13
 
 
 class FirstWriteWaitsForTheRest(RecordingStore):

@@ -197,6 +197,14 @@ class PostgresRows:
     def stat_buckets(self) -> list[tuple[int, datetime, str]]:
         return sorted(TaskStat.objects.values_list("resolution", "bucket", "task_path"))
 
+    def age_stat_buckets(self, *, resolution: int, seconds: float) -> None:
+        """Move every bucket of one resolution ``seconds`` into the past."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE backwave_task_stat SET bucket = bucket - make_interval(secs => %s) WHERE resolution = %s",
+                [seconds, resolution],
+            )
+
     def silence_pump(self, worker_id: str, *, seconds: float) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -364,6 +372,11 @@ class MemoryRows:
 
     def stat_buckets(self) -> list[tuple[int, datetime, str]]:
         return sorted(self.database.task_stats)
+
+    def age_stat_buckets(self, *, resolution: int, seconds: float) -> None:
+        stats = self.database.task_stats
+        for key in [key for key in stats if key[0] == resolution]:
+            stats[(resolution, key[1] - timedelta(seconds=seconds), key[2])] = stats.pop(key)
 
     def silence_pump(self, worker_id: str, *, seconds: float) -> None:
         self.database.pumps[worker_id].last_heartbeat_at = self.now() - timedelta(seconds=seconds)

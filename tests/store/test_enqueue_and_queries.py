@@ -54,7 +54,7 @@ def test_every_statement_the_store_uses_is_loaded():
         # the plain outcome write (no job of its batch has dependents) and the blocks both share
         "write_outcomes_plain", "outcome_applied", "outcome_noted", "outcome_attempts",
         "sync_schedules", "due_schedules", "mint_schedules_many", "purge_jobs", "roll_up_task_stats",
-        "record_pumps_many", "forget_pumps_many", "purge_pumps", "lock_limited_queues", "reconcile_lease",
+        "record_pumps_many", "forget_pumps_many", "purge_pumps", "purge_task_stats", "lock_limited_queues", "reconcile_lease",
         "set_transaction_settings", "enqueue_many", "has_due_jobs", "heartbeat",
         # workflows: the dependent enqueue (its head CTEs, which the operator's purge shares, and
         # the caller's setting it puts back), the outcome write's lock, the shared settling CTEs

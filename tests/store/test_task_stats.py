@@ -137,3 +137,25 @@ def test_a_node_that_finds_another_rolling_up_does_nothing_and_does_not_wait(sto
     finally:
         other.close()
     assert rows.task_stats(60) == EXPECTED
+
+
+# ---- retention of the statistics ----------------------------------------------------------------
+
+
+def test_buckets_older_than_their_resolutions_retention_are_purged(store, open_lease, rows):
+    """Statistics grow a row per task a minute: maintenance drops the buckets past retention,
+    each resolution by its own age, and keeps the rest."""
+    run_a_day(store, open_lease, rows)
+    roll_up_everything(store)
+    kept = rows.stat_buckets()
+    assert {resolution for resolution, _bucket, _task in kept} == {60, 3600}
+    rows.age_stat_buckets(resolution=60, seconds=3 * 86_400)
+    rows.age_stat_buckets(resolution=3600, seconds=3 * 86_400)
+    minutes = sum(1 for resolution, _bucket, _task in kept if resolution == 60)  # two, or more across a minute
+    hours = len(kept) - minutes
+    assert store.purge_task_stats(older_than=((60, 2 * 86_400.0), (3600, 30 * 86_400.0)), limit=100) == minutes
+    assert {(resolution, task) for resolution, _bucket, task in rows.stat_buckets()} == {(3600, A), (3600, B)}
+    assert store.purge_task_stats(older_than=((3600, 86_400.0),), limit=1) == 1, "at most limit rows a call"
+    assert store.purge_task_stats(older_than=((3600, 86_400.0),), limit=100) == hours - 1
+    assert rows.stat_buckets() == []
+    assert store.purge_task_stats(older_than=(), limit=100) == 0

@@ -52,7 +52,7 @@ def fmt_event(event: ev.Event) -> str:
             detail = "held" if event.held else "LOST"
         case ev.StoreFailed():
             detail = type(event.command).__name__
-        case ev.LeasesExpired() | ev.JobsPurged() | ev.PumpsPurged():
+        case ev.LeasesExpired() | ev.JobsPurged() | ev.PumpsPurged() | ev.TaskStatsPurged():
             detail = str(getattr(event, "released", getattr(event, "purged", "")))
         case ev.StatsRolledUp():
             detail = str(event.rolled)

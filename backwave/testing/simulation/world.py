@@ -564,7 +564,7 @@ class World(Faults):
 
 
 _READ_ONLY = {
-    ev.ClaimReturned: "jobs", ev.LeasesExpired: "released", ev.JobsPurged: "purged", ev.PumpsPurged: "purged", ev.SchedulesMinted: "minted",
+    ev.ClaimReturned: "jobs", ev.LeasesExpired: "released", ev.JobsPurged: "purged", ev.PumpsPurged: "purged", ev.TaskStatsPurged: "purged", ev.SchedulesMinted: "minted",
     ev.TablesAnalyzed: "tables",
 }
 
