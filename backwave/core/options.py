@@ -57,8 +57,9 @@ LOCK_TIMEOUT_SHARE_OF_STATEMENT = 1 / 3
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Retention:
-    """How long maintenance keeps finished jobs (per final state) and the health rows of pumps
-    that stopped reporting, in seconds since they finished or last reported; None keeps them.
+    """How long maintenance keeps finished jobs (per final state), the health rows of pumps
+    that stopped reporting, and the per-task statistics' minute and hour buckets, in seconds
+    since they finished, last reported or began; None keeps them.
 
     Cluster-wide: every maintenance run purges by the same rules (``BACKWAVE["RETENTION"]``).
     A job's attempts go with it.
@@ -71,8 +72,8 @@ class Retention:
     pumps: float | None = 3_600.0  # a pump silent this long (killed, host gone) is forgotten
     # Per-task statistics buckets, by the width they span: past the admin's longest range at that
     # width (an hour of minutes, seven days of hours), with room to spare.
-    task_stats_minutely: float | None = 2 * DAY
-    task_stats_hourly: float | None = 30 * DAY
+    task_stats_minutely: float | None = 2 * DAY  # the Task statistics page's "last hour" reads these
+    task_stats_hourly: float | None = 30 * DAY  # its "last 24 hours" and "last 7 days" read these
 
     def __post_init__(self):
         for name in ("succeeded", "failed", "cancelled", "quarantined", "pumps", "task_stats_minutely", "task_stats_hourly"):
