@@ -99,7 +99,7 @@ DEFAULTS: dict[str, Any] = {
     "ADMIN_REFRESH_SECONDS": 5,
     # A regular expression (case-insensitive, searched anywhere in the key): arguments and results
     # under a matching dict key are shown as REDACTED in the admin, `manage.py backwave_jobs` and
-    # BackWave's log lines, and cannot be searched for (backwave/redaction.py). Django's
+    # BackWave's log lines, and cannot be searched for (backwave/ops/redaction.py). Django's
     # SafeExceptionReporterFilter does the same to settings. None or "" redacts nothing.
     "REDACT_KEYS": r"pass(word|wd|phrase)?|secret|token|api[-_]?key|authori[sz]ation|credential|private[-_]?key|signature|cookie|session",
     # The bearer token a Prometheus scraper sends to the Django metrics view (backwave.urls):

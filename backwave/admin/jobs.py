@@ -31,7 +31,7 @@ from ..ops import actions, stats, tracebacks
 from ..ops import search as job_search
 from ..ops.formatting import attempt_row
 from ..ops.history import record_history
-from ..ops.redaction import redact
+from ..ops.redaction import redacted
 from ..store import operator
 from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, duration_text, parse_row_id, timestamp
 
@@ -321,7 +321,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         badge = format_html('<span class="bw-badge bw-{}">{}</span>', css, label)
         if job.state == "running" and job.progress is not None:
             # What the handler last reported (context.set_progress), as of the last heartbeat.
-            shown = json.dumps(job.progress, ensure_ascii=False)
+            shown = json.dumps(redacted(job, "progress"), ensure_ascii=False)
             badge = format_html('{} <span class="bw-note bw-progress">{}</span>', badge, shown if len(shown) <= 40 else shown[:39] + "…")
         return badge
 
@@ -400,7 +400,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     @admin.display(description="Uniqueness key")
     def unique_key_shown(self, job):
         # The trigger clears the key once the job leaves the states it covers.
-        return job.unique_key or ("released (left the covered states)" if job.unique_states else "—")
+        return redacted(job, "unique_key") or ("released (left the covered states)" if job.unique_states else "—")
 
     @admin.display(description="Unique while")
     def unique_states_shown(self, job):
@@ -408,11 +408,11 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     @admin.display(description="Limit key")
     def limit_key_shown(self, job):
-        return job.limit_key or "—"
+        return redacted(job, "limit_key") or "—"
 
     @admin.display(description="payload")
     def payload_json(self, job):
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redact(job.payload), indent=2, ensure_ascii=False))
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redacted(job, "payload"), indent=2, ensure_ascii=False))
 
     @admin.display(description="cancel requested")
     def cancel_request(self, job):
@@ -422,11 +422,11 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     @admin.display(description="progress (as of the last heartbeat)")
     def progress_json(self, job):
-        return self._json_block(job.progress)
+        return self._json_block(redacted(job, "progress"))
 
     @admin.display(description="metadata")
     def metadata_json(self, job):
-        return self._json_block(job.metadata)
+        return self._json_block(redacted(job, "metadata"))
 
     @staticmethod
     def _json_block(value):
@@ -438,7 +438,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def return_value_json(self, job):
         if job.return_value is None:
             return "-"
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redact(job.return_value), indent=2, ensure_ascii=False))
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redacted(job, "return_value"), indent=2, ensure_ascii=False))
 
     def get_object(self, request, object_id, from_field=None):
         job = super().get_object(request, object_id, from_field)
@@ -458,7 +458,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def output_json(self, job):
         if not job.output:
             return "-"
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redact(job.output), indent=2, ensure_ascii=False))
+        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redacted(job, "output"), indent=2, ensure_ascii=False))
 
     def _workflow(self, request, job_id: int) -> dict:
         """The job's ancestors and dependents (links, states, policies), in one statement."""

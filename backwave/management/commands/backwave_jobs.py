@@ -39,7 +39,7 @@ from backwave.ops import actions
 from backwave.ops import search as job_search
 from backwave.ops.formatting import attempt_row
 from backwave.ops.history import record_history
-from backwave.ops.redaction import redact
+from backwave.ops.redaction import redacted
 from backwave.ops.tracebacks import error_message
 
 logger = logging.getLogger("backwave.operator")
@@ -209,7 +209,8 @@ class Command(BaseCommand):
         document = {
             **self._row(job, ("", "")),
             "priority": job.priority, "run_at": iso(job.run_at),
-            "payload": redact(job.payload), "return_value": redact(job.return_value),
+            # Everything derived from the arguments or the handler, as the admin shows it.
+            **{field: redacted(job, field) for field in ("payload", "return_value", "output", "progress", "metadata", "unique_key", "limit_key")},
             "attempts_log": [
                 {
                     "number": row["attempt"].number, "outcome": row["attempt"].state, "worker": row["attempt"].worker_id,
@@ -230,6 +231,10 @@ class Command(BaseCommand):
         self.stdout.write(f"{'payload':>10}: {json.dumps(document['payload'], ensure_ascii=False)}")
         if job.return_value is not None:
             self.stdout.write(f"{'result':>10}: {json.dumps(document['return_value'], ensure_ascii=False)}")
+        for key, label in (("output", "output"), ("progress", "progress"), ("metadata", "metadata"), ("unique_key", "unique"), ("limit_key", "limit key")):
+            if document[key] is not None:
+                value = document[key] if isinstance(document[key], str) else json.dumps(document[key], ensure_ascii=False)
+                self.stdout.write(f"{label:>10}: {value}")
         for item in document["attempts_log"]:
             error = f"  {item['error_class']}: {item['error_message']}" if item["error_class"] else ""
             duration = "-" if item["duration_seconds"] is None else f"{item['duration_seconds']:.3f} s"
