@@ -11,6 +11,10 @@ Every number is one bounded read (``backwave/store/operator.py``, SQL in ``queri
 * **Stuck**: running jobs whose lease lapsed, or that have run for longer than ``STUCK_FACTOR``
   times their task's p95 over the last 24 hours (and at least ``STUCK_FLOOR`` seconds).
 * **Recent failures**: the last attempts that did not succeed, each with its error message.
+
+Each part needs the view permission of the page it summarises (``SECTIONS``), and a part the
+user may not see is neither drawn nor read: a user who may view only schedules gets the app
+index without a dashboard, not the task paths and error messages of the jobs they may not list.
 """
 
 from __future__ import annotations
@@ -37,6 +41,16 @@ STUCK_FACTOR = 3.0
 STUCK_FLOOR = 5.0  # seconds: nothing that ran for less is called stuck
 USUAL_MIN_SAMPLES = 10  # timed attempts a task needs in 24 h before it has a "usual" duration
 STUCK_SHOWN = 20
+# Part of the dashboard -> the permission its page needs: health (pumps, hints, maintenance) is
+# the Pumps page's; the queue lines the Queues page's; charts, running, stuck and failed jobs the
+# Jobs list's.
+SECTIONS = {"health": "backwave.view_pump", "queues": "backwave.view_queue", "jobs": "backwave.view_job"}
+ALL_SECTIONS = frozenset(SECTIONS)
+
+
+def sections_for(user) -> frozenset[str]:
+    """The parts of the dashboard ``user`` may see (none: no dashboard at all)."""
+    return frozenset(name for name, permission in SECTIONS.items() if user is not None and user.has_perm(permission))
 
 
 def pick_range(value) -> str:
@@ -129,10 +143,13 @@ class QueueHealth:
 
 @dataclass
 class Dashboard:
+    """What the dashboard shows; the parts outside ``sections`` are None (or empty) and unread."""
+
     range_name: str
     range_label: str
-    health: Health
-    chart: Chart
+    sections: frozenset[str]
+    health: Health | None
+    chart: Chart | None
     queues: list[QueueHealth]
     running: int  # running jobs read (up to RUNNING_SHOWN)
     stuck: list[StuckJob]
@@ -189,34 +206,61 @@ def summaries(rows) -> list[taskstats.TaskSummary]:
     return result
 
 
-def build(range_name: str, using: str = "default") -> Dashboard:
-    """Everything the dashboard shows, in a fixed number of queries (pinned by the tests)."""
+def build(range_name: str, using: str = "default", sections: frozenset[str] = ALL_SECTIONS) -> Dashboard:
+    """Everything the dashboard shows of ``sections``, in a fixed number of queries (pinned by
+    the tests); a part left out costs no query."""
     with stats.without_jit(using):
-        return _build(pick_range(range_name), using)
+        return _build(pick_range(range_name), using, sections)
 
 
-def _build(range_name: str, using: str) -> Dashboard:
+def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
     seconds, resolution, label = RANGES[range_name]
-    pumps = list(Pump.objects.using(using).with_shown_status().order_by("rank", "group", "worker_id"))
-    by_status = {status: 0 for status in ShownPumpStatus.values}
-    for pump in pumps:
-        by_status[pump.shown_status] += 1
-    processes = {(p.hostname, p.pid) for p in pumps if p.shown_status not in (ShownPumpStatus.LOST, ShownPumpStatus.HALTED)}
-    statistics = stats.table_statistics(using)
-    lines = stats.queue_lines(statistics, using)
+    board = Dashboard(range_name=range_name, range_label=label, sections=sections, health=None, chart=None,
+                      queues=[], running=0, stuck=[], failures=[])
+    pumps = []
+    if "health" in sections:
+        pumps = list(Pump.objects.using(using).with_shown_status().order_by("rank", "group", "worker_id"))
+    lines = stats.queue_lines(stats.table_statistics(using), using) if "queues" in sections else []
     with connections[using].cursor() as cursor:
-        listeners, listening_since, _newest = operator.hint_sessions(cursor)
+        if "health" in sections:
+            listeners, listening_since, _newest = operator.hint_sessions(cursor)
         _watermark, rolled_at, rolled_age, behind, now = operator.rollup_status(cursor, limit=BEHIND_CAP + 1)
-        series = operator.stats_series(cursor, seconds=seconds, resolution=resolution, tail=TAIL_CAP)
-        latency = operator.queue_latency(cursor, [line.name for line in lines])
-        running = operator.running_jobs(cursor, limit=RUNNING_SHOWN)
-        usual = usual_durations(cursor, {row[1] for row in running})
-        failures = operator.recent_failures(cursor, limit=FAILURES_SHOWN)
-    health = Health(
-        pumps_by_status=by_status, pumps=pumps, worker_processes=len(processes), hint_sessions=listeners,
-        hint_since=listening_since, rolled_at=rolled_at, rolled_age=rolled_age,
-        behind=stats.Count(BEHIND_CAP, capped=True) if behind > BEHIND_CAP else stats.Count(behind),
-    )
+        if "jobs" in sections:
+            series = operator.stats_series(cursor, seconds=seconds, resolution=resolution, tail=TAIL_CAP)
+        if "queues" in sections:
+            latency = operator.queue_latency(cursor, [line.name for line in lines])
+            board.queues = [QueueHealth(line=line, oldest_due=latency.get(line.name)) for line in lines]
+        if "jobs" in sections:
+            running = operator.running_jobs(cursor, limit=RUNNING_SHOWN)
+            usual = usual_durations(cursor, {row[1] for row in running})
+            failures = operator.recent_failures(cursor, limit=FAILURES_SHOWN)
+    if "health" in sections:
+        by_status = {status: 0 for status in ShownPumpStatus.values}
+        for pump in pumps:
+            by_status[pump.shown_status] += 1
+        processes = {(p.hostname, p.pid) for p in pumps if p.shown_status not in (ShownPumpStatus.LOST, ShownPumpStatus.HALTED)}
+        board.health = Health(
+            pumps_by_status=by_status, pumps=pumps, worker_processes=len(processes), hint_sessions=listeners,
+            hint_since=listening_since, rolled_at=rolled_at, rolled_age=rolled_age,
+            behind=stats.Count(BEHIND_CAP, capped=True) if behind > BEHIND_CAP else stats.Count(behind),
+        )
+    if "jobs" in sections:
+        board.chart = Chart(resolution=resolution, buckets=_filled(series, seconds, resolution, now))
+        board.running = len(running)
+        board.stuck = _stuck(running, usual)[:STUCK_SHOWN]
+        board.failures = [
+            Failure(
+                attempt_id=attempt_id, job_id=job_id, number=number, state=state, error_class=error_class,
+                message=error_message(error_class, traceback), finished_at=finished_at, worker_id=worker,
+                task_path=task, queue=queue, job_state=job_state,
+            )
+            for attempt_id, job_id, number, state, error_class, traceback, finished_at, worker, task, queue, job_state in failures
+        ]
+        board.tail_capped = behind > TAIL_CAP
+    return board
+
+
+def _stuck(running, usual: dict[str, float]) -> list[StuckJob]:
     stuck = []
     for job_id, task, queue, worker, attempt, started, running_for, _expires, lapsed in running:
         threshold = max(STUCK_FACTOR * usual[task], STUCK_FLOOR) if task in usual else None
@@ -225,21 +269,4 @@ def _build(range_name: str, using: str) -> Dashboard:
                 id=job_id, task_path=task, queue=queue, worker_id=worker, attempt=attempt, started_at=started,
                 running_for=running_for, lease_lapsed=lapsed, usual=usual.get(task),
             ))
-    return Dashboard(
-        range_name=range_name,
-        range_label=label,
-        health=health,
-        chart=Chart(resolution=resolution, buckets=_filled(series, seconds, resolution, now)),
-        queues=[QueueHealth(line=line, oldest_due=latency.get(line.name)) for line in lines],
-        running=len(running),
-        stuck=stuck[:STUCK_SHOWN],
-        failures=[
-            Failure(
-                attempt_id=attempt_id, job_id=job_id, number=number, state=state, error_class=error_class,
-                message=error_message(error_class, traceback), finished_at=finished_at, worker_id=worker,
-                task_path=task, queue=queue, job_state=job_state,
-            )
-            for attempt_id, job_id, number, state, error_class, traceback, finished_at, worker, task, queue, job_state in failures
-        ],
-        tail_capped=behind > TAIL_CAP,
-    )
+    return stuck

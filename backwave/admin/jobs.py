@@ -535,7 +535,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         if name not in BULK_ACTIONS:
             raise PermissionDenied
         action, permission, verb, done, states = BULK_ACTIONS[name]
-        if not getattr(self, permission)(request):
+        # view_job as well: the page counts what a search matches, which would otherwise let a
+        # user who may not list jobs guess argument values one search at a time.
+        if not (self.has_view_permission(request) and getattr(self, permission)(request)):
             raise PermissionDenied
         query = request.GET.copy()
         for internal in ("p", "o", "e"):  # page, ordering and Django's error flag select nothing

@@ -22,13 +22,17 @@ BANNER_PUMPS_SHOWN = 3
 
 @register.inclusion_tag("admin/backwave/includes/halted_banner.html", takes_context=True)
 def backwave_halted_banner(context):
-    """The banner every BackWave admin page shows while a pump is halted (one small query)."""
+    """The banner every BackWave admin page shows while a pump is halted (one small query), to
+    the users who may view pumps (it names them and why they halted)."""
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    if user is None or not user.has_perm("backwave.view_pump"):
+        return {"halted": [], "more": False, "pumps_url": ""}
     halted = list(
         Pump.objects.filter(status=PumpStatus.HALTED)
         .only("worker_id", "group", "hostname", "reason")
         .order_by("group", "worker_id")[: BANNER_PUMPS_SHOWN + 1]
     )
-    request = context.get("request")
     current_app = getattr(request, "current_app", None) or "admin"
     try:
         pumps_url = reverse(f"{current_app}:backwave_pump_changelist")
@@ -91,14 +95,18 @@ def bw_estimate(count):
 
 @register.inclusion_tag("admin/backwave/includes/dashboard.html", takes_context=True)
 def backwave_dashboard(context):
-    """The dashboard at the top of the BackWave admin's index (its queries: admin/dashboard.py)."""
+    """The dashboard at the top of the BackWave admin's index (its queries: admin/dashboard.py),
+    the parts of it the user may see (dashboard.SECTIONS)."""
     from ..admin import charts, dashboard
 
     request = context.get("request")
+    sections = dashboard.sections_for(getattr(request, "user", None))
+    if not sections:
+        return {"board": None}
     current_app = getattr(request, "current_app", None) or "admin"
     chosen = dashboard.pick_range(request.GET.get("range") if request is not None else None)
-    board = dashboard.build(chosen)
-    buckets = board.chart.buckets
+    board = dashboard.build(chosen, sections=sections)
+    buckets = board.chart.buckets if board.chart is not None else []
 
     def url(name):
         try:
@@ -106,17 +114,22 @@ def backwave_dashboard(context):
         except NoReverseMatch:
             return ""
 
+    drawn = {}
+    if board.chart is not None:
+        drawn = {
+            "throughput_chart": charts.bar_chart(
+                [(start, (ok, bad)) for start, ok, bad in buckets], series=[("succeeded", "bw-ok"), ("not succeeded", "bw-bad")],
+                resolution=board.chart.resolution, title="Finished attempts", chart_id="bw-chart-throughput",
+            ),
+            "failure_chart": charts.bar_chart(
+                [(start, (bad,)) for start, _ok, bad in buckets], series=[("failed, retried, quarantined or lapsed", "bw-bad")],
+                resolution=board.chart.resolution, title="Attempts that did not succeed", chart_id="bw-chart-failures",
+            ),
+        }
     return {
         "board": board,
         "ranges": [(name, label) for name, (_s, _r, label) in dashboard.RANGES.items()],
-        "throughput_chart": charts.bar_chart(
-            [(start, (ok, bad)) for start, ok, bad in buckets], series=[("succeeded", "bw-ok"), ("not succeeded", "bw-bad")],
-            resolution=board.chart.resolution, title="Finished attempts", chart_id="bw-chart-throughput",
-        ),
-        "failure_chart": charts.bar_chart(
-            [(start, (bad,)) for start, _ok, bad in buckets], series=[("failed, retried, quarantined or lapsed", "bw-bad")],
-            resolution=board.chart.resolution, title="Attempts that did not succeed", chart_id="bw-chart-failures",
-        ),
+        **drawn,
         "jobs_url": url("backwave_job_changelist"),
         "pumps_url": url("backwave_pump_changelist"),
         "queues_url": url("backwave_queue_changelist"),

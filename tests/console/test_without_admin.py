@@ -105,9 +105,10 @@ def test_backwave_jobs_lists_and_cancels_without_the_admin(names):
     assert "Cancelled 1 job" in run.stdout
     assert listed(names) == {first: "cancelled", second: "ready"}
     # --as-user applies the admin's permissions; with no admin there is no history to record into.
-    python(names, "from django.contrib.auth.models import Permission, User\n"
+    made = python(names, "from django.contrib.auth.models import Permission, User\n"
                   "user = User.objects.create_user('op', is_staff=True)\n"
-                  "user.user_permissions.add(Permission.objects.get(codename='cancel_job'))\n")
+                  "user.user_permissions.add(*Permission.objects.filter(codename__in=['view_job', 'cancel_job']))\n")
+    assert made.returncode == 0, made.stderr[-3000:]
     run = manage(names, "backwave_jobs", "cancel", "--id", str(second), "--yes", "--as-user", "op")
     assert run.returncode == 0, run.stderr[-3000:]
     assert listed(names) == {first: "cancelled", second: "cancelled"}

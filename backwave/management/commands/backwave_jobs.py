@@ -11,7 +11,7 @@ Who may act: the command runs with the shell's rights, like ``manage.py shell``:
 run it can read the settings and the database password anyway, so without ``--as-user`` it is
 not limited, and what it does is logged (logger ``backwave.operator``) with the OS user's name.
 ``--as-user USERNAME`` applies the admin's rules for that Django user instead (active staff,
-``backwave.view_job`` to read, ``retry_job`` / ``cancel_job`` to act, ``delete_job`` to purge)
+``backwave.view_job`` to read, and with it ``retry_job`` / ``cancel_job`` to act, ``delete_job`` to purge)
 and records each change in the admin's history under that user, as the admin does (where
 ``django.contrib.admin`` is installed).
 
@@ -122,9 +122,11 @@ class Command(BaseCommand):
             raise CommandError(f"--as-user {username!r}: no such user.") from None
         if not (user.is_active and user.is_staff):
             raise CommandError(f"--as-user {username!r}: only active staff users may use the admin, and so this command.")
-        permission = f"backwave.{PERMISSIONS[verb]}"
-        if not user.has_perm(permission):
-            raise CommandError(f"--as-user {username!r} lacks the permission {permission!r} that {verb!r} needs (as in the admin).")
+        # Acting needs view_job too, as in the admin: the command says how many jobs match a
+        # filter or search, which would otherwise tell argument values to a user who may not list jobs.
+        for permission in dict.fromkeys(("backwave.view_job", f"backwave.{PERMISSIONS[verb]}")):
+            if not user.has_perm(permission):
+                raise CommandError(f"--as-user {username!r} lacks the permission {permission!r} that {verb!r} needs (as in the admin).")
         return user
 
     def _queryset(self, options):
