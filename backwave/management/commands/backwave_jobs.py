@@ -25,15 +25,14 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-import re
 import sys
-from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 from django.utils import timezone
 
+from backwave.management import arguments
 from backwave.models import Attempt, Job, JobState
 from backwave.ops import actions
 from backwave.ops import search as job_search
@@ -44,20 +43,10 @@ from backwave.ops.tracebacks import error_message
 
 logger = logging.getLogger("backwave.operator")
 
-AGE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>s|m|min|h|d|w)\Z")
-AGE_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 PERMISSIONS = {"list": "view_job", "show": "view_job", "retry": "retry_job", "cancel": "cancel_job", "purge": "delete_job"}
 PAST = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 APPLIES = {"retry": "failed, quarantined or held", "cancel": "ready, scheduled, waiting or held", "purge": "finished"}
 LIST_COLUMNS = ("id", "state", "queue", "task", "attempts", "enqueued", "finished", "worker", "last_error")
-
-
-def parse_age(text: str) -> timedelta:
-    """'90s', '15m', '2h', '7d', '1w' -> a timedelta; CommandError otherwise."""
-    match = AGE.match(text.strip().lower())
-    if not match:
-        raise CommandError(f"--older-than {text!r}: give a number and a unit (s, m, h, d, w), e.g. 30m or 7d.")
-    return timedelta(seconds=float(match["number"]) * AGE_UNITS[match["unit"]])
 
 
 class Command(BaseCommand):
@@ -75,25 +64,28 @@ class Command(BaseCommand):
             command = sub.add_parser(verb, help=text, description=text)
             self._filters(command)
             if verb == "list":
-                command.add_argument("--limit", type=int, default=50, help="At most this many rows (default 50).")
+                command.add_argument("--limit", type=arguments.limit, default=50,
+                                     help=f"At most this many rows (default 50, at most {arguments.MAX_LIMIT:,}).")
+                command.add_argument("--offset", type=arguments.offset, default=0, help="Skip this many rows first (default 0), to page on.")
             else:
                 command.add_argument("--all", action="store_true", help="Allow acting with no filter at all.")
                 command.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
                 command.add_argument("--dry-run", action="store_true", help="Only say how many jobs it would change.")
             self._common(command)
         show = sub.add_parser("show", help="One job with its payload (sensitive keys hidden) and every attempt.")
-        show.add_argument("job_id", type=int, metavar="ID")
+        show.add_argument("job_id", type=arguments.job_id, metavar="ID")
         self._common(show)
 
     @staticmethod
     def _filters(parser):
-        parser.add_argument("--id", dest="ids", type=int, action="append", default=[], metavar="ID", help="A job id (repeatable).")
+        parser.add_argument("--id", dest="ids", type=arguments.job_id, action="append", default=[], metavar="ID", help="A job id (repeatable).")
         parser.add_argument("--queue", dest="queues", action="append", default=[], metavar="QUEUE", help="Repeatable.")
         parser.add_argument("--task", dest="tasks", action="append", default=[], metavar="PATH", help="A task's import path (repeatable).")
         parser.add_argument("--state", dest="states", action="append", default=[], metavar="STATE",
                             choices=[*JobState.values, "scheduled"], help="ready, scheduled, running, succeeded, failed, cancelled, quarantined (repeatable).")
         parser.add_argument("--tag", dest="tags", action="append", default=[], metavar="TAG", help="Jobs carrying this tag (repeatable: all of them).")
-        parser.add_argument("--older-than", metavar="AGE", help="Finished jobs: finished more than AGE ago; others: enqueued more than AGE ago (30m, 2h, 7d).")
+        parser.add_argument("--older-than", metavar="AGE", type=arguments.age,
+                            help="Finished jobs: finished more than AGE ago; others: enqueued more than AGE ago (30m, 2h, 7d; at most 100 years).")
         parser.add_argument("--search", metavar="TEXT", help="The admin's search: key=value, arg:value, tag:name, an id or part of a task path.")
 
     @staticmethod
@@ -104,6 +96,7 @@ class Command(BaseCommand):
     # --- entry ------------------------------------------------------------------------------
 
     def handle(self, *args, verb, **options):
+        self._coerce(options)
         user = self._user(options.get("as_user"), verb)
         if verb == "show":
             return self._show(options["job_id"], options)
@@ -111,6 +104,17 @@ class Command(BaseCommand):
         if verb == "list":
             return self._list(queryset, options)
         return self._act(verb, queryset, described, user, options)
+
+    @staticmethod
+    def _coerce(options):
+        """The parser's bounds on what call_command() passed as keywords (they skip the parser)."""
+        for key, option, kind in (("limit", "--limit", arguments.limit), ("offset", "--offset", arguments.offset),
+                                  ("job_id", "ID", arguments.job_id)):
+            if key in options:
+                options[key] = arguments.coerce(option, kind, options[key])
+        options["ids"] = [arguments.coerce("--id", arguments.job_id, value) for value in options.get("ids") or ()]
+        if options.get("older_than") is not None:
+            options["older_than"] = arguments.coerce("--older-than", arguments.age, options["older_than"])
 
     def _user(self, username, verb):
         if not username:
@@ -156,8 +160,8 @@ class Command(BaseCommand):
         if options["tags"]:
             queryset = queryset.filter(job_search.tags_condition(options["tags"]))
             described.append(f"tags {options['tags']}")
-        if options["older_than"]:
-            cut = timezone.now() - parse_age(options["older_than"])
+        if options["older_than"] is not None:
+            cut = timezone.now() - options["older_than"]
             queryset = queryset.filter(Q(finished_at__lt=cut) | Q(finished_at__isnull=True, enqueued_at__lt=cut))
             described.append(f"older than {options['older_than']}")
         if options["search"]:
@@ -171,9 +175,8 @@ class Command(BaseCommand):
     # --- reading ----------------------------------------------------------------------------
 
     def _list(self, queryset, options):
-        if options["limit"] < 1:
-            raise CommandError(f"--limit must be at least 1, got {options['limit']}.")
-        jobs = list(queryset.defer("payload", "return_value").order_by("-id")[: options["limit"]])
+        offset, limit = options["offset"], options["limit"]
+        jobs = list(queryset.defer("payload", "return_value").order_by("-id")[offset : offset + limit])
         errors = self._last_errors([job.pk for job in jobs])
         rows = [self._row(job, errors.get(job.pk, ("", ""))) for job in jobs]
         if options["json"]:
