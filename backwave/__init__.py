@@ -25,7 +25,7 @@ def __getattr__(name):
         from backwave.tasking.context import JobContext
 
         return JobContext
-    if name in {"Unique", "EnqueuedResult"}:
+    if name in {"Unique", "EnqueuedResult", "BackWaveTaskResult"}:
         from backwave.tasking import results, task
 
         return getattr(task if name == "Unique" else results, name)

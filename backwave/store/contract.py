@@ -95,8 +95,9 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class Inserted:
-    """What an enqueue did with one job: its id (the existing job's, for a duplicate), and for a
-    duplicate the state and times of the job it found (for the TaskResult handed back)."""
+    """What an enqueue did with one job: its id (the existing job's, for a duplicate), its state
+    and stored enqueued_at, and for a duplicate the payload, times and reason of the job it found
+    (for the TaskResult handed back)."""
 
     id: int
     duplicate: bool = False
@@ -106,6 +107,7 @@ class Inserted:
     started_at: datetime | None = None
     last_attempted_at: datetime | None = None
     finished_at: datetime | None = None
+    reason: str = ""
 
 
 @dataclass(slots=True, kw_only=True)  # not frozen, one a job: see backwave.core.jobs.ClaimedJob

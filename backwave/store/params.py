@@ -245,11 +245,14 @@ def insert_statement_name(jobs: Sequence[NewJob]) -> str:
 def inserted_from_rows(name: str, rows: list[tuple]) -> list[Inserted]:
     """The answer of an enqueue statement, per job in input order (DependencyRefused naming the
     ancestors enqueue_with_dependencies refused)."""
-    if name in ("enqueue_many", "enqueue_with_dependencies"):
-        return [Inserted(job_id) for job_id in inserted_ids(name, rows)]
+    if name == "enqueue_many":
+        return [Inserted(row[0], enqueued_at=row[1]) for row in rows]
+    if name == "enqueue_with_dependencies":
+        inserted_ids(name, rows)  # DependencyRefused when an ancestor was refused
+        return [Inserted(row[0], state=row[4], enqueued_at=row[5]) for row in rows]
     return [
         Inserted(id=row[0], duplicate=row[1], state=row[2], payload=row[3], enqueued_at=row[4],
-                 started_at=row[5], last_attempted_at=row[6], finished_at=row[7])
+                 started_at=row[5], last_attempted_at=row[6], finished_at=row[7], reason=row[9])
         for row in rows
     ]
 

@@ -1447,7 +1447,8 @@ RETURNING j.id, s.attempts
 -- only when referenced, hence the cross join with its one-row count. Ids come from the sequence
 -- in insertion order, which WITH ORDINALITY plus the ORDER BY makes the input order, so ORDER BY
 -- id gives ids in input order. A job's limit_key is left out of the JSON when it has none (NULL).
--- Jobs with a uniqueness key go through enqueue_unique_many instead.
+-- Jobs with a uniqueness key go through enqueue_unique_many instead. Each row also carries the
+-- stored enqueued_at (the transaction's now()), which the TaskResult enqueue hands back shows.
 WITH inserted AS (
     INSERT INTO backwave_job (
         task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
@@ -1466,13 +1467,13 @@ WITH inserted AS (
          AS n(task_path, payload, queue, priority, run_at, max_attempts, backoff_base, backoff_max,
               backend, tags, trace_context, timeout, limit_key, position)
     ORDER BY n.position
-    RETURNING id, queue
+    RETURNING id, queue, enqueued_at
 ), hinted AS (
     SELECT count(pg_notify('backwave_hint', q.queue)) AS sent
     FROM (SELECT DISTINCT queue FROM inserted) AS q
     WHERE %(hint)s::boolean
 )
-SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
+SELECT inserted.id, inserted.enqueued_at FROM inserted CROSS JOIN hinted ORDER BY inserted.id
 
 
 -- name: enqueue_with_dependencies
@@ -1488,8 +1489,9 @@ SELECT inserted.id FROM inserted CROSS JOIN hinted ORDER BY inserted.id
 -- Refused, with nothing inserted: an ancestor id that names no job ("refused" returns it with a
 -- NULL state) and one that already failed, was cancelled or quarantined when its dependency's
 -- on_failure is not "run" (returned with its state: a dependent cancelled or held at birth is a
--- mistake to report, not to store). Rows: the new ids in input order, or the refused ancestors,
--- each with the caller's enable_seqscan (see "checked").
+-- mistake to report, not to store). Rows: the new ids in input order (each with its state and
+-- stored enqueued_at), or the refused ancestors, each with the caller's enable_seqscan (see
+-- "checked").
 --
 -- Each edge's two foreign keys are checked when this statement ends (NOT DEFERRABLE, migration
 -- 0017), by lookups of backwave_job planned under key_lookups_by_index: planned as sequential
@@ -1553,10 +1555,10 @@ WITH {{key_lookups_by_index}}, given AS MATERIALIZED (
     LEFT JOIN waits AS x ON x.job_position = g.position
     WHERE NOT EXISTS (SELECT FROM refused)
     ORDER BY g.position
-    RETURNING id, queue, state
+    RETURNING id, queue, state, enqueued_at
 ), numbered AS MATERIALIZED (
     -- Ids come from the sequence in insertion order, which is input order (see enqueue_many).
-    SELECT i.id, i.queue, i.state, row_number() OVER (ORDER BY i.id) AS position
+    SELECT i.id, i.queue, i.state, i.enqueued_at, row_number() OVER (ORDER BY i.id) AS position
     FROM inserted AS i
 ), linked AS (
     INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position)
@@ -1569,10 +1571,10 @@ WITH {{key_lookups_by_index}}, given AS MATERIALIZED (
     FROM (SELECT DISTINCT queue FROM numbered WHERE state = 'ready') AS q
     WHERE %(hint)s::boolean
 )
-SELECT n.id, NULL::bigint AS refused_id, NULL::text AS refused_state, k.enable_seqscan
+SELECT n.id, NULL::bigint AS refused_id, NULL::text AS refused_state, k.enable_seqscan, n.state, n.enqueued_at
 FROM numbered AS n CROSS JOIN hinted CROSS JOIN checked AS k
 UNION ALL
-SELECT NULL, r.ancestor_id, r.state, k.enable_seqscan FROM refused AS r CROSS JOIN checked AS k
+SELECT NULL, r.ancestor_id, r.state, k.enable_seqscan, NULL, NULL FROM refused AS r CROSS JOIN checked AS k
 ORDER BY 1, 2
 
 
@@ -1636,7 +1638,7 @@ SELECT set_config('enable_seqscan', %(enable_seqscan)s, true)
 -- order ("folded"): the batch ends as the same calls enqueued one after another would. Ids are drawn from the table's sequence beforehand ("input"),
 -- so the answer can tell an inserted row (its id is the one drawn) from a duplicate.
 -- Returns per input row, in input order: id, duplicate, the job's state, payload and times (for
--- the TaskResult of a duplicate), and retry.
+-- the TaskResult of a duplicate), retry, and the duplicate's reason (why BackWave holds it).
 WITH input AS MATERIALIZED (
     SELECT n.*, nextval(pg_get_serial_sequence('backwave_job', 'id')) AS new_id,
            CASE WHEN n.unique_key IS NOT NULL
@@ -1701,7 +1703,7 @@ WITH input AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT FROM written AS w WHERE w.id = f.new_id)
 ), held AS MATERIALIZED (
     SELECT j.id, j.unique_key, j.state, j.payload, j.enqueued_at, j.started_at, j.last_attempted_at, j.finished_at,
-           j.state = 'ready' AND (t.replace_args OR t.replace_run_at) AS to_replace
+           j.reason, j.state = 'ready' AND (t.replace_args OR t.replace_run_at) AS to_replace
     FROM taken AS t
     JOIN backwave_job AS j ON j.unique_key = t.stored_key
 ), replaced AS (
@@ -1729,7 +1731,8 @@ SELECT coalesce(own.id, sibling.id, h.id),
        coalesce(r.payload, sibling.payload, h.payload, own.payload),
        coalesce(own.enqueued_at, sibling.enqueued_at, h.enqueued_at),
        h.started_at, h.last_attempted_at, h.finished_at,
-       own.id IS NULL AND sibling.id IS NULL AND (h.id IS NULL OR (h.to_replace AND r.id IS NULL)) AS retry
+       own.id IS NULL AND sibling.id IS NULL AND (h.id IS NULL OR (h.to_replace AND r.id IS NULL)) AS retry,
+       coalesce(h.reason, '')
 FROM input AS i
 LEFT JOIN written AS own ON own.id = i.new_id
 LEFT JOIN written AS sibling ON own.id IS NULL AND sibling.unique_key = i.stored_key

@@ -35,11 +35,10 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from django.tasks import TaskResult, TaskResultStatus
+from django.tasks import TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
-from django.utils import timezone
 from django.utils.inspect import is_module_level_function
 from django.utils.module_loading import import_string
 
@@ -49,7 +48,7 @@ from ..store.contract import After, DependencyRefused, NewJob
 from ..store.enqueue import enqueue_jobs
 from ..tracing import enqueue_trace_context
 from .payload import encode_payload
-from .results import STATUS_BY_STATE, EnqueuedResult
+from .results import STATUS_BY_STATE, BackWaveTaskResult
 from .task import (
     MAX_JOB_ID, BackWaveTask, TaskCall, coerce_calls, limit_key, unique_key, validate_backwave_options, validate_django_options,
 )
@@ -178,24 +177,24 @@ class BackWaveBackend(BaseTaskBackend):
                 from .workflow import InvalidDependency
 
                 raise InvalidDependency(str(refused)) from None
-        # A new job's row has the transaction's now() as enqueued_at, which the plain statement
-        # does not return; a duplicate's state and times are the existing job's.
-        enqueued_at = timezone.now()
+        # What the row holds, as the statement returned it (enqueued_at is the database's now()),
+        # so the result equals get_result()'s for the same untouched job; a duplicate's state,
+        # times and arguments are the existing job's.
         results = []
         for call, job, row in zip(calls, jobs, inserted, strict=True):
             if row.duplicate:
                 payload = json.loads(row.payload) if isinstance(row.payload, str) else row.payload
-                result = EnqueuedResult(
+                result = BackWaveTaskResult(
                     task=call.task, id=str(row.id), status=STATUS_BY_STATE[row.state], enqueued_at=row.enqueued_at,
                     started_at=row.started_at, last_attempted_at=row.last_attempted_at, finished_at=row.finished_at,
                     args=payload["args"], kwargs=payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
-                    duplicate=True,
+                    state=row.state, reason=row.reason, duplicate=True,
                 )
             else:
-                result = EnqueuedResult(
-                    task=call.task, id=str(row.id), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
+                result = BackWaveTaskResult(
+                    task=call.task, id=str(row.id), status=STATUS_BY_STATE[row.state], enqueued_at=row.enqueued_at,
                     started_at=None, last_attempted_at=None, finished_at=None, args=job.payload["args"],
-                    kwargs=job.payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
+                    kwargs=job.payload["kwargs"], backend=self.alias, errors=[], worker_ids=[], state=row.state,
                 )
                 # Django's signal means "a job was enqueued": a duplicate enqueued nothing.
                 task_enqueued.send(type(self), task_result=result)
@@ -228,19 +227,39 @@ class BackWaveBackend(BaseTaskBackend):
     # --- results ------------------------------------------------------------------------------
 
     def get_result(self, result_id):
-        """The job's TaskResult, in at most two queries (the job, then its attempts)."""
-        from ..models import Job
+        """The job's TaskResult in one query: the job row, its attempts as an array beside it."""
+        from django.contrib.postgres.expressions import ArraySubquery
+        from django.db.models import OuterRef
+        from django.db.models.functions import JSONObject
+
+        from ..models import Attempt, Job
         from .results import task_result_from_job
 
         text = str(result_id)
         # Ids are what enqueue hands out: str(job id). Anything else names no job.
         if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_JOB_ID:
             raise TaskResultDoesNotExist(result_id)
-        job_id = int(text)
-        job = Job.objects.using(self.database).filter(pk=job_id, backend=self.alias).prefetch_related("attempt_log").first()
+        attempts = (
+            Attempt.objects.using(self.database).filter(job=OuterRef("pk")).order_by("number")
+            .values(row=JSONObject(number="number", state="state", worker_id="worker_id", error_class="error_class", traceback="traceback"))
+        )
+        job = Job.objects.using(self.database).filter(pk=int(text), backend=self.alias).annotate(attempt_rows=ArraySubquery(attempts)).first()
         if job is None:
             raise TaskResultDoesNotExist(result_id)
-        return task_result_from_job(job, job.attempt_log.all())
+        return task_result_from_job(job, [Attempt(job_id=job.pk, **row) for row in job.attempt_rows], defaults=self._task_defaults())
+
+    def _task_defaults(self) -> dict | None:
+        """The DEFAULT_* values a task's None options stand for, by option name; None when the
+        settings are broken (the result is still readable, with the row's values spelled out)."""
+        try:
+            defaults = self._defaults()
+        except ImproperlyConfigured:
+            return None
+        return {
+            "max_attempts": defaults["DEFAULT_MAX_ATTEMPTS"],
+            "backoff_base": defaults["DEFAULT_BACKOFF_BASE"],
+            "backoff_max": defaults["DEFAULT_BACKOFF_MAX"],
+        }
 
     # --- system checks ------------------------------------------------------------------------
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import import_string
 
@@ -48,31 +48,52 @@ ERROR_ATTEMPT_STATES = frozenset({"failed", "quarantined", "lapsed", "cancelled"
 CANCELLED_ERROR = "backwave.Cancelled"
 
 
+# What refresh() reloads beyond Django's own TASK_REFRESH_ATTRS.
+BACKWAVE_REFRESH_ATTRS = ("progress", "metadata", "state", "reason")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackWaveTaskResult(TaskResult):
-    """Django's TaskResult plus what a running handler reported (Django's proposed metadata API):
-    ``progress``, its last ``context.set_progress()``, and ``metadata``, as of the worker's last
-    heartbeat (or the attempt's end). ``refresh()`` reloads them too."""
+    """The TaskResult BackWave's ``enqueue()``, ``get_result()`` and ``refresh()`` give: Django's,
+    with its statuses as they are, plus what Django lets a backend add beside them.
+
+    * ``state``: the job's own state, which tells apart what Django's statuses fold together:
+      ``"waiting"`` (for its ancestors), ``"held"`` (an ancestor failed; an operator decides) and
+      ``"ready"`` are all READY; ``"failed"``, ``"cancelled"`` and ``"quarantined"`` are all FAILED.
+      ``None`` on the worker's results (``task_started``/``task_finished``), which are not read
+      from the row.
+    * ``reason``: why BackWave cancelled or holds the job (``"Cancelled: ancestor #12 failed."``),
+      else ``""``.
+    * ``progress``, the handler's last ``context.set_progress()``, and ``metadata`` (Django's
+      proposed metadata API), as of the worker's last heartbeat or the attempt's end.
+    * ``duplicate``: this enqueue found a unique job holding its key, and the result describes
+      that job as it is now (``errors`` and ``worker_ids`` are loaded by ``refresh()``). Not
+      compared: a duplicate's result equals ``get_result()``'s for the same job.
+
+    ``refresh()`` and ``arefresh()`` reload all of them in one query.
+    """
 
     progress: Any = None
     metadata: dict = field(default_factory=dict)
+    state: str | None = None
+    reason: str = ""
+    duplicate: bool = field(default=False, compare=False)
 
     def refresh(self):
-        TaskResult.refresh(self)
-        refreshed = self.task.get_backend().get_result(self.id)
-        object.__setattr__(self, "progress", getattr(refreshed, "progress", None))
-        object.__setattr__(self, "metadata", getattr(refreshed, "metadata", {}))
+        self._update_from(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self):
+        self._update_from(await self.task.get_backend().aget_result(self.id))
+
+    def _update_from(self, refreshed) -> None:
+        for name in (*TASK_REFRESH_ATTRS, *BACKWAVE_REFRESH_ATTRS):
+            object.__setattr__(self, name, getattr(refreshed, name))
+
+
+# The name enqueue's result had when it was a class of its own; it is the same class now, so
+# that enqueue() and get_result() give equal results for the same job.
+EnqueuedResult = BackWaveTaskResult
 _TASK_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EnqueuedResult(TaskResult):
-    """What BackWave's enqueue returns: a TaskResult that says whether the enqueue was a
-    duplicate of a unique job, in which case it describes that existing job (its id, status,
-    times and arguments as they are now; ``errors`` and ``worker_ids`` are loaded by
-    ``refresh()``)."""
-
-    duplicate: bool = False
 
 
 class LeaseLapsed(Exception):
@@ -121,9 +142,15 @@ class UnresolvedTask(BackWaveTask):
         self._refuse()
 
 
-def resolve_task(job) -> Task:
+def resolve_task(job, defaults: Mapping[str, Any] | None = None) -> Task:
     """The Task a job row names, carrying the row's options; an UnresolvedTask when it cannot be
-    imported. Web side only (see the module docstring)."""
+    imported. Web side only (see the module docstring).
+
+    ``defaults``: the backend's ``DEFAULT_*`` values by option name (``max_attempts``, …). An
+    option the task leaves to the default (None) stays None where the row holds that default, so
+    the task of an untouched job is the task it was enqueued with. ``run_after`` is the row's
+    run time when that is not the enqueue time (deferred, or a retry's), else None.
+    """
     path = job.task_path
     problem = ""
     task = None
@@ -150,22 +177,27 @@ def resolve_task(job) -> Task:
             backoff_base=job.backoff_base,
             backoff_max=job.backoff_max,
             tags=tuple(job.tags),
+            run_after=_run_after(job),
         )
-    changes = {"queue_name": job.queue, "priority": job.priority, "backend": job.backend}
+    changes = {"queue_name": job.queue, "priority": job.priority, "backend": job.backend, "run_after": _run_after(job)}
     if isinstance(task, BackWaveTask):
-        changes |= {
-            "timeout": job.timeout,
-            "max_attempts": job.max_attempts,
-            "backoff_base": job.backoff_base,
-            "backoff_max": job.backoff_max,
-            "tags": tuple(job.tags),
-        }
+        changes |= {"timeout": job.timeout, "tags": tuple(job.tags)}
+        defaults = defaults or {}
+        for name in ("max_attempts", "backoff_base", "backoff_max"):
+            value = getattr(job, name)
+            if not (getattr(task, name) is None and name in defaults and defaults[name] == value):
+                changes[name] = value
     if all(getattr(task, name) == value for name, value in changes.items()):
         return task
     try:
         return replace(task, **changes)
     except InvalidTask:
         return task  # the row's options are no longer valid (a queue was removed): keep the task's own
+
+
+def _run_after(job) -> datetime | None:
+    run_at = getattr(job, "run_at", None)
+    return run_at if run_at is not None and run_at != job.enqueued_at else None
 
 
 def split_payload(payload) -> tuple[list, dict]:
@@ -185,7 +217,7 @@ def task_error(*, state: str, error_class: str, traceback: str) -> TaskError:
 
 def _build(
     *, task, job_id, status, args, kwargs, backend, enqueued_at, started_at, last_attempted_at, finished_at, errors, worker_ids, return_value,
-    progress=None, metadata=None,
+    progress=None, metadata=None, state=None, reason="", duplicate=False,
 ) -> TaskResult:
     result = BackWaveTaskResult(
         task=task,
@@ -202,22 +234,25 @@ def _build(
         worker_ids=worker_ids,
         progress=progress,
         metadata=metadata if isinstance(metadata, dict) else {},
+        state=state,
+        reason=reason,
+        duplicate=duplicate,
     )
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", return_value)
     return result
 
 
-def task_result_from_job(job, attempts: Iterable, task: Task | None = None) -> TaskResult:
+def task_result_from_job(job, attempts: Iterable, task: Task | None = None, defaults: Mapping[str, Any] | None = None) -> TaskResult:
     """The TaskResult of a Job row and its Attempt rows (in number order). ``task=None`` resolves
-    the task from the row (web side only)."""
+    the task from the row (web side only), with the backend's ``defaults`` (see resolve_task)."""
     attempts = list(attempts)
     worker_ids = [attempt.worker_id for attempt in attempts]
     if job.state == "running":
         worker_ids.append(job.worker_id)  # the attempt in progress has no row yet
     args, kwargs = split_payload(job.payload)
     return _build(
-        task=task if task is not None else resolve_task(job),
+        task=task if task is not None else resolve_task(job, defaults),
         job_id=job.pk,
         status=STATUS_BY_STATE[job.state],
         args=args,
@@ -236,13 +271,19 @@ def task_result_from_job(job, attempts: Iterable, task: Task | None = None) -> T
         return_value=job.return_value,
         progress=getattr(job, "progress", None),
         metadata=getattr(job, "metadata", None),
+        state=job.state,
+        reason=getattr(job, "reason", ""),
     )
 
 
 def _cancel_before_start(job, attempts: list) -> list[TaskError]:
-    """A job cancelled before any attempt of it ended cancelled: the error that names who did."""
+    """A job cancelled before any attempt of it ended cancelled: the error that says why (the
+    ancestor whose failure cancelled it, as its reason says) or who did."""
     if job.state != "cancelled" or any(attempt.state == "cancelled" for attempt in attempts):
         return []
+    if reason := getattr(job, "reason", ""):
+        because = reason.removeprefix("Cancelled: ")
+        return [TaskError(exception_class_path=CANCELLED_ERROR, traceback=f"{CANCELLED_ERROR}: cancelled before it ran: {because}\n")]
     who = getattr(job, "cancel_requested_by", "") or "an operator"
     return [TaskError(exception_class_path=CANCELLED_ERROR, traceback=f"{CANCELLED_ERROR}: cancelled by {who} before it ran.\n")]
 

@@ -7,7 +7,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+
+import backwave
 
 from backwave.models import Attempt, Job
 from backwave.tasking.results import LeaseLapsed, UnresolvedTask, task_result_for_attempt
@@ -24,9 +28,8 @@ def test_ready_job(backend, django_assert_max_num_queries):
     assert result.status == TaskResultStatus.READY
     assert (result.args, result.kwargs) == ([1], {"b": 2})
     assert (result.errors, result.worker_ids, result.attempts) == ([], [], 0)
-    # The imported task, with the row's options made explicit (None defaults become the values used).
-    assert result.task.func is sample_tasks.add.func
-    assert (result.task.max_attempts, result.task.backoff_base, result.task.backoff_max) == (3, 1.0, 3600.0)
+    # The imported task itself: the row holds what its None options stand for (the defaults).
+    assert result.task is sample_tasks.add
     assert result.enqueued_at == Job.objects.get().enqueued_at
     with pytest.raises(ValueError, match="not finished"):
         result.return_value
@@ -195,3 +198,57 @@ def test_get_result_survives_a_queue_removed_from_settings(settings):
     result = task_backends["default"].get_result(enqueued.id)
     assert result.status == TaskResultStatus.READY
     assert result.task.func is sample_tasks.send_email.func
+
+
+ENQUEUES = {
+    "plain": lambda: sample_tasks.add.enqueue(1, b=2),
+    "options": lambda: sample_tasks.charge.using(priority=3, max_attempts=2).enqueue(7),
+    "deferred": lambda: sample_tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 2),
+    "run_after in the past": lambda: sample_tasks.add.using(run_after=timezone.now() - timedelta(hours=1)).enqueue(1, 2),
+    "enqueue_many": lambda: backwave.enqueue_many([(sample_tasks.send_email, ("a@example.com",), {"subject": "hi"})])[0],
+    "unique, new": lambda: sample_tasks.sync_order.enqueue(order_id=5),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", list(ENQUEUES))
+def test_enqueue_hands_back_what_get_result_reads_for_the_untouched_job(backend, how):
+    # Django's contract (its tests/tasks): one class, the stored enqueued_at, the same task.
+    enqueued = ENQUEUES[how]()
+    read = backend.get_result(enqueued.id)
+    assert read == enqueued
+    assert enqueued.enqueued_at == Job.objects.get(pk=int(enqueued.id)).enqueued_at
+    assert type(read) is type(enqueued)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_aenqueue_hands_back_what_aget_result_reads(backend):
+    enqueued = async_to_sync(sample_tasks.add.aenqueue)(1, 2)
+    assert async_to_sync(backend.aget_result)(enqueued.id) == enqueued
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["refresh", "arefresh"])
+def test_refreshing_a_result_is_one_query(backend, make_job, how):
+    job = make_job(state="failed", attempts=2, max_attempts=2, finished_at=timezone.now())
+    Attempt.objects.create(job=job, number=1, state="failed", worker_id="w1", error_class="builtins.KeyError", traceback="tb1")
+    result = backend.get_result(str(job.pk))
+    Attempt.objects.create(job=job, number=2, state="failed", worker_id="w2", error_class="builtins.ValueError", traceback="tb2")
+    Job.objects.filter(pk=job.pk).update(progress={"done": 2}, metadata={"k": "v"})
+
+    with CaptureQueriesContext(connection) as queries:
+        result.refresh() if how == "refresh" else async_to_sync(result.arefresh)()
+
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert [error.traceback for error in result.errors] == ["tb1", "tb2"]
+    assert (result.worker_ids, result.progress, result.metadata) == (["w1", "w2"], {"done": 2}, {"k": "v"})
+
+
+@pytest.mark.django_db
+def test_get_result_is_one_query(backend, make_job):
+    job = make_job(state="failed", attempts=1, finished_at=timezone.now())
+    Attempt.objects.create(job=job, number=1, state="failed", worker_id="w1", error_class="builtins.KeyError", traceback="tb1")
+    with CaptureQueriesContext(connection) as queries:
+        result = backend.get_result(str(job.pk))
+    assert len(queries) == 1
+    assert [error.exception_class for error in result.errors] == [KeyError]

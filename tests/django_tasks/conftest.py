@@ -42,14 +42,6 @@ NOT_APPLICABLE = {
 # Until each is fixed (issue 32): tests that fail on a defect of BackWave, skipped (an xfail
 # cannot hold a test with subtests). Each fix removes its lines.
 KNOWN_DEFECTS = {
-    "test_dummy_backend.py::DummyBackendTestCase::test_enqueue_task": "19: enqueue()'s result differs from get_result()'s",
-    "test_dummy_backend.py::DummyBackendTestCase::test_enqueue_task_async": "19",
-    "test_dummy_backend.py::DummyBackendTestCase::test_get_result": "19",
-    "test_dummy_backend.py::DummyBackendTestCase::test_get_result_async": "19",
-    "test_tasks.py::TaskTestCase::test_enqueue_task": "19",
-    "test_tasks.py::TaskTestCase::test_enqueue_task_async": "19",
-    "test_tasks.py::TaskTestCase::test_get_result": "19",
-    "test_tasks.py::TaskTestCase::test_get_result_async": "19",
     "test_immediate_backend.py::ImmediateBackendTestCase::test_catches_exception": "21: Django's failure log line has no exception",
 }
 

@@ -122,6 +122,35 @@ def test_a_failing_ancestor_decides_each_dependent_by_its_policy(pump, policy, e
         assert job(grandchild_result).state == "waiting"  # behind the held job, still waiting
 
 
+def test_get_result_tells_waiting_held_ready_cancelled_and_failed_apart_and_why(pump):
+    from django.tasks import TaskResultStatus as Status
+
+    flow = Workflow()
+    bad = flow.add(tasks.fails)
+    cancelled = flow.add(tasks.noop, [1], after=[After(bad, on_failure="cancel")])
+    held = flow.add(tasks.noop, [2], after=[After(bad, on_failure="hold")])
+    waiting = flow.add(tasks.noop, [3], after=[held])
+    enqueued = flow.enqueue()
+    assert [r.state for r in enqueued] == ["ready", "waiting", "waiting", "waiting"]
+    ready = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(4)
+
+    pump.drain()
+
+    bad_r, cancelled_r, held_r, waiting_r, ready_r = (r.task.get_result(r.id) for r in [*enqueued, ready])
+    # Django's statuses as they are; BackWave's state beside them, and the reason it decided.
+    assert [(r.status, r.state) for r in (bad_r, cancelled_r, held_r, waiting_r, ready_r)] == [
+        (Status.FAILED, "failed"), (Status.FAILED, "cancelled"), (Status.READY, "held"),
+        (Status.READY, "waiting"), (Status.READY, "ready"),
+    ]
+    bad_id = enqueued[0].id
+    assert cancelled_r.reason == f"Cancelled: ancestor #{bad_id} failed."
+    assert [(e.exception_class_path, e.traceback) for e in cancelled_r.errors] == [
+        ("backwave.Cancelled", f"backwave.Cancelled: cancelled before it ran: ancestor #{bad_id} failed.\n"),
+    ]
+    assert held_r.reason.startswith(f"Held: ancestor #{bad_id} failed.")
+    assert (bad_r.reason, waiting_r.reason, ready_r.reason) == ("", "", "")
+
+
 def test_retrying_a_failed_ancestor_from_the_admin_rearms_its_held_dependents(pump):
     flow = Workflow()
     bad = flow.add(tasks.fails)
