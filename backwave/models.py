@@ -436,6 +436,30 @@ class Lease(models.Model):
         return f"{self.worker_id} until {self.expires_at:%H:%M:%S}"
 
 
+class Overrun(models.Model):
+    """A handler still running after its worker ended its attempt (past its time limit, or a
+    cancel's grace): the job is ready again or finished, but the handler's thread goes on, and
+    it counts against its queue's concurrency limit and its key's per-key limit until it
+    returns. Written by the outcome write that ends the attempt, deleted by the worker once the
+    handler returns (forget_overruns), and with its lease (expired or released): only a live
+    lease's overruns count, so a dead worker holds no key."""
+
+    pk = models.CompositePrimaryKey("job_id", "attempt")
+    job_id = models.BigIntegerField()  # no foreign key: a job may be purged while its handler runs on
+    attempt = models.IntegerField()
+    lease = models.ForeignKey(Lease, on_delete=models.DB_CASCADE, related_name="overruns")
+    queue = models.CharField(max_length=64)
+    limit_key = models.CharField(max_length=255, null=True, blank=True)
+    since = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        # The claims count a queue's overruns, and a key's, by this index.
+        indexes = [models.Index(fields=["queue", "limit_key"], name="backwave_overrun_queue_key")]
+
+    def __str__(self):
+        return f"job {self.job_id} attempt {self.attempt}: its handler still runs"
+
+
 class AttemptState(models.TextChoices):
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"

@@ -146,6 +146,15 @@ class ReconcileLease(Command):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetOverruns(Command):
+    """These handlers, whose attempts ended past their deadline and went out flagged overrun,
+    have returned: they count against their queue's and key's limits no more."""
+
+    lease_id: uuid.UUID
+    attempts: tuple[tuple[int, int], ...]  # (job id, attempt)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReleaseLease(Command):
     """Give back everything still running under the lease, then delete the lease."""
 

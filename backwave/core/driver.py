@@ -32,6 +32,7 @@ from .ledger import Ledger
 from .maintenance import PURGE_BATCH, ROLLUP_BATCH, Maintenance
 from .options import SELF_FENCE_MARGIN, WorkerGroupOptions
 from .outcomes import OutcomeBuffer, cancel_reason, decide
+from .overruns import Overruns
 from .slots import Slots
 from .stats import DriverStats
 from .transitions import ACCEPTS, AWAITED, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, InvalidEvent, State, answered_by
@@ -52,7 +53,8 @@ class NodeDriver:
         self._claims = claims.Claims(options, self._ledger)
         self._faults = FaultStreak()
         self._maintenance = Maintenance(options, self._ledger)
-        self._outcomes = OutcomeBuffer(options, self._ledger)
+        self._overruns = Overruns(self._ledger)
+        self._outcomes = OutcomeBuffer(options, self._ledger, overruns=self._overruns)
         self._slots = Slots(options, self._outcomes)
         self._lease = LeaseClock(options, self._ledger)
         self._drain = Drain(self._ledger, self._slots)
@@ -100,6 +102,8 @@ class NodeDriver:
             deadlines.append(self._drain.deadline)
         if (attempt_deadline := self._slots.next_deadline()) is not None:
             deadlines.append(attempt_deadline)
+        if (forget_due := self._overruns.next_due()) is not None:
+            deadlines.append(forget_due)
         return min(deadlines)
 
     @property
@@ -190,8 +194,10 @@ class NodeDriver:
         try:
             job = self._slots.finishing(event.job_id, event.attempt)
             if job is None:
-                # An abandoned attempt: its thread is free for the next job claimed ahead.
-                return self._slots.start_queued(event.now)
+                # An abandoned attempt: its thread is free for the next job claimed ahead, and
+                # a handler that outlived its attempt under this lease counts against no limit.
+                self._overruns.handler_returned(event.job_id, event.attempt)
+                return self._slots.start_queued(event.now) + self._forget_overruns(event.now)
             # Decided before any change: a refused event leaves no trace.
             outcome = decide(job, event, cancelled_by=self._slots.cancels.get(job.id))
         except ValueError as error:  # an unknown attempt or result, a jitter outside [0, 1)
@@ -298,6 +304,10 @@ class NodeDriver:
         self.stats.reconciled += len(event.released)
         return self._claim(event.now) if self.state is State.RUNNING else []
 
+    def _on_overruns_forgotten(self, event: ev.OverrunsForgotten) -> list[cmd.Command]:
+        self._overruns.forgotten()
+        return self._forget_overruns(event.now)  # handlers that returned meanwhile
+
     def _on_lease_released(self, event: ev.LeaseReleased) -> list[cmd.Command]:
         self._ledger.landed(cmd.ReleaseLease)
         self._give_up_lease()
@@ -360,6 +370,7 @@ class NodeDriver:
             # it and re-run our jobs. Stop writing for them and start over.
             return self._lose_lease(now)
         commands += self._end_overdue(now)
+        commands += self._forget_overruns(now)  # after a failed one
         if self.state is State.DRAINING:
             commands += self._drain_step(now)
         elif now >= self._claims.next_poll:
@@ -381,6 +392,8 @@ class NodeDriver:
         ended = self._slots.end_overdue(now)
         if not ended:
             return []
+        for outcome in ended:  # their handlers go on, and count against their limits until they return
+            self._overruns.ended_without_handler(outcome.job_id, outcome.attempt)
         self.stats.abandoned += len(ended)
         commands: list[cmd.Command] = [cmd.StopAttempt(job_id=o.job_id, attempt=o.attempt, reason=o.reason) for o in ended]
         # A handler past its deadline may never return its thread: the jobs claimed ahead go
@@ -457,6 +470,11 @@ class NodeDriver:
                 commands += self._claims.send(now, limit, self.lease_id, self._slots.held_attempts)
         return commands
 
+    def _forget_overruns(self, now: float) -> list[cmd.Command]:
+        if self.state not in (State.RUNNING, State.DRAINING) or not self._lease.trusted(now):
+            return []
+        return self._overruns.send(now, self.lease_id)
+
     def _release_claimed_ahead(self) -> list[cmd.Command]:
         return self._drain.give_back(self._slots.give_back_queued(), self.lease_id)
 
@@ -476,6 +494,7 @@ class NodeDriver:
         """Stop working under the lease: abandon what runs, and wait for nothing sent under it
         (whatever is in flight will come back as a stale result)."""
         self.stats.abandoned += self._slots.abandon_all()
+        self._overruns.lease_lost()
         if drop_buffer:
             self._outcomes.waiting.clear()
         self._claims.lease_lost()
@@ -513,6 +532,7 @@ _HANDLERS = {
     ev.TablesAnalyzed: NodeDriver._on_nothing_to_do,
     ev.JobsReleased: NodeDriver._on_nothing_to_do,
     ev.LeaseReleased: NodeDriver._on_lease_released,
+    ev.OverrunsForgotten: NodeDriver._on_overruns_forgotten,
     ev.LeaseReconciled: NodeDriver._on_lease_reconciled,
     ev.StoreFailed: NodeDriver._on_store_failed,
     ev.DrainRequested: NodeDriver._on_drain_requested,
@@ -527,4 +547,5 @@ _UNDO = {
     cmd.RenewLease: lambda driver, retry_at: driver._lease.renew_failed(retry_at),
     cmd.PurgeJobs: lambda driver, retry_at: driver._maintenance.purge_failed(),
     cmd.RollUpStats: lambda driver, retry_at: driver._maintenance.rollup_failed(),
+    cmd.ForgetOverruns: lambda driver, retry_at: driver._overruns.forget_failed(retry_at),
 }

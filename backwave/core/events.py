@@ -162,6 +162,13 @@ class LeaseReconciled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OverrunsForgotten(Event):
+    """ForgetOverruns landed: this many overruns were deleted (none: they went with a lease)."""
+
+    forgotten: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseReleased(Event):
     """The lease is gone and whatever ran under it is ready again."""
 

@@ -72,6 +72,9 @@ class Outcome:
     # Why the driver, not the handler, ended the attempt ("timeout", or "cancelled by ..."): the
     # shell writes the error text from it. Empty when the handler's own report says what happened.
     reason: str = ""
+    # Its handler still ran when the batch went out (ended past its deadline): the store counts
+    # it against its limits until ForgetOverruns. Set by the write, not the decision (core/overruns.py).
+    overrun: bool = False
     # The JobFinished's report, handed back to the shell with the WriteOutcomes; never looked
     # into here, and left out of equality and repr so traces stay what they were.
     report: object = field(default=None, compare=False, repr=False)

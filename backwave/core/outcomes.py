@@ -35,6 +35,7 @@ from .backoff import bounded_delay, retry_delay
 from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .ledger import Ledger
 from .options import WorkerGroupOptions
+from .overruns import Overruns
 
 RESULTS = ("succeeded", "failed", "unroutable", "discarded", "snoozed", "cancelled", "committed")
 
@@ -123,6 +124,7 @@ class OutcomeBuffer:
     waiting_since: float = 0.0
     not_before: float = 0.0
     round_trip: float | None = None  # a write's learned round-trip (None until one landed)
+    overruns: Overruns | None = None  # the driver's: which handlers outlive their ended attempt
 
     def add(self, outcome: Outcome, now: float) -> None:
         if not self.waiting:
@@ -152,10 +154,13 @@ class OutcomeBuffer:
         return {(o.job_id, o.attempt) for o in (*self.waiting, *self.writing)}
 
     def write(self, now: float, lease_id: uuid.UUID | None) -> list[cmd.Command]:
-        """The next batch's WriteOutcomes; none while one is in flight or while nothing waits."""
+        """The next batch's WriteOutcomes; none while one is in flight or while nothing waits.
+        Each outcome is flagged overrun as its handler is then (core/overruns.py)."""
         if self.writing or not self.waiting:
             return []
         batch = tuple(self.waiting.popleft() for _ in range(min(len(self.waiting), self.options.outcome_batch)))
+        if self.overruns is not None:
+            batch = self.overruns.flag(batch)
         self.waiting_since = now  # what is left (past a full batch) lingers from this write on
         return [self.ledger.send(cmd.WriteOutcomes(lease_id=lease_id, outcomes=batch), now)]
 

@@ -28,7 +28,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | an attempt past its deadline (see ** below): its    |
                       |                  | outcome buffered, StopAttempt, its slot taken until |
                       |                  | its handler returns, jobs claimed ahead: ReleaseJobs|
-                      |                  | (its thread may never come back);                   |
+                      |                  | (its thread may never come back); a ForgetOverruns  |
+                      |                  | that failed, past its backoff: again (******);      |
                       |                  | lease presumed lapsed: self-fence                   | OPENING
     RUNNING, DRAINING | CancelRequested  | of a job it runs: StopAttempt, the attempt ends     | same
                       |                  | cancelled when it returns, or at its deadline, now  |
@@ -70,16 +71,20 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | handlers return; jobs claimed ahead are dropped and |
                       |                  | lapse with the lease), OpenLease                    |
     RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
+    RUNNING, DRAINING | OverrunsForgotten| handlers that returned meanwhile: ForgetOverruns    | same
     RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
                       |                  | after a jittered backoff that doubles per fault in  |
                       |                  | a row (up to half a heartbeat); a failed claim may  |
                       |                  | have committed: the next claim waits for a          |
-                      |                  | ReconcileLease(known = (job, attempt) held)         |
+                      |                  | ReconcileLease(known = (job, attempt) held); a      |
+                      |                  | failed ForgetOverruns: its attempts wait for it     |
     RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
     RUNNING           | DrainRequested   | stop claiming; jobs claimed ahead: ReleaseJobs      | DRAINING
     any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
                       |                  | reopens (a poll or a write's claim uses it, or the  |
-                      |                  | next job claimed ahead: ExecuteJob);                |
+                      |                  | next job claimed ahead: ExecuteJob); one ended past |
+                      |                  | its deadline whose outcome went out flagged overrun |
+                      |                  | (******), in RUNNING or DRAINING: ForgetOverruns;   |
                       |                  | outside RUNNING and DRAINING nothing else executes  |
     any*              | HintReceived     | outside RUNNING: nothing                            | same
     any*              | CancelRequested  | outside RUNNING and DRAINING: nothing               | same
@@ -131,6 +136,13 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        its write or claim: see the executor's ``aside``). They are claimed, not executing: no deadline until they start, a
        cancel ends them unstarted, a drain or an attempt ended past its deadline gives them back,
        a lost lease drops them.
+    ****** overruns (core/overruns.py): a handler whose attempt ended past its deadline still
+       counts against its queue's and key's limits, cluster-wide, until it returns. Its outcome
+       goes out flagged overrun while it runs (the write leaves an overrun row under the
+       lease); once it returns, ForgetOverruns deletes the row (one in flight at most; a failed
+       one is sent again on a tick past its fault backoff). One that returned while its outcome
+       still waited leaves no row. A lost lease, a self-fence or a drain's end drops them all:
+       the rows count only under a live lease, and go with it.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent
@@ -144,6 +156,7 @@ and before the table above is consulted, while no command of its kind is in flig
     LeaseRenewed     | RenewLease
     LeaseReconciled  | ReconcileLease
     LeaseReleased    | ReleaseLease
+    OverrunsForgotten| ForgetOverruns
 
 Self-fencing, the Tick row's "lease presumed lapsed": see core/lease.py.
 
@@ -186,7 +199,7 @@ _MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.Pumps
 # What every state but NEW takes: timers, hints, cancels, handlers returning, faults, maintenance, a drain.
 _LIVE = frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
 # Answers to commands sent under a held lease.
-_UNDER_LEASE = frozenset({ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.JobsReleased, ev.LeaseReconciled})
+_UNDER_LEASE = frozenset({ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.JobsReleased, ev.LeaseReconciled, ev.OverrunsForgotten})
 
 ACCEPTS: dict[State, frozenset[type[ev.Event]]] = {
     State.NEW: frozenset({ev.Started, ev.DrainRequested}),
@@ -212,6 +225,7 @@ ANSWERS: dict[type[ev.Event], type[cmd.Command]] = {
     ev.JobsReleased: cmd.ReleaseJobs,
     ev.LeaseReconciled: cmd.ReconcileLease,
     ev.LeaseReleased: cmd.ReleaseLease,
+    ev.OverrunsForgotten: cmd.ForgetOverruns,
 }
 STORE_RESULTS = frozenset(ANSWERS)
 
@@ -219,7 +233,7 @@ STORE_RESULTS = frozenset(ANSWERS)
 # self-fence, a drain's end). Such a stale result, or its StoreFailed, is swallowed on arrival
 # in any state, before ACCEPTS is consulted, while no command of its kind is in flight: the
 # store's fence makes whatever it did a no-op.
-STALE_TOLERANT = frozenset({cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cmd.ReconcileLease, cmd.ReleaseLease})
+STALE_TOLERANT = frozenset({cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cmd.ReconcileLease, cmd.ReleaseLease, cmd.ForgetOverruns})
 
 # Store commands the driver waits for none of: a StoreFailed of one is always accepted, and the
 # next maintenance run (or the lease's lapse) makes up for it.

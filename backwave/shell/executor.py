@@ -67,7 +67,7 @@ def outcome_record(outcome: Outcome) -> OutcomeRecord:
     (if its JobFinished carried one)."""
     report = outcome.report
     if outcome.reason:
-        return _driver_ended(outcome, report)
+        return replace(_driver_ended(outcome, report), overrun=outcome.overrun)
     if report is None:
         return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay)
     return OutcomeRecord(
@@ -345,6 +345,9 @@ class Executor:
                 if released:
                     self._log(logging.WARNING, "Pump %s gave back %d job(s) a lost claim answer had left under its lease", self.worker_id, len(released))
                 return ev.LeaseReconciled(now=self._clock(), released=frozenset(released))
+            case cmd.ForgetOverruns():
+                forgotten = store.forget_overruns(lease_id=command.lease_id, attempts=command.attempts)
+                return ev.OverrunsForgotten(now=self._clock(), forgotten=forgotten)
             case cmd.ReleaseJobs():
                 released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
                 return ev.JobsReleased(now=self._clock(), released=frozenset(released))

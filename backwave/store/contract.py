@@ -131,6 +131,9 @@ class OutcomeRecord:
     # the attempt); None: not set, the row keeps what it holds.
     progress: Any = None
     metadata: Any = None
+    # The worker ended the attempt without its handler (a time limit, a cancel's grace), which
+    # still runs: applied, it leaves an overrun under the lease (see forget_overruns).
+    overrun: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -324,7 +327,17 @@ class Store(Protocol):
         kind. An outcome that ends its job (not RETRY nor SNOOZED) settles the job's dependents
         in the same statement: one whose last ancestor succeeded is ready (``Applied.released``
         counts them); a failed, quarantined or cancelled ancestor cancels, releases or holds each
-        dependent by its dependency's on_failure, a cancelled dependent cancelling its own in turn."""
+        dependent by its dependency's on_failure, a cancelled dependent cancelling its own in turn.
+
+        An applied record with ``overrun`` leaves an overrun (job, attempt, this lease, the job's
+        queue and limit key) in the same statement: its handler, which outlived the attempt,
+        counts against the queue's concurrency limit and the key's per-key limit in every claim,
+        as its running row did, for as long as the lease is live or until ``forget_overruns``."""
+
+    def forget_overruns(self, *, lease_id: uuid.UUID, attempts: Sequence[tuple[int, int]]) -> int:
+        """The handlers of these (job id, attempt) overruns under the lease have returned: delete
+        them, so they count against no limit any more. Returns how many were deleted. An expired
+        or released lease's overruns go with it, and a lapsed lease's count no more."""
 
     def write_outcomes_then_claim(
         self, *, lease_id: uuid.UUID, worker_id: str, outcomes: Sequence[OutcomeRecord], queues: Sequence[str], limit: int

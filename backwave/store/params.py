@@ -322,6 +322,8 @@ def _outcome_row(o: OutcomeRecord) -> dict[str, Any]:
         row["tag_add"] = list(o.tags_added)
     if o.tags_removed:
         row["tag_remove"] = list(o.tags_removed)
+    if o.overrun:
+        row["overrun"] = True
     return row
 
 
@@ -477,12 +479,15 @@ def unstorable_replacement(outcome: OutcomeRecord, reason: str, *, keep_decision
     if outcome.kind is OutcomeKind.SUCCEEDED or not keep_decision:
         what = "the task returned, but" if outcome.kind is OutcomeKind.SUCCEEDED else f"the attempt ended ({outcome.kind.value}), but"
         text = f"{UNSTORABLE_RESULT}: {what} {ascii_text(reason)}. The job is failed without another attempt; retry it from the admin once that is fixed.\n"
-        return OutcomeRecord(job_id=outcome.job_id, attempt=outcome.attempt, kind=OutcomeKind.FAILED, error_class=UNSTORABLE_RESULT, traceback=text)
+        return OutcomeRecord(
+            job_id=outcome.job_id, attempt=outcome.attempt, kind=OutcomeKind.FAILED, error_class=UNSTORABLE_RESULT, traceback=text,
+            overrun=outcome.overrun,
+        )
     own = "\n".join(part for part in (ascii_text(outcome.error_class), ascii_text(outcome.traceback)) if part)
     text = f"{UNSTORABLE_RESULT}: this attempt's outcome could not be stored as it was: {ascii_text(reason)}.\n\nIts own error, escaped:\n{own}\n"
     return OutcomeRecord(
         job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
-        error_class=UNSTORABLE_RESULT, traceback=text, duration=outcome.duration,
+        error_class=UNSTORABLE_RESULT, traceback=text, duration=outcome.duration, overrun=outcome.overrun,
     )
 
 

@@ -440,6 +440,13 @@ class PostgresStore:
                 error.statement = refused
             raise
 
+    def forget_overruns(self, *, lease_id: uuid.UUID, attempts: Sequence[tuple[int, int]]) -> int:
+        """Delete the lease's overruns of these (job id, attempt): their handlers returned."""
+        if not attempts:
+            return 0
+        job_ids, numbers = zip(*attempts)
+        return self._execute("forget_overruns", {"lease_id": lease_id, "job_ids": list(job_ids), "attempts": list(numbers)})[0][0]
+
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
         if not job_ids:

@@ -205,7 +205,9 @@ WITH lease AS MATERIALIZED (
 ), room AS MATERIALIZED (
     -- The queue's room: nothing when paused, and under a concurrency limit no more than the
     -- limit less what runs now (lock_limited_queues, sent first in the same transaction, has
-    -- serialized claimers on the queue row, so this count sees every earlier claim).
+    -- serialized claimers on the queue row, so this count sees every earlier claim). What runs
+    -- includes the overruns under live leases: handlers whose attempt their worker already ended
+    -- (see forget_overruns).
     -- A queue under an admission limit (per-key concurrency, rate) is claimed only through
     -- claim_jobs_admitted: here it has no room, so a worker that does not know of the limit
     -- claims nothing from it rather than overrun it.
@@ -215,7 +217,10 @@ WITH lease AS MATERIALIZED (
                                  WHEN q.concurrency_limit IS NULL THEN %(limit)s
                                  ELSE greatest(0, least(%(limit)s, q.concurrency_limit - (
                                      SELECT count(*) FROM backwave_job AS r
-                                     WHERE r.state = 'running' AND r.queue = q.name)))
+                                     WHERE r.state = 'running' AND r.queue = q.name) - (
+                                     SELECT count(*) FROM backwave_overrun AS o
+                                     JOIN backwave_lease AS l ON l.id = o.lease_id
+                                     WHERE o.queue = q.name AND l.expires_at > now())))
                             END
                      FROM backwave_queue AS q WHERE q.name = %(queue)s), %(limit)s) AS n
 ), suspect AS MATERIALIZED (
@@ -278,7 +283,7 @@ WITH lease AS MATERIALIZED (
     FOR KEY SHARE
 ), rooms AS MATERIALIZED (
     -- Each queue's room, as in claim_jobs_one_queue (paused or admission-limited: none;
-    -- limited: what is left).
+    -- limited: what is left, its live overruns counted as running).
     SELECT q.name, q.position,
            coalesce((SELECT CASE WHEN qs.paused THEN 0
                                  WHEN qs.key_concurrency_limit IS NOT NULL OR qs.rate_limit IS NOT NULL
@@ -286,7 +291,10 @@ WITH lease AS MATERIALIZED (
                                  WHEN qs.concurrency_limit IS NULL THEN %(limit)s
                                  ELSE greatest(0, least(%(limit)s, qs.concurrency_limit - (
                                      SELECT count(*) FROM backwave_job AS r
-                                     WHERE r.state = 'running' AND r.queue = qs.name)))
+                                     WHERE r.state = 'running' AND r.queue = qs.name) - (
+                                     SELECT count(*) FROM backwave_overrun AS o
+                                     JOIN backwave_lease AS l ON l.id = o.lease_id
+                                     WHERE o.queue = qs.name AND l.expires_at > now())))
                             END
                      FROM backwave_queue AS qs WHERE qs.name = q.name), %(limit)s) AS n
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, position)
@@ -357,9 +365,12 @@ WITH lease AS MATERIALIZED (
 -- window on in place; "key_expired" deletes the rows of past windows of the keys not claimed, so
 -- the table holds no more than the keys active in a window.
 --
--- Per-key concurrency: at most key_concurrency_limit running jobs per limit_key in the queue.
+-- Per-key concurrency: at most key_concurrency_limit running jobs per limit_key in the queue,
+-- the key's overruns under live leases counted as running (handlers whose attempt their worker
+-- ended, see forget_overruns; so is the queue's concurrency limit's count).
 -- "saturated" lists the keys already at the limit, from the partial index of running keyed
--- jobs (backwave_job_running_key: at most the jobs in flight); the ordered scan passes over
+-- jobs (backwave_job_running_key: at most the jobs in flight) and backwave_overrun_queue_key
+-- (usually empty); the ordered scan passes over
 -- their rows without counting them against its LIMIT, so a saturated key's backlog never stalls
 -- the queue: other keys' jobs behind it are claimed. Keys with some room left are cut to it by
 -- rank per key. The scan over-fetches (four times the room) so that a key with little room
@@ -378,14 +389,23 @@ WITH lease AS MATERIALIZED (
                     %(limit)s,
                     CASE WHEN qs.concurrency_limit IS NOT NULL
                          THEN qs.concurrency_limit - (SELECT count(*) FROM backwave_job AS r
-                                                      WHERE r.state = 'running' AND r.queue = q.name) END,
+                                                      WHERE r.state = 'running' AND r.queue = q.name)
+                                                   - (SELECT count(*) FROM backwave_overrun AS o
+                                                      JOIN backwave_lease AS l ON l.id = o.lease_id
+                                                      WHERE o.queue = q.name AND l.expires_at > now()) END,
                     qs.rate_limit - CASE WHEN qs.rate_window_start = w.window_start
                                          THEN qs.rate_window_used ELSE 0 END))
            END AS n,
            CASE WHEN qs.key_concurrency_limit IS NOT NULL OR qs.key_rate_limit IS NOT NULL THEN ARRAY(
-               SELECT r.limit_key FROM backwave_job AS r
+               SELECT r.limit_key FROM (
+                   SELECT r.limit_key FROM backwave_job AS r
+                   WHERE r.state = 'running' AND r.queue = q.name AND r.limit_key IS NOT NULL
+                   UNION ALL
+                   SELECT o.limit_key FROM backwave_overrun AS o
+                   JOIN backwave_lease AS l ON l.id = o.lease_id
+                   WHERE o.queue = q.name AND o.limit_key IS NOT NULL AND l.expires_at > now()
+               ) AS r
                WHERE qs.key_concurrency_limit IS NOT NULL
-                 AND r.state = 'running' AND r.queue = q.name AND r.limit_key IS NOT NULL
                GROUP BY r.limit_key
                HAVING count(*) >= qs.key_concurrency_limit
                UNION ALL
@@ -446,7 +466,11 @@ WITH lease AS MATERIALIZED (
               CASE WHEN k.key_limit IS NOT NULL
                    THEN k.key_limit - (SELECT count(*) FROM backwave_job AS r
                                        WHERE r.state = 'running' AND r.queue = k.queue
-                                         AND r.limit_key = k.limit_key) END,
+                                         AND r.limit_key = k.limit_key)
+                                    - (SELECT count(*) FROM backwave_overrun AS o
+                                       JOIN backwave_lease AS l ON l.id = o.lease_id
+                                       WHERE o.queue = k.queue AND o.limit_key = k.limit_key
+                                         AND l.expires_at > now()) END,
               CASE WHEN k.key_rate IS NOT NULL
                    THEN k.key_rate - coalesce((SELECT w.used FROM backwave_key_rate_window AS w
                                                WHERE w.queue = k.queue AND w.limit_key = k.limit_key
@@ -524,7 +548,7 @@ WITH lease AS MATERIALIZED (
 -- (see there). The count of dependents made ready rides on every returned row.
 WITH RECURSIVE {{outcome_applied}}
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
-              o.error_class, o.traceback, o.duration
+              o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key
 ), settling AS (
     SELECT a.id, CASE a.kind WHEN 'succeeded' THEN 'succeeded'
                              WHEN 'quarantined' THEN 'quarantined'
@@ -532,7 +556,7 @@ WITH RECURSIVE {{outcome_applied}}
                              ELSE 'failed' END AS state
     FROM applied AS a
     WHERE a.kind NOT IN ('retry', 'snoozed')
-), {{outcome_noted}}, watching AS NOT MATERIALIZED (
+), {{outcome_noted}}, {{outcome_overran}}, watching AS NOT MATERIALIZED (
     -- The observed transitions, for the cancelled dependents' own (see settle_dependents).
     SELECT %(observed)s::jsonb AS observed
 )
@@ -553,8 +577,8 @@ RETURNING job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready
 WITH {{outcome_applied}}
       AND NOT j.has_dependents
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
-              o.error_class, o.traceback, o.duration
-), {{outcome_noted}}
+              o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key
+), {{outcome_noted}}, {{outcome_overran}}
 {{outcome_attempts}}
 RETURNING job_id, 0::bigint AS released
 
@@ -572,11 +596,12 @@ lease AS MATERIALIZED (
     -- comes boxed as {"v": value} so that a task returning None stores JSON null, a value,
     -- while the other kinds (box absent) store SQL NULL.
     SELECT b.job_id, b.attempt, b.kind, b.retry_delay, b.boxed -> 'v' AS return_value,
-           b.error_class, b.traceback, b.duration, b.progress, b.metadata, b.output, b.tag_add, b.tag_remove
+           b.error_class, b.traceback, b.duration, b.progress, b.metadata, b.output, b.tag_add, b.tag_remove,
+           b.overrun
     FROM jsonb_to_recordset(%(outcomes)s::jsonb)
          AS b(job_id bigint, attempt int, kind text, retry_delay float8, boxed jsonb,
               error_class text, traceback text, duration float8, progress jsonb, metadata jsonb,
-              output jsonb, tag_add varchar[], tag_remove varchar[])
+              output jsonb, tag_add varchar[], tag_remove varchar[], overrun boolean)
 ), applied AS (
     UPDATE backwave_job AS j
     SET state = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
@@ -640,6 +665,21 @@ noted AS (
       AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
                   WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
                     AND (w.queue IS NULL OR w.queue = j.queue))
+)
+
+
+-- name: outcome_overran
+-- Not a statement: the outcome writes' "overran" CTE, over "applied". An outcome the worker
+-- decided without its handler, which still runs (a time limit, a cancel's grace: "overrun"),
+-- leaves an overrun row under the writer's lease, in the statement that ends the attempt: from
+-- the commit on, the claims count the handler where they counted its running row until then,
+-- so no claim ever sees the attempt ended and its handler uncounted. Only applied outcomes:
+-- a refused one's handler runs under a lease that lost the row, and counts no more.
+overran AS (
+    INSERT INTO backwave_overrun (job_id, attempt, lease_id, queue, limit_key, since)
+    SELECT a.id, a.attempt, %(lease_id)s, a.queue, a.limit_key, now()
+    FROM applied AS a
+    WHERE a.overrun
 )
 
 
@@ -1371,6 +1411,20 @@ WITH keep(resolution, seconds) AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone
+
+
+-- name: forget_overruns
+-- The handlers of these overruns returned: they count against no limit any more. Only the
+-- worker's own (its lease's); a lease that is expired or released takes its overruns with it
+-- (the foreign key cascades), and the claims count only those of live leases, so a worker that
+-- dies or is cut off holds no key for ever. No lock but the overrun rows' own.
+WITH forgotten AS (
+    DELETE FROM backwave_overrun AS o
+    USING unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS f(job_id, attempt)
+    WHERE o.job_id = f.job_id AND o.attempt = f.attempt AND o.lease_id = %(lease_id)s
+    RETURNING 1
+)
+SELECT count(*) FROM forgotten
 
 
 -- name: lock_limited_queues

@@ -158,6 +158,16 @@ class LeaseRow:
 
 
 @dataclass(slots=True, kw_only=True)
+class OverrunRow:
+    """A row of backwave_overrun, keyed by (job id, attempt): a handler that outlived its attempt."""
+
+    lease_id: uuid.UUID
+    queue: str
+    limit_key: str | None
+    since: datetime
+
+
+@dataclass(slots=True, kw_only=True)
 class AttemptRow:
     """A row of backwave_attempt."""
 
@@ -298,6 +308,7 @@ def _room(db, queue: str, limit: int, *, admitted: bool = False, now: datetime |
     room = limit
     if concurrency_limit is not None:
         running = sum(1 for job in db.jobs.values() if job.state == "running" and job.queue == queue)
+        running += sum(1 for row in db.live_overruns(now) if row.queue == queue)  # handlers past their attempt
         room = min(room, concurrency_limit - running)
     if admitted and rate_limit is not None:
         start, used = db.rate_windows.get(queue, (None, 0))
@@ -339,6 +350,9 @@ class MemoryDatabase:
     # backwave_dependency: (job_id, ancestor_id) -> (on_failure, position).
     dependencies: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
     transitions: dict[int, TransitionRow] = field(default_factory=dict)
+    # backwave_overrun: (job_id, attempt) -> its row; a deleted lease takes its rows along (the
+    # foreign key cascades: forget_leases below).
+    overruns: dict[tuple[int, int], OverrunRow] = field(default_factory=dict)
     # Its admission columns, and the rate limit's current window: name -> (rate_window_start,
     # rate_window_used); backwave_key_rate_window: (queue, limit key) -> (window_start, used).
     admission: dict[str, QueueAdmission] = field(default_factory=dict)
@@ -359,6 +373,19 @@ class MemoryDatabase:
     def next_attempt_id(self) -> int:
         self.last_attempt_id += 1
         return self.last_attempt_id
+
+    def live_overruns(self, now: datetime) -> list[OverrunRow]:
+        """The overruns the claims count: those of leases that exist and have not lapsed."""
+        return [row for row in self.overruns.values() if _live(self, row.lease_id, now)]
+
+    def forget_leases(self, lease_ids: Iterable[uuid.UUID]) -> None:
+        """Delete these leases, and their overruns with them (ON DELETE CASCADE)."""
+        gone = set(lease_ids)
+        for lease_id in gone:
+            self.leases.pop(lease_id, None)
+        if self.overruns:
+            for key in [key for key, row in self.overruns.items() if row.lease_id in gone]:
+                del self.overruns[key]
 
     def attempts_after(self, attempt_id: int) -> list[AttemptRow]:
         """The attempt rows with an id above ``attempt_id``, in id order. Rows are inserted with
@@ -462,7 +489,7 @@ class InMemoryStore:
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Hand the lease's running jobs back (ready, attempt refunded) and delete it."""
         with self._operation() as (db, now):
-            db.leases.pop(lease_id, None)  # jobs are released even when the lease row is gone
+            db.forget_leases([lease_id])  # jobs are released even when the lease row is gone
             released = [job for job in db.jobs.values() if job.lease_id == lease_id and job.state == "running"]
             for job in released:
                 _refund(job, now)
@@ -479,8 +506,7 @@ class InMemoryStore:
             released = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
             if any((job.id, job.attempts) in db.attempts for job in released):
                 raise StoreError('expire_leases failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"')
-            for lease_id in gone:
-                del db.leases[lease_id]
+            db.forget_leases(gone)
             failed_for_good: dict[int, str] = {}
             for job in released:
                 lease = gone[job.lease_id]
@@ -600,6 +626,17 @@ class InMemoryStore:
                 row.next_attempt_at = _later(now, max(result["retry_delay"], 0.0))
                 row.claim_token = None
             return settled
+
+    def forget_overruns(self, *, lease_id: uuid.UUID, attempts: Sequence[tuple[int, int]]) -> int:
+        """Delete the lease's overruns of these (job id, attempt): their handlers returned."""
+        if not attempts:
+            return 0
+        with self._operation() as (db, _now):
+            forgotten = [key for key in dict.fromkeys((int(job_id), int(number)) for job_id, number in attempts)
+                         if (row := db.overruns.get(key)) is not None and row.lease_id == lease_id]
+            for key in forgotten:
+                del db.overruns[key]
+            return len(forgotten)
 
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
@@ -911,11 +948,16 @@ class InMemoryStore:
         order = [params["queue"]] if "queue" in params else list(params["queues"])
         position = {queue: index for index, queue in enumerate(order)}
         room = {queue: _room(db, queue, params["limit"], admitted=admitted, now=now) for queue in order}
+        # Handlers that outlived their attempt count where their running rows did.
+        overruns = db.live_overruns(now) if db.overruns else ()
         admissions = {queue: db.admission.get(queue, NO_ADMISSION) if admitted else NO_ADMISSION for queue in order}
         running_keys: dict[tuple[str, str], int] = {}
         for job in db.jobs.values():
             if job.state == "running" and job.limit_key is not None:
                 running_keys[job.queue, job.limit_key] = running_keys.get((job.queue, job.limit_key), 0) + 1
+        for row in overruns:
+            if row.limit_key is not None:
+                running_keys[row.queue, row.limit_key] = running_keys.get((row.queue, row.limit_key), 0) + 1
         windows = {
             queue: rate_window_start(now, admission.rate_period) for queue, admission in admissions.items() if admission.rate_period is not None
         }
@@ -1074,6 +1116,8 @@ class InMemoryStore:
                 started_at=job.last_attempted_at, finished_at=finished_at,
                 error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
             )
+            if row.get("overrun"):  # the "overran" CTE
+                db.overruns[(job.id, row["attempt"])] = OverrunRow(lease_id=lease_id, queue=job.queue, limit_key=job.limit_key, since=now)
         settling = {job.id: _ATTEMPT_STATE[row["kind"]] for job, row, *_ in applied if row["kind"] not in _AGAIN}
         return {job.id for job, *_ in applied}, settle_dependents(db, now, settling, observed)
 

@@ -39,13 +39,14 @@ def test_a_timed_out_attempt_is_retried_under_its_rules_and_keeps_its_slot_until
     out = _finished(t, other, "succeeded", now=2.1)
     (write,) = of_type(out, cmd.WriteOutcomes)
     timeout = next(o for o in write.outcomes if o.job_id == slow.id)
-    assert timeout.kind is OutcomeKind.RETRY and timeout.reason == "timeout"
+    assert timeout.kind is OutcomeKind.RETRY and timeout.reason == "timeout" and timeout.overrun
     assert timeout.retry_delay == pytest.approx(2.0 * 0.75)  # backoff_base 2, the nominal draw
     assert of_type(out, cmd.ClaimJobs) == [claim(1)]  # the abandoned handler still holds a thread
     t.written(write, now=2.2)
     t.returned(now=2.2)
     assert t.driver.free_slots == 1
-    assert _finished(t, slow, "failed", now=5.0) == []  # its late report is an abandoned attempt's
+    # Its late report is an abandoned attempt's: no outcome, and its handler counts no more.
+    assert _finished(t, slow, "failed", now=5.0) == [cmd.ForgetOverruns(lease_id=LEASE, attempts=((slow.id, 1),))]
     assert t.driver.free_slots == 2
 
 

@@ -6,6 +6,7 @@ per key), the rate limit on the rows' own start times (database clock) per align
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 from collections import Counter
@@ -14,7 +15,7 @@ import pytest
 from django.db import connection
 from django.db.models import Count, Max, Min
 
-from backwave.models import Job, Lease, Queue
+from backwave.models import Attempt, Job, Lease, Queue
 from backwave.tasking.task import enqueue_many
 from tests.shell import worker_tasks
 
@@ -73,3 +74,31 @@ def test_a_rate_limit_of_fifty_a_second_holds_across_two_workers(start_worker):
     assert 450 <= ten_seconds <= 550, sorted(windows.items())
     assert len({":".join(worker_id.split(":")[:2]) for worker_id in Job.objects.filter(queue="rated").values_list("worker_id", flat=True)}) == 2
     assert math.isclose(Queue.objects.get(name="rated").rate_period, 1.0)
+
+
+@pytest.mark.parametrize(
+    "task", [worker_tasks.overruns_under_a_key.using(limit_key="acme"), worker_tasks.overruns_in_a_queue], ids=["per-key", "queue"]
+)
+def test_a_handler_past_its_time_limit_counts_against_the_limit_until_it_returns(start_worker, tmp_path, task):
+    """Each first attempt runs a second past its 0.2 s time limit, never looking at should_stop:
+    the worker records it failed and the job is ready again while its handler still runs. That
+    handler still counts against the limit of one (the key's, the queue's) until it returns, so
+    no two handlers ever run at once, however free the pool's threads are."""
+    tally = tmp_path / "tally.json"
+    results = enqueue_many([(task, (str(tally),), {}) for _ in range(3)])
+    worker = start_worker("--queues", task.queue_name, "--pool-size", "4", *FAST)
+    ids = [result.id for result in results]
+    def tally_read():
+        return json.loads(tally.read_text() or "{}") if tally.exists() else {}
+
+    worker.wait_for(
+        lambda: Job.objects.filter(id__in=ids, state="succeeded").count() == 3 and tally_read().get("running") == 0,
+        timeout=60, what="every job's retry succeeding and every handler returning",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    timed_out = Attempt.objects.filter(job_id__in=ids, error_class="backwave.TimeLimitExceeded").count()
+    assert timed_out == 3, "every first attempt ran past its limit, so each one overran its attempt"
+    seen = tally_read()
+    assert seen["started"] == 6, seen  # three overrunning first attempts, three retries
+    assert seen["peak"] == 1, f"{seen['peak']} handlers ran at once under a limit of one: {seen}"

@@ -1,5 +1,7 @@
 """Tasks the worker tests run (discovered through BACKWAVE['TASK_MODULES'] in tests/settings.py)."""
 
+import fcntl
+import json
 import os
 import threading
 import time
@@ -274,3 +276,45 @@ def rated_noop(n=0):
 def atomic_noop(n=0):
     """An atomic task: its success is written by its attempt, in its own transaction."""
     return n
+
+
+def _tally(path, change):
+    """Add ``change`` to the handlers running now in the tally file at ``path`` and keep the
+    peak: a count shared by every worker thread and process, under a file lock."""
+    with open(path, "a+") as tally:
+        fcntl.flock(tally, fcntl.LOCK_EX)
+        tally.seek(0)
+        seen = json.loads(tally.read() or '{"running": 0, "peak": 0, "started": 0}')
+        seen["running"] += change
+        seen["peak"] = max(seen["peak"], seen["running"])
+        seen["started"] += change > 0
+        tally.seek(0)
+        tally.truncate()
+        tally.write(json.dumps(seen))
+
+
+def _overrun(context, tally, seconds):
+    """Attempt 1 ignores its time limit (never looks at should_stop) and runs ``seconds``;
+    attempt 2 returns at once. Either counts itself in the tally while it runs."""
+    _tally(tally, +1)
+    try:
+        if context.attempt == 1:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        return context.attempt
+    finally:
+        _tally(tally, -1)
+
+
+# Keyed per enqueue (.using(limit_key=...)): limit_by on a task that takes a context is issue 32's defect 1.
+@task(queue_name="solo", takes_context=True, timeout=0.2, max_attempts=2, backoff_base=0.01, backoff_max=0.01)
+def overruns_under_a_key(context, tally, seconds=1.0):
+    """A job of the queue with a per-key limit of one (tests/settings.py) that overruns its time limit."""
+    return _overrun(context, tally, seconds)
+
+
+@task(queue_name="single", takes_context=True, timeout=0.2, max_attempts=2, backoff_base=0.01, backoff_max=0.01)
+def overruns_in_a_queue(context, tally, seconds=1.0):
+    """A job of the queue with a concurrency limit of one (tests/settings.py) that overruns its time limit."""
+    return _overrun(context, tally, seconds)

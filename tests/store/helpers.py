@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from backwave.models import Attempt, Job, KeyRateWindow, Lease, Pump, Queue, Schedule, TaskStat, Transition
+from backwave.models import Attempt, Job, KeyRateWindow, Lease, Overrun, Pump, Queue, Schedule, TaskStat, Transition
 from backwave.testing.memory_store import AttemptRow, MemoryDatabase, QueueAdmission
 from backwave.store.queries import QUERIES
 from backwave.taskstats import TaskSummary
@@ -135,6 +135,10 @@ class PostgresRows:
     def delete_lease(self, lease_id: uuid.UUID) -> None:
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM backwave_lease WHERE id = %s", [lease_id])
+
+    def overruns(self) -> list[tuple[int, int, uuid.UUID]]:
+        """(job id, attempt, lease id) of every overrun row, in job and attempt order."""
+        return list(Overrun.objects.order_by("job_id", "attempt").values_list("job_id", "attempt", "lease_id"))
 
     def attempts(self) -> list[Attempt]:
         return list(Attempt.objects.all())
@@ -318,7 +322,10 @@ class MemoryRows:
         self.database.leases[lease_id].expires_at = self.now() - timedelta(seconds=seconds_ago)
 
     def delete_lease(self, lease_id: uuid.UUID) -> None:
-        del self.database.leases[lease_id]
+        self.database.forget_leases([lease_id])
+
+    def overruns(self) -> list[tuple[int, int, uuid.UUID]]:
+        return [(job_id, attempt, row.lease_id) for (job_id, attempt), row in sorted(self.database.overruns.items())]
 
     def attempts(self) -> list:
         return self.database.attempt_log()

@@ -62,6 +62,8 @@ def test_every_statement_the_store_uses_is_loaded():
         "claim_transitions", "settle_transitions",  # the observer loop's
         # admission: unique enqueues, the claim of queues under a per-key or rate limit
         "enqueue_unique_many", "claim_jobs_admitted", "lock_admitted_queues",
+        # handlers that outlived their attempt: the outcome writes' overrun rows, and their end
+        "outcome_overran", "forget_overruns",
         # the operator's statements (backwave/store/operator.py), on Django's connection
         "act_on_jobs", "retry_job_assignments", "cancel_job_assignments", "cancel_jobs", "set_schedules_enabled", "upsert_queues",
         "retry_job_dependents", "cancel_job_dependents", "ancestor_outputs", "admin_job_links",
