@@ -39,16 +39,10 @@ NOT_APPLICABLE = {
     ),
 }
 
-# Until each is fixed (issue 32): tests that fail on a defect of BackWave, skipped (an xfail
-# cannot hold a test with subtests). Each fix removes its lines.
-KNOWN_DEFECTS = {
-    "test_immediate_backend.py::ImmediateBackendTestCase::test_catches_exception": "21: Django's failure log line has no exception",
-}
-
 
 def pytest_collection_modifyitems(config, items):
     # A name that matches no test (renamed in a newer Django) must not pass unnoticed.
-    for node in [*NOT_APPLICABLE, *KNOWN_DEFECTS]:
+    for node in NOT_APPLICABLE:
         path, cls, method = node.split("::")
         module = importlib.import_module(f"{__package__}.{path.removesuffix('.py')}")
         if not hasattr(getattr(module, cls, None), method):
@@ -57,5 +51,3 @@ def pytest_collection_modifyitems(config, items):
         node = item.nodeid.partition("tests/django_tasks/")[2]
         if node in NOT_APPLICABLE:
             item.add_marker(pytest.mark.skip(reason=f"not applicable to a database backend: {NOT_APPLICABLE[node]}"))
-        elif node in KNOWN_DEFECTS:
-            item.add_marker(pytest.mark.skip(reason=f"issue 32, defect {KNOWN_DEFECTS[node]}"))
