@@ -12,20 +12,22 @@ NOOP = "tests.shell.worker_tasks.noop"
 def test_defaults(settings):
     settings.BACKWAVE = {}
     assert conf.get_setting("SCHEDULES") == {}
-    assert conf.retention() == {"succeeded": 86_400.0, "failed": 604_800.0, "cancelled": 604_800.0, "quarantined": 604_800.0, "pumps": 3_600.0}
+    assert conf.retention() == {"succeeded": 86_400.0, "failed": 604_800.0, "cancelled": 604_800.0, "quarantined": 604_800.0, "pumps": 3_600.0,
+                               "task_stats_minutely": 172_800.0, "task_stats_hourly": 2_592_000.0}
 
 
 def test_retention_keys_left_out_keep_their_default(settings):
     settings.BACKWAVE = {"RETENTION": {"succeeded": 60, "quarantined": None}}
-    assert conf.retention() == {"succeeded": 60, "failed": 604_800.0, "cancelled": 604_800.0, "quarantined": None, "pumps": 3_600.0}
+    assert conf.retention() == {"succeeded": 60, "failed": 604_800.0, "cancelled": 604_800.0, "quarantined": None, "pumps": 3_600.0,
+                               "task_stats_minutely": 172_800.0, "task_stats_hourly": 2_592_000.0}
 
 
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ({"succeded": 1}, "BACKWAVE['RETENTION'] has an unknown key 'succeded'. Did you mean 'succeeded'? Allowed keys: cancelled, failed, pumps, quarantined, succeeded."),
+        ({"succeded": 1}, "BACKWAVE['RETENTION'] has an unknown key 'succeded'. Did you mean 'succeeded'? Allowed keys: cancelled, failed, pumps, quarantined, succeeded, task_stats_hourly, task_stats_minutely."),
         ({"failed": -5}, "BACKWAVE['RETENTION']['failed'] must be a finite number of seconds >= 0 or None (keep for ever), got -5."),
-        ([60], "BACKWAVE['RETENTION'] must be a dict with some of the keys succeeded, failed, cancelled, quarantined, pumps, got [60]."),
+        ([60], "BACKWAVE['RETENTION'] must be a dict with some of the keys succeeded, failed, cancelled, quarantined, pumps, task_stats_minutely, task_stats_hourly, got [60]."),
     ],
 )
 def test_bad_retention_names_the_key_and_the_value(settings, value, message):
