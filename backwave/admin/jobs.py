@@ -105,7 +105,31 @@ class JobStateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class QueueFilter(_StatisticsMixin, admin.SimpleListFilter):
+def report_once(request, text: str) -> None:
+    """An error message, once per request however often the changelist is built."""
+    reported = request.__dict__.setdefault("_backwave_reported", set())
+    if text not in reported:
+        reported.add(text)
+        messages.error(request, text)
+
+
+class _CheckedValue:
+    """A filter whose value comes from the URL: one PostgreSQL cannot compare (a NUL) selects no
+    job and says why, instead of failing the page's query with a DataError."""
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        try:
+            job_search.check_text(value, f"The {self.title} filter")
+        except job_search.SearchError as error:
+            report_once(request, str(error))
+            return queryset.none()
+        return self.narrow(queryset, value)
+
+
+class QueueFilter(_CheckedValue, _StatisticsMixin, admin.SimpleListFilter):
     """Queues from settings, Queue rows and the planner's common values: never a DISTINCT scan."""
 
     title = "queue"
@@ -118,8 +142,8 @@ class QueueFilter(_StatisticsMixin, admin.SimpleListFilter):
             names.add(self.value())
         return [(name, name) for name in sorted(names)]
 
-    def queryset(self, request, queryset):
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+    def narrow(self, queryset, value):
+        return queryset.filter(queue=value)
 
 
 @cache
@@ -133,7 +157,7 @@ def _registered_task_paths() -> tuple[str, ...]:
         return ()
 
 
-class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
+class TaskFilter(_CheckedValue, _StatisticsMixin, admin.SimpleListFilter):
     title = "task"
     parameter_name = "task"
 
@@ -143,11 +167,11 @@ class TaskFilter(_StatisticsMixin, admin.SimpleListFilter):
             paths.add(self.value())
         return [(p, p.rsplit(".", 1)[-1] + f" ({p.rsplit('.', 1)[0]})" if "." in p else p) for p in sorted(paths)]
 
-    def queryset(self, request, queryset):
-        return queryset.filter(task_path=self.value()) if self.value() else queryset
+    def narrow(self, queryset, value):
+        return queryset.filter(task_path=value)
 
 
-class TagFilter(_StatisticsMixin, admin.SimpleListFilter):
+class TagFilter(_CheckedValue, _StatisticsMixin, admin.SimpleListFilter):
     """Tags the planner sees most often (its most common elements of ``tags``), and the one
     asked for; served by the GIN index on tags."""
 
@@ -160,11 +184,11 @@ class TagFilter(_StatisticsMixin, admin.SimpleListFilter):
             tags.add(self.value())
         return [(tag, tag) for tag in sorted(tags)]
 
-    def queryset(self, request, queryset):
-        return queryset.filter(job_search.tags_condition([self.value()])) if self.value() else queryset
+    def narrow(self, queryset, value):
+        return queryset.filter(job_search.tags_condition([value]))
 
 
-class WorkerFilter(admin.SimpleListFilter):
+class WorkerFilter(_CheckedValue, admin.SimpleListFilter):
     """The jobs of one pump (its worker id): where the Pumps page links its running jobs. Shown
     only while set, so the operator sees it and can clear it."""
 
@@ -174,8 +198,8 @@ class WorkerFilter(admin.SimpleListFilter):
     def lookups(self, request, model_admin):
         return [(self.value(), self.value())] if self.value() else []
 
-    def queryset(self, request, queryset):
-        return queryset.filter(worker_id=self.value()) if self.value() else queryset
+    def narrow(self, queryset, value):
+        return queryset.filter(worker_id=value)
 
 
 # Characters of each traceback's tail read for the list's error column: the exception's message
@@ -284,9 +308,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         try:
             search = job_search.parse(search_term)
         except job_search.SearchError as error:
-            if not getattr(request, "_backwave_search_reported", False):
-                messages.error(request, str(error))
-                request._backwave_search_reported = True
+            report_once(request, str(error))
             return queryset.none(), False
         return search.apply(queryset), False
 
@@ -550,6 +572,11 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         except IncorrectLookupParameters:
             messages.error(request, "Those filters select nothing: choose them again on the jobs list.")
             return HttpResponseRedirect(changelist_url)
+        if not changelist.search_form_class(request.GET).is_valid() or getattr(request, "_backwave_reported", None):
+            # Django drops a search its form refuses (a NUL) and lists every job instead; acting
+            # on "everything" for a search that was asked would be the worst reading of it.
+            messages.error(request, f"Nothing was {done}: the search or a filter cannot be run as given (see above).")
+            return HttpResponseRedirect(back)
         matching = changelist.queryset.filter(state__in=actions.ALLOWED_STATES[action])
         if request.method == "POST":
             described = describe_filters(query)

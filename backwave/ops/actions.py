@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections, router, transaction
 
 from ..models import FINISHED_STATES, Job, Queue
@@ -67,10 +68,15 @@ class JobActionResult:
 OnBatch = Callable[[JobActionResult], None]
 
 
-def _selection(queryset) -> tuple[str, tuple[str, tuple]]:
-    """(database alias, (SQL, params)) of the ids ``queryset`` selects, unordered."""
+def _selection(queryset) -> tuple[str, tuple[str, tuple] | None]:
+    """(database alias, (SQL, params)) of the ids ``queryset`` selects, unordered; None for the
+    SQL when it can select nothing (``none()``, an impossible search, no id at all), which
+    Django refuses to compile (EmptyResultSet)."""
     selection = queryset.order_by().values("id")
-    return selection.db, selection.query.sql_with_params()
+    try:
+        return selection.db, selection.query.sql_with_params()
+    except EmptyResultSet:
+        return selection.db, None
 
 
 def _allowed(action: str, running: bool) -> tuple[str, ...]:
@@ -121,7 +127,11 @@ def act_on_matching(
     last = 0
     while True:
         batch = queryset.filter(state__in=allowed, id__gt=last).order_by("id").values("id")[:batch_size]
-        result, last = _run(batch.db, action, batch.query.sql_with_params(), on_batch=on_batch, by=by, running=running)
+        try:
+            selection = batch.query.sql_with_params()
+        except EmptyResultSet:  # the filters can match no job at all
+            return total
+        result, last = _run(batch.db, action, selection, on_batch=on_batch, by=by, running=running)
         if not last:
             return total
         total += result
@@ -135,6 +145,8 @@ def act_on_ids(
     ids = list(ids)
     jobs = Job.objects.using(using) if using else Job.objects
     using, selection = _selection(jobs.filter(id__in=ids))
+    if selection is None:
+        return JobActionResult()
     return _run(using, action, selection, requested=ids, on_batch=on_batch, by=by, running=running)[0]
 
 
@@ -189,5 +201,7 @@ def set_schedules_enabled(queryset, enabled: bool) -> int:
     """Enable or disable schedules. ``next_run`` goes back to NULL either way, as when a worker
     re-syncs them: a re-enabled schedule starts at its next slot and never catches up."""
     using, selection = _selection(queryset)
+    if selection is None:
+        return 0
     with connections[using].cursor() as cursor:
         return operator.set_schedules_enabled(cursor, selection, enabled)

@@ -32,6 +32,9 @@ from .redaction import is_sensitive
 
 MAX_ROW_ID = 2**63 - 1
 MAX_TERMS = 10
+# Levels of nesting a searched value (or a dotted key path) may have. An argument is rarely more
+# than a few levels deep; past this, decoding and encoding the value recurse without bound.
+MAX_DEPTH = 32
 
 
 class SearchError(ValueError):
@@ -100,6 +103,14 @@ def tags_condition(tags) -> Q:
     return contains("tags", list(tags))
 
 
+def check_text(text: str, what: str) -> str:
+    """``text`` when PostgreSQL can compare it, else SearchError naming ``what``: a NUL is the one
+    character its text and jsonb refuse (a DataError that would abort the statement)."""
+    if "\x00" in text:
+        raise SearchError(f"{what} cannot contain a NUL character (\\x00): PostgreSQL stores none, so no job can match.")
+    return text
+
+
 def split_terms(text: str) -> list[str]:
     """Split on spaces outside quotes and brackets, keeping the quotes: ``a="x y" b={"k": 1}``
     is two terms, and a value's quotes still tell a JSON string from a number."""
@@ -140,26 +151,34 @@ def _value(text: str) -> Any:
         return text[1:-1]
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise SearchError(f"A searched value cannot nest more than {MAX_DEPTH} levels deep.") from None
     except ValueError:
         return text
     if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity: JSON has none
         return text
-    _refuse_sensitive_keys(value)
+    _check_value(value)
     return value
 
 
-def _refuse_sensitive_keys(value: Any) -> None:
-    """A JSON object typed as a value may name a hidden key too: {"password": "x"}."""
-    stack = [value]
+def _check_value(value: Any) -> None:
+    """A JSON value typed as a search: no hidden key (``{"password": "x"}`` would tell it), no
+    NUL (a ``\\u0000`` escape, which jsonb refuses), at most MAX_DEPTH levels."""
+    stack = [(value, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SearchError(f"A searched value cannot nest more than {MAX_DEPTH} levels deep.")
         if isinstance(item, dict):
             for key, inner in item.items():
+                check_text(key, "A searched value")
                 if is_sensitive(key):
                     raise SearchError(f"{key!r} is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for.")
-                stack.append(inner)
+                stack.append((inner, depth + 1))
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((inner, depth + 1) for inner in item)
+        elif isinstance(item, str):
+            check_text(item, "A searched value")
 
 
 def _nested(path: list[str], value: Any) -> Any:
@@ -173,6 +192,8 @@ def _argument_term(term: str) -> Q:
     path = key.split(".")
     if not all(path):
         raise SearchError(f"{term!r}: say which argument, e.g. order_id=42 or customer.email=a@example.com.")
+    if len(path) > MAX_DEPTH:
+        raise SearchError(f"{key[:60]!r}…: a key path cannot be more than {MAX_DEPTH} levels deep.")
     for part in path:
         if is_sensitive(part):
             raise SearchError(f"{key!r} is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for.")
@@ -181,7 +202,7 @@ def _argument_term(term: str) -> Q:
 
 def parse(text: str) -> JobSearch:
     """The search ``text`` asks for, or SearchError saying why it cannot be run."""
-    terms = split_terms(text)
+    terms = split_terms(check_text(text, "The search"))
     if len(terms) > MAX_TERMS:
         raise SearchError(f"At most {MAX_TERMS} search terms, got {len(terms)}.")
     ids, payload, tags, task_parts = [], [], [], []

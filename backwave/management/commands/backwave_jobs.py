@@ -134,6 +134,12 @@ class Command(BaseCommand):
         return user
 
     def _queryset(self, options):
+        for option in ("queues", "tasks", "tags"):
+            for value in options[option]:
+                try:
+                    job_search.check_text(value, f"--{option[:-1]} {value!r}")
+                except job_search.SearchError as error:
+                    raise CommandError(str(error)) from None
         queryset = Job.objects.all()
         described = []
         if options["ids"]:
