@@ -588,18 +588,34 @@ def worker_groups(raw_groups: Iterable[Mapping[str, Any]] | None = None) -> list
 
 
 def configured_queue_names() -> set[str]:
-    """Queue names the settings mention: BackWave backends' QUEUES and the worker groups'.
+    """Queue names the settings mention: BackWave backends' QUEUES, BACKWAVE["QUEUES"] and the
+    worker groups'.
 
     Lenient on purpose (it feeds the admin's lists, which must render whatever the settings
     hold): entries of the wrong shape are skipped, and the system checks report them."""
-    names: set[str] = set()
-    for options in getattr(settings, "TASKS", {}).values():
-        if str(options.get("BACKEND", "")).startswith("backwave."):
-            names.update(q for q in options.get("QUEUES", ()) if isinstance(q, str))
-    for group in getattr(settings, "BACKWAVE", {}).get("WORKER_GROUPS", ()):
+    return set(declared_queues())
+
+
+def declared_queues() -> dict[str, list[str]]:
+    """Each queue the settings mention -> where (``TASKS['default']``, ``BACKWAVE['QUEUES']``,
+    ``WORKER_GROUPS 'name'``), as leniently as ``configured_queue_names``."""
+    places: dict[str, list[str]] = {}
+
+    def add(names, place):
+        for name in names:
+            if isinstance(name, str) and place not in places.setdefault(name, []):
+                places[name].append(place)
+
+    for alias, options in getattr(settings, "TASKS", {}).items():
+        if isinstance(options, dict) and str(options.get("BACKEND", "")).startswith("backwave."):
+            add(options.get("QUEUES", ()), f"TASKS[{alias!r}]")
+    backwave = getattr(settings, "BACKWAVE", {})
+    if isinstance(backwave.get("QUEUES"), dict):
+        add(backwave["QUEUES"], "BACKWAVE['QUEUES']")
+    for group in backwave.get("WORKER_GROUPS", ()):
         if isinstance(group, dict):
-            names.update(q for q in group.get("queues", ()) if isinstance(q, str))
-    return names
+            add(group.get("queues", ()), f"WORKER_GROUPS {group.get('name')!r}")
+    return places
 
 
 # --- schedules: the task side -----------------------------------------------------------------

@@ -36,6 +36,7 @@ from backwave.management import arguments
 from backwave.models import Attempt, Job, JobState
 from backwave.ops import actions
 from backwave.ops import search as job_search
+from backwave.ops.stats import COUNT_CAP
 from backwave.ops.formatting import attempt_row
 from backwave.ops.history import record_history
 from backwave.ops.redaction import redacted
@@ -185,13 +186,39 @@ class Command(BaseCommand):
         jobs = list(queryset.defer("payload", "return_value").order_by("-id")[offset : offset + limit])
         errors = self._last_errors([job.pk for job in jobs])
         rows = [self._row(job, errors.get(job.pk, ("", ""))) for job in jobs]
+        note = self._page_note(queryset, offset, limit, len(rows))
         if options["json"]:
             self.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False))
+            if note:  # stdout stays one JSON document
+                self.stderr.write(note)
             return
         if not rows:
-            self.stdout.write("No job matches.")
+            self.stdout.write(note or "No job matches.")
             return
         self.stdout.write(table([{**row, "enqueued": local(row["enqueued"]), "finished": local(row["finished"])} for row in rows], LIST_COLUMNS))
+        if note:
+            self.stdout.write(note)
+
+    @staticmethod
+    def _page_note(queryset, offset: int, limit: int, shown: int) -> str:
+        """What the page leaves out, or "" when it shows every match. The total is counted only
+        when the page does not tell it, and only up to COUNT_CAP + 1 rows (never the whole table)."""
+        if offset == 0 and shown < limit:
+            return ""
+        if 0 < shown < limit:
+            total, capped = offset + shown, False
+        else:
+            total = queryset.order_by().values("id")[: COUNT_CAP + 1].count()
+            total, capped = min(total, COUNT_CAP), total > COUNT_CAP
+        if offset == 0 and not capped and total == shown:
+            return ""
+        counted = f"more than {total:,}" if capped else f"{total:,}"
+        if not shown:
+            return f"No job at --offset {offset:,}: {counted} match."
+        text = f"Showing {offset + 1:,}-{offset + shown:,} of {counted} matching jobs, newest first"
+        if capped or offset + shown < total:
+            return f"{text}: --offset {offset + shown} shows the next {limit:,} (or give a larger --limit)."
+        return f"{text}."
 
     @staticmethod
     def _last_errors(job_ids) -> dict[int, tuple[str, str]]:

@@ -4,7 +4,12 @@
     manage.py backwave_queue resume emails
     manage.py backwave_queue limit reports 4     # at most 4 reports jobs running cluster-wide
     manage.py backwave_queue limit reports       # unlimited again
-    manage.py backwave_queue list
+    manage.py backwave_queue list [--json]
+
+``list`` shows every queue the settings declare (TASKS' QUEUES, BACKWAVE["QUEUES"], the worker
+groups'), every queue with a row, and every queue that has jobs, with its state, limits and
+depths (counted as the Queues page counts them, up to ``COUNT_CAP``). A queue no worker has
+written a row for yet shows what its settings will make of it.
 
 Each edits the queue's row (creating it when the queue has none yet) with one statement; workers
 read the rows when they claim. The command only validates and hands over to
@@ -13,15 +18,17 @@ read the rows when they claim. The command only validates and hands over to
 
 from __future__ import annotations
 
+import json
+
 from django.core.management.base import BaseCommand, CommandError
 
-from backwave.ops import actions
-from backwave.models import Queue
+from backwave import conf
+from backwave.ops import actions, stats
 from backwave.queue_rules import MAX_CONCURRENCY_LIMIT, parse_concurrency_limit, validate_queue_name
 
 
 class Command(BaseCommand):
-    help = "Pause, resume or set the concurrency limit of a queue; or list the queues' rows."
+    help = "Pause, resume or set the concurrency limit of a queue; or list the queues, with their settings and depths."
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True, metavar="{pause,resume,limit,list}")
@@ -31,11 +38,12 @@ class Command(BaseCommand):
         limit = sub.add_parser("limit", help="Set the queue's cluster-wide concurrency limit; without N, unlimited.")
         limit.add_argument("names", nargs=1, metavar="NAME")
         limit.add_argument("limit", nargs="?", default=None, metavar="N", help=f"A whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}; leave out (or 'none') for unlimited.")
-        sub.add_parser("list", help="Show every queue row: limit and paused.")
+        listing = sub.add_parser("list", help="Show every declared or used queue: paused or not, its limits and its depths.")
+        listing.add_argument("--json", action="store_true", help="JSON on stdout instead of a table.")
 
     def handle(self, *args, action, **options):
         if action == "list":
-            return self._list()
+            return self._list(options["json"])
         names = options["names"]
         try:
             for name in names:
@@ -58,11 +66,45 @@ class Command(BaseCommand):
     def _parse_limit(raw):
         return parse_concurrency_limit(raw or "", unlimited="leave it out")
 
-    def _list(self):
-        rows = list(Queue.objects.order_by("name"))
-        if not rows:
-            self.stdout.write("No queue rows: every queue is unpaused and unlimited.")
+    def _list(self, as_json: bool):
+        with stats.without_jit():
+            lines = stats.queue_lines(stats.table_statistics())
+        declared = conf.declared_queues()
+        settings_queues = conf.get_setting("QUEUES")
+        rows = [queue_row(line, declared.get(line.name, []), settings_queues.get(line.name)) for line in lines]
+        if as_json:
+            self.stdout.write(json.dumps(rows, indent=2))
             return
-        for queue in rows:
-            limit = "unlimited" if queue.concurrency_limit is None else f"limit {queue.concurrency_limit}"
-            self.stdout.write(f"{queue.name}\t{limit}\t{'paused' if queue.paused else 'active'}")
+        cells = [
+            [row["queue"], row["state"], shown(row["concurrency_limit"]), shown(row["key_concurrency_limit"]), row["rate"] or "-",
+             *(f"{row[state]:,}{'+' if state in row['at_least'] else ''}" for state in stats.QUEUE_LINE_STATES),
+             ", ".join(row["declared_in"]) or "(jobs or a row only)"]
+            for row in rows
+        ]
+        header = ["QUEUE", "STATE", "LIMIT", "PER-KEY", "RATE", *(s.upper() for s in stats.QUEUE_LINE_STATES), "DECLARED IN"]
+        widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(header)] if cells else [len(h) for h in header]
+        for line in [header, *cells]:
+            self.stdout.write("  ".join(value.ljust(width) for value, width in zip(line, widths, strict=True)).rstrip())
+        if any(not row["has_row"] and row["declared_in"] for row in rows):
+            self.stdout.write("Queues without a row yet show their settings: a worker writes them when it starts; pause and limit write one now.")
+
+
+def shown(value) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def queue_row(line: stats.QueueLine, declared_in: list[str], spec) -> dict:
+    """One queue as ``list`` shows it: its row's values, or (no row yet) its settings'."""
+    if not line.has_row and spec:
+        admission = conf.admission_limits(spec)
+        line = stats.QueueLine(
+            name=line.name, has_row=False, concurrency_limit=spec.get("concurrency_limit"), paused=bool(spec.get("paused")),
+            counts=line.counts, **admission,
+        )
+    return {
+        "queue": line.name, "state": "paused" if line.paused else "active",
+        "concurrency_limit": line.concurrency_limit, "key_concurrency_limit": line.key_concurrency_limit, "rate": line.rate_shown,
+        **{state: count.value for state, count in line.counts.items()},
+        "at_least": [state for state, count in line.counts.items() if count.capped],
+        "has_row": line.has_row, "declared_in": declared_in,
+    }
