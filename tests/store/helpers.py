@@ -146,6 +146,12 @@ class PostgresRows:
     def transitions(self) -> list[Transition]:
         return list(Transition.objects.order_by("id"))
 
+    def deliverers(self) -> dict[str, list[str]]:
+        """Each observer loop's id and the observers it registered, as its last claim recorded."""
+        from backwave.models import Deliverer
+
+        return {d.id: list(d.observers) for d in Deliverer.objects.all()}
+
     def lapse_transition_claims(self) -> None:
         """Every claimed transition's claim lapsed a second ago (its claimer died)."""
         with connection.cursor() as cursor:
@@ -332,6 +338,9 @@ class MemoryRows:
 
     def transitions(self) -> list:
         return [self.database.transitions[key] for key in sorted(self.database.transitions)]
+
+    def deliverers(self) -> dict[str, list[str]]:
+        return {key: list(row.observers) for key, row in self.database.deliverers.items()}
 
     def lapse_transition_claims(self) -> None:
         for row in self.database.transitions.values():

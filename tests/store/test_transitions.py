@@ -178,6 +178,58 @@ def test_a_batch_with_observers_is_still_one_round_trip(store, lease, rows):
     assert len(rows.transitions()) == 5
 
 
+# ---- whose a delivery is: the observers a transition was noted for ------------------------------
+
+FIRST, SECOND, ELSEWHERE = "app.watch.first", "app.watch.second", "app.watch.elsewhere"
+WATCH_BY_NAME = json.dumps([
+    {"kind": "succeeded", "task_path": None, "queue": None, "observer": FIRST},
+    {"kind": "succeeded", "task_path": None, "queue": None, "observer": SECOND},
+    {"kind": "failed", "task_path": None, "queue": None, "observer": SECOND},
+    {"kind": "failed", "task_path": None, "queue": "elsewhere", "observer": ELSEWHERE},
+])
+
+
+def test_a_transition_is_noted_for_the_observers_that_watch_it(store, lease, rows):
+    store.observed = WATCH_BY_NAME
+    rows.make_jobs(2)
+    ok, failed = claim(store, lease)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ok), outcome(failed, OutcomeKind.FAILED)])
+    assert {t.job_id: sorted(t.observers) for t in rows.transitions()} == {ok.id: [FIRST, SECOND], failed.id: [SECOND]}
+
+
+def test_a_claim_takes_only_the_deliveries_of_the_observers_it_has_registered(store, lease, rows):
+    """A rolling deploy: a worker that lacks an observer leaves its deliveries alone; one that
+    has only some of a transition's observers delivers those and leaves the row to the rest."""
+    store.observed = WATCH_BY_NAME
+    rows.make_jobs(1)
+    store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in claim(store, lease)])
+    assert store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60, observers=[ELSEWHERE]) == []
+    assert store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60) == []  # it registered none
+
+    token = uuid.uuid4()
+    (record,) = store.claim_transitions(token=token, limit=10, lease=60, observers=[FIRST, ELSEWHERE])
+    assert sorted(record.observers) == [FIRST, SECOND] and record.delivered_to == ()
+    assert store.settle_transitions(token=token, results=[DeliveryResult(id=record.id, delivered=(FIRST,))]) == {record.id}
+    (row,) = rows.transitions()
+    assert (row.state, list(row.delivered_to), row.claim_token) == ("pending", [FIRST], None)  # left for SECOND
+    assert store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60, observers=[FIRST]) == []  # its part is done
+
+    token = uuid.uuid4()
+    (again,) = store.claim_transitions(token=token, limit=10, lease=60, observers=[SECOND, FIRST])
+    assert (again.id, again.delivered_to, again.deliveries) == (record.id, (FIRST,), 2)
+    assert store.settle_transitions(token=token, results=[DeliveryResult(id=again.id, delivered=(SECOND,))]) == {again.id}
+    assert rows.transitions() == []
+
+
+def test_a_claim_records_its_deliverer_and_the_observers_it_has_registered(store, rows):
+    """The Transitions page tells a delivery no live worker can make from one that waits its turn."""
+    store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60, observers=[SECOND, FIRST], deliverer="host:1:default")
+    store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60, observers=[ELSEWHERE], deliverer="host:2:default")
+    assert rows.deliverers() == {"host:1:default": [FIRST, SECOND], "host:2:default": [ELSEWHERE]}
+    store.claim_transitions(token=uuid.uuid4(), limit=10, lease=60, observers=[FIRST], deliverer="host:1:default")  # redeployed
+    assert rows.deliverers()["host:1:default"] == [FIRST]
+
+
 # ---- dependents a failure cancels (settle_dependents) --------------------------------------------
 
 WATCH_CANCELS = json.dumps([{"kind": "failed", "task_path": None, "queue": None}, {"kind": "cancelled", "task_path": None, "queue": None}])
