@@ -636,6 +636,11 @@ class Transition(models.Model):
     delivered_to = ArrayField(
         models.CharField(max_length=255), default=list, blank=True, help_text="Observers that already ran for it (not run again on a retry)."
     )
+    # A database default too: a worker of the release before this column notes rows without it.
+    observers = ArrayField(
+        models.CharField(max_length=255), default=list, blank=True, db_default=Value([], output_field=ArrayField(models.CharField(max_length=255))),
+        help_text="The observers it was noted for: only a worker that has one of them registered delivers it (none: any worker).",
+    )
     failed_observer = models.CharField(max_length=255, blank=True, default="", db_default="")
     last_error = models.TextField(blank=True, default="", db_default="")
 
@@ -649,6 +654,26 @@ class Transition(models.Model):
 
     def __str__(self):
         return f"job {self.job_id} attempt {self.attempt}: {self.kind}"
+
+    @property
+    def waiting_for(self) -> list[str]:
+        """The observers it was noted for that have not run for it yet."""
+        return [name for name in self.observers if name not in self.delivered_to]
+
+
+class Deliverer(models.Model):
+    """A worker's observer loop and the observers it has registered, as its last claim of
+    transitions recorded them (at most every 10 s; forgotten after a day of silence). The
+    Transitions page reads it to say which waiting deliveries no live worker can make."""
+
+    id = models.CharField(max_length=255, primary_key=True, help_text="host:pid:database of the observer loop.")
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    observers = ArrayField(models.CharField(max_length=255), default=list, blank=True)
+    seen_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self):
+        return self.id
 
 
 class TaskStat(models.Model):

@@ -22,7 +22,15 @@ into ``backwave_transition`` for it when some observer watches it, in the same s
 outcome the lease fence refused never gets one, and a crash after the write cannot lose one.
 Each worker runs an observer loop per database it serves (``backwave/shell/observers.py``) that
 claims due rows with SKIP LOCKED and calls the matching observers, each call in its own attempt
-scope, off the pumps' threads. A row is deleted once every observer of it ran. An observer that
+scope, off the pumps' threads. A row is deleted once every observer of it ran.
+
+Whose a delivery is. A row names the observers it was noted for (those of the writer's registry
+that watch it). A worker claims only rows waiting for an observer it has registered, calls those
+of them it has, and leaves the row to a worker that has the others: during a rolling deploy a
+worker of the older release never settles an observer the newer one added. The Transitions page
+shows each waiting row's observers, and says when no live worker has one registered (each
+observer loop's claims record what it registered). A writer only notes what its own registry
+watches: an outcome an older worker writes gets no row for an observer only newer ones have. An observer that
 raises is retried with backoff (the observers of that row that already ran are not run again);
 after ``OBSERVER_MAX_DELIVERIES`` tries the row is left *dead*, shown in the admin
 (Transitions), where an operator can retry it.
@@ -159,20 +167,25 @@ class ObserverRegistry:
         for observer in observers:
             self._observers.setdefault(observer.name, observer)
         rows = {
-            (kind, task, queue)
+            (kind, task, queue, observer.name)
             for observer in self._observers.values()
             for kind in observer.kinds
             for task in (sorted(observer.tasks) if observer.tasks is not None else [None])
             for queue in (sorted(observer.queues) if observer.queues is not None else [None])
         }
-        # The statements' "observed" parameter: which transitions get a row at all.
-        self.observed = json.dumps([{"kind": k, "task_path": t, "queue": q} for k, t, q in sorted(rows, key=str)])
+        # The statements' "observed" parameter: which transitions get a row at all, and the
+        # observers each row is for.
+        self.observed = json.dumps([{"kind": k, "task_path": t, "queue": q, "observer": o} for k, t, q, o in sorted(rows, key=str)])
+        self.names = tuple(sorted(self._observers))  # what a claim of this registry takes (claim_transitions)
 
     def __len__(self) -> int:
         return len(self._observers)
 
     def __iter__(self):
         return iter(self._observers.values())
+
+    def get(self, name: str) -> Observer | None:
+        return self._observers.get(name)
 
     def matching(self, transition: Transition) -> list[Observer]:
         """The observers of ``transition``, in name order (the order they are called in)."""

@@ -4,25 +4,59 @@ A row is a transition some observer watches (backwave/observers.py), kept until 
 it ran: pending ones wait for their next try (or a deliverer holds them), dead ones ran out of
 tries and wait for an operator. *Retry delivery* makes the chosen rows due at once with a full
 set of tries (the observers that already ran for a row are not run again); *Discard* deletes dead
-rows. Both need the ``redeliver_transition`` permission, and each is one statement.
+rows, and pending ones that wait only for observers no live worker has registered. Both need the ``redeliver_transition`` permission, and each is one statement.
+
+*Waiting for* lists the observers a row was noted for that have not run for it yet (a row that
+names none is for whichever observers watch it), and marks each one no live worker has
+registered: during a rolling deploy a worker of the older release leaves a newer observer's
+deliveries alone, and they wait here for a worker of the newer one. A worker is live while its
+observer loop's claims keep recording it (``Deliverer``, every 10 s at most): within twice
+``OBSERVER_LEASE`` plus 10 s, as a pass may take a lease.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db.models import BooleanField, Q
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
+from .. import conf
 from ..models import DeliveryState, Transition
 from .common import BigintIds, EngineRows, RefuseUnpermittedActions, timestamp
+
+NO_LIVE_WORKER = "no live worker has this observer registered"
+
+# The observers a row still waits for that no deliverer seen within the window (seconds) has
+# registered: one subquery per row shown, over the few rows of backwave_deliverer.
+UNSERVED = """
+    ARRAY(SELECT name FROM unnest("backwave_transition"."observers") AS o(name)
+          WHERE NOT name = ANY("backwave_transition"."delivered_to")
+            AND NOT EXISTS (SELECT FROM backwave_deliverer AS d
+                            WHERE name = ANY(d.observers) AND d.seen_at > now() - make_interval(secs => %s)))
+"""
+
+WAITING = """
+    ARRAY(SELECT name FROM unnest("backwave_transition"."observers") AS o(name) WHERE NOT name = ANY("backwave_transition"."delivered_to"))
+"""
+
+
+def live_window() -> float:
+    """Seconds since its last recorded claim within which an observer loop counts as live."""
+    return 2 * conf.delivery_options().lease + 10.0
 
 
 @admin.register(Transition)
 class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Transitions waiting for their observers (dead ones first)"
-    list_display = ("id", "state_shown", "kind", "job_link", "attempt_shown", "task_path", "queue", "deliveries", "failed_observer", "error_shown", "due", "occurred")
+    list_display = (
+        "id", "state_shown", "kind", "job_link", "attempt_shown", "task_path", "queue", "waiting_shown", "deliveries", "failed_observer", "error_shown",
+        "due", "occurred",
+    )
     list_display_links = ("id",)
     list_filter = ("state", "kind", "queue")
     search_fields = ("task_path", "failed_observer")
@@ -31,12 +65,23 @@ class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Mod
     actions = ["redeliver", "discard"]
     fields = (
         "id", "state", "kind", "job_link", "attempt", "task_path", "queue", "occurred_at", "deliveries", "next_attempt_at",
-        "delivered_to", "failed_observer", "last_error",
+        "observers", "waiting_shown", "delivered_to", "failed_observer", "last_error",
     )
     readonly_fields = fields
 
     def get_queryset(self, request):
-        return super().get_queryset(request).order_by("state", "-id")  # 'dead' sorts before 'pending'
+        queryset = super().get_queryset(request).order_by("state", "-id")  # 'dead' sorts before 'pending'
+        return queryset.annotate(unserved=RawSQL(UNSERVED, [live_window()]))
+
+    @admin.display(description="waiting for")
+    def waiting_shown(self, obj):
+        if not obj.observers:
+            return format_html('<span class="bw-muted">{}</span>', "any observer that watches it")
+        unserved = set(getattr(obj, "unserved", ()))
+        return format_html_join(
+            mark_safe("<br>"), "{}{}",
+            ((name, format_html(' <strong style="color:#ba2121">({})</strong>', NO_LIVE_WORKER) if name in unserved else "") for name in obj.waiting_for),
+        )
 
     def has_redeliver_permission(self, request, obj=None):
         return request.user.has_perm("backwave.redeliver_transition")
@@ -76,7 +121,13 @@ class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Mod
         n = queryset.update(state=DeliveryState.PENDING, next_attempt_at=Now(), deliveries=0, claim_token=None)
         messages.success(request, f"{n} transition{'' if n == 1 else 's'} due for delivery now.")
 
-    @admin.action(description="Discard (dead ones only)", permissions=["redeliver"])
+    @admin.action(description="Discard (dead ones, and ones no live worker can deliver)", permissions=["redeliver"])
     def discard(self, request, queryset):
-        n, _ = queryset.filter(state=DeliveryState.DEAD).delete()
-        messages.success(request, f"Discarded {n} dead transition{'' if n == 1 else 's'}.")
+        # A pending row is discarded only when every observer it waits for is registered by no
+        # live worker (one removed from the code): any other is still on its way.
+        stranded = RawSQL(
+            f"cardinality({UNSERVED}) > 0 AND cardinality({UNSERVED}) = cardinality({WAITING})", [live_window(), live_window()],
+            output_field=BooleanField(),
+        )
+        n, _ = queryset.alias(stranded=stranded).filter(Q(state=DeliveryState.DEAD) | Q(stranded=True)).delete()
+        messages.success(request, f"Discarded {n} transition{'' if n == 1 else 's'}.")

@@ -17,6 +17,10 @@ time, no lease to heartbeat (each row's claim is its own lease, set by the claim
 pass), nothing arriving from other threads but a stop, and one decision, what a failure turns
 into, which is pure and lives in ``backwave/core/deliveries.py``.
 
+Whose a delivery is: a row names the observers it was noted for, and a loop claims only rows
+waiting for one of its registry's, so a worker of an older release (one observer fewer) leaves
+the newer observer's part of a row to a worker that has it (see ``backwave/observers.py``).
+
 At least once, never for a refused outcome: a row exists only for an applied transition. A loop
 that dies (or hangs past the lease) mid-pass leaves its rows to come due again; the next claimer
 calls the observers that had not been recorded as done, those of the crashed pass included. A
@@ -27,7 +31,9 @@ and whose settle failed is redelivered after the lease.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
 import threading
 import traceback as traceback_module
 import uuid
@@ -58,7 +64,12 @@ def deliver(
 ) -> list[DeliveryResult]:
     """Call each claimed transition's observers that have not run for it yet, in name order,
     each in its own scope; stop at a transition's first observer that raises. What happened, per
-    transition, for settle_transitions. Never raises for an observer's exception."""
+    transition, for settle_transitions. Never raises for an observer's exception.
+
+    A transition noted for named observers is delivered to those of them ``registry`` has; the
+    others are left to a worker that has them (settle_transitions keeps the row for them). One
+    registered here whose definition no longer watches it (its filter changed in this release)
+    is recorded as delivered without a call."""
     results = []
     for record in records:
         transition = Transition(
@@ -68,8 +79,12 @@ def deliver(
         done = set(record.delivered_to)
         delivered: list[str] = []
         failure: tuple[str, str] | None = None
-        for observer in registry.matching(transition):
+        for observer in _observers_of(record, transition, registry):
             if observer.name in done:
+                continue
+            if record.observers and not observer.matches(transition.kind, transition.task_path, transition.queue):
+                logger.debug("Observer %s no longer watches transition %s (%s of %s): recorded as delivered", observer.name, record.id, record.kind, record.task_path)
+                delivered.append(observer.name)
                 continue
             try:
                 enter()
@@ -93,6 +108,14 @@ def deliver(
         )
         results.append(DeliveryResult(id=record.id, delivered=tuple(delivered), failed_observer=name, error=text, retry_delay=delay, dead=dead))
     return results
+
+
+def _observers_of(record: TransitionRecord, transition: Transition, registry: ObserverRegistry) -> list:
+    """The observers of ``registry`` the transition is for, in name order: those it was noted
+    for that are registered here, or, for a row that names none, those that watch it."""
+    if not record.observers:
+        return registry.matching(transition)
+    return [observer for name in sorted(record.observers) if (observer := registry.get(name)) is not None]
 
 
 def _error_text(error: BaseException) -> str:
@@ -124,6 +147,8 @@ class ObserverLoop:
         self._store: Store | None = None
         self._observed = registry.observed
         self._enter, self._leave = enter, leave
+        # Recorded by each claim with the observers it takes deliveries for (the Transitions page).
+        self.deliverer = f"{socket.gethostname()}:{os.getpid()}:{name}"
         self._random = random.Random()
         self._stop = threading.Event()
         self.idle = False  # the last pass found nothing due (read by the worker's idle check)
@@ -148,7 +173,9 @@ class ObserverLoop:
         """One pass: claim, deliver, settle. Returns how many transitions it claimed."""
         store = self._connected()
         token = uuid.uuid4()
-        records = store.claim_transitions(token=token, limit=self.options.batch, lease=self.options.lease)
+        records = store.claim_transitions(
+            token=token, limit=self.options.batch, lease=self.options.lease, observers=self.registry.names, deliverer=self.deliverer
+        )
         self.idle = not records
         if not records:
             return 0

@@ -182,6 +182,9 @@ class TransitionRecord:
     occurred_at: datetime
     deliveries: int  # tries so far, this one included
     delivered_to: tuple[str, ...] = ()  # observers that already ran for it
+    # The observers it was noted for, by name (empty: noted by a writer that named none, for
+    # whichever observers of the claimer match it).
+    observers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -374,19 +377,26 @@ class Store(Protocol):
 
     # -- transition observers (backwave/observers.py) ----------------------------------------------
     # ``observed`` (a store attribute, NOTHING_OBSERVED unless set: the JSON list of {kind,
-    # task_path, queue} of ObserverRegistry.observed) says which transitions write_outcomes_many,
-    # write_outcomes_then_claim and expire_leases note in backwave_transition, in the statement
-    # that applies them: the outcomes and lapses, and the cancels of the dependents they settle.
+    # task_path, queue, observer} of ObserverRegistry.observed) says which transitions
+    # write_outcomes_many, write_outcomes_then_claim and expire_leases note in
+    # backwave_transition, in the statement that applies them (the outcomes and lapses, and the
+    # cancels of the dependents they settle), each row naming the observers it is for.
 
-    def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
-        """Claim up to ``limit`` due pending transitions (oldest due first), skipping rows other
-        claimers hold: each is stamped with ``token`` and due again ``lease`` seconds from now,
-        so a claimer that dies leaves it to the next."""
+    def claim_transitions(
+        self, *, token: uuid.UUID, limit: int, lease: float, observers: Sequence[str] = (), deliverer: str | None = None
+    ) -> list[TransitionRecord]:
+        """Claim up to ``limit`` due pending transitions (oldest due first) that wait for one of
+        ``observers`` (the claimer's, by name) or name none, skipping rows other claimers hold:
+        each is stamped with ``token`` and due again ``lease`` seconds from now, so a claimer
+        that dies leaves it to the next. A row waiting only for observers the claimer lacks is
+        left to a claimer that has them. ``deliverer`` (this process's observer loop) is recorded
+        with ``observers``, for the Transitions page."""
 
     def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:
         """Record a delivery pass, fenced by its claim's ``token``: delete each transition every
-        observer of which has run; keep a failed one (its observers that ran are remembered), due
-        after ``retry_delay`` or dead. Returns the ids settled (a claim that lapsed settles none)."""
+        observer of which has now run; keep one whose other observers this claimer lacks (due at
+        once for them), and a failed one (its observers that ran are remembered), due after
+        ``retry_delay`` or dead. Returns the ids settled (a claim that lapsed settles none)."""
 
     # -- maintenance: schedules, retention, pump health --------------------------------------------
 

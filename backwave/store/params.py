@@ -212,10 +212,10 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
 
 def transition_record(row: tuple) -> TransitionRecord:
     """A row of claim_transitions."""
-    transition_id, job_id, attempt, kind, task_path, queue, occurred_at, deliveries, delivered_to = row
+    transition_id, job_id, attempt, kind, task_path, queue, occurred_at, deliveries, delivered_to, observers = row
     return TransitionRecord(
         id=transition_id, job_id=job_id, attempt=attempt, kind=kind, task_path=task_path, queue=queue,
-        occurred_at=occurred_at, deliveries=deliveries, delivered_to=tuple(delivered_to or ()),
+        occurred_at=occurred_at, deliveries=deliveries, delivered_to=tuple(delivered_to or ()), observers=tuple(observers or ()),
     )
 
 

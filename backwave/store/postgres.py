@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -467,11 +469,17 @@ class PostgresStore:
 
     # -- transition observers -------------------------------------------------------------------
 
-    def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
-        """Claim up to ``limit`` due transitions under ``token`` for ``lease`` seconds."""
+    def claim_transitions(
+        self, *, token: uuid.UUID, limit: int, lease: float, observers: Sequence[str] = (), deliverer: str | None = None
+    ) -> list[TransitionRecord]:
+        """Claim up to ``limit`` due transitions waiting for one of ``observers`` under ``token``
+        for ``lease`` seconds, recording ``deliverer`` (this process) and those observers."""
         if limit <= 0:
             return []
-        rows = self._execute("claim_transitions", {"token": token, "limit": limit, "lease": lease_seconds(lease)})
+        rows = self._execute("claim_transitions", {
+            "token": token, "limit": limit, "lease": lease_seconds(lease), "registered": sorted(set(observers)),
+            "deliverer": deliverer, "hostname": socket.gethostname(), "pid": os.getpid(),
+        })
         return sorted((transition_record(row) for row in rows), key=lambda t: t.id)
 
     def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:

@@ -653,18 +653,25 @@ noted AS (
     -- The durable record of applied transitions that observers are fed from (see
     -- noted_transitions below expire_leases): written from "applied", so an outcome the fence
     -- refused never gets one, and in this statement, so a crash never loses one. Only the
-    -- transitions some observer watches ("observed": [{kind, task_path, queue}], NULL matching
-    -- any); with none watched the gate is one constant test and the job table is not read.
+    -- transitions some observer watches ("observed": [{kind, task_path, queue, observer}], NULL
+    -- matching any), each row naming the observers it is for (an entry without an observer name
+    -- notes a row any deliverer may settle); with none watched the gate is one constant test
+    -- and the job table is not read.
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
-                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
-    SELECT a.id, a.attempt, t.kind, j.task_path, j.queue, now(), 'pending', 0, now(), '{}', '', ''
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error, observers)
+    SELECT a.id, a.attempt, t.kind, j.task_path, j.queue, now(), 'pending', 0, now(), '{}', '', '', coalesce(o.names, ARRAY[]::varchar[])
     FROM applied AS a
     CROSS JOIN LATERAL (SELECT CASE a.kind WHEN 'retry' THEN 'retried' ELSE a.kind END AS kind) AS t
     JOIN backwave_job AS j ON j.id = a.id
+    CROSS JOIN LATERAL (
+        -- The observers it is for: each delivery belongs to one (see claim_transitions).
+        SELECT array_agg(DISTINCT w.observer ORDER BY w.observer) FILTER (WHERE w.observer IS NOT NULL) AS names, count(*) AS watchers
+        FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text, observer text)
+        WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
+          AND (w.queue IS NULL OR w.queue = j.queue)
+    ) AS o
     WHERE %(observed)s::jsonb <> '[]'::jsonb
-      AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
-                  WHERE w.kind = t.kind AND (w.task_path IS NULL OR w.task_path = j.task_path)
-                    AND (w.queue IS NULL OR w.queue = j.queue))
+      AND o.watchers > 0
 )
 
 
@@ -831,14 +838,19 @@ FOR NO KEY UPDATE OF j
     -- The attempt is the job's attempts so far, as a cancel's always is: 0 for a dependent that
     -- never ran. With nothing watched, the gate is one constant test ("watching" is inlined).
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
-                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
-    SELECT r.id, r.attempts, 'cancelled', r.task_path, r.queue, now(), 'pending', 0, now(), ARRAY[]::varchar[], '', ''
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error, observers)
+    SELECT r.id, r.attempts, 'cancelled', r.task_path, r.queue, now(), 'pending', 0, now(), ARRAY[]::varchar[], '', '', coalesce(o.names, ARRAY[]::varchar[])
     FROM dep_released AS r
     CROSS JOIN watching AS k
+    CROSS JOIN LATERAL (
+        -- The observers it is for: each delivery belongs to one (see claim_transitions).
+        SELECT array_agg(DISTINCT w.observer ORDER BY w.observer) FILTER (WHERE w.observer IS NOT NULL) AS names, count(*) AS watchers
+        FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text, observer text)
+        WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = r.task_path)
+          AND (w.queue IS NULL OR w.queue = r.queue)
+    ) AS o
     WHERE r.state = 'cancelled' AND k.observed <> '[]'::jsonb
-      AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
-                  WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = r.task_path)
-                    AND (w.queue IS NULL OR w.queue = r.queue))
+      AND o.watchers > 0
 )
 
 
@@ -950,14 +962,19 @@ WITH RECURSIVE lapsed AS MATERIALIZED (
     -- notes its outcomes. (The job row read here is the version before "released": task_path
     -- and queue never change.)
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
-                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
-    SELECT r.id, r.attempts, 'lapsed', j.task_path, j.queue, now(), 'pending', 0, now(), '{}', '', ''
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error, observers)
+    SELECT r.id, r.attempts, 'lapsed', j.task_path, j.queue, now(), 'pending', 0, now(), '{}', '', '', coalesce(o.names, ARRAY[]::varchar[])
     FROM released AS r
     JOIN backwave_job AS j ON j.id = r.id
+    CROSS JOIN LATERAL (
+        -- The observers it is for: each delivery belongs to one (see claim_transitions).
+        SELECT array_agg(DISTINCT w.observer ORDER BY w.observer) FILTER (WHERE w.observer IS NOT NULL) AS names, count(*) AS watchers
+        FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text, observer text)
+        WHERE w.kind = 'lapsed' AND (w.task_path IS NULL OR w.task_path = j.task_path)
+          AND (w.queue IS NULL OR w.queue = j.queue)
+    ) AS o
     WHERE %(observed)s::jsonb <> '[]'::jsonb
-      AND EXISTS (SELECT FROM jsonb_to_recordset(%(observed)s::jsonb) AS w(kind text, task_path text, queue text)
-                  WHERE w.kind = 'lapsed' AND (w.task_path IS NULL OR w.task_path = j.task_path)
-                    AND (w.queue IS NULL OR w.queue = j.queue))
+      AND o.watchers > 0
 ), watching AS NOT MATERIALIZED (
     SELECT %(observed)s::jsonb AS observed
 )
@@ -974,12 +991,32 @@ SELECT count(*) FROM released
 -- next_attempt_at a lease ahead and stamps the claimer's token: a deliverer that dies or hangs
 -- past that moment has its rows claimed again by another (at-least-once), and the token fences
 -- its late settle_transitions out.
+-- A delivery belongs to the observers a row was noted for (its "observers"): a claimer takes
+-- only rows waiting for an observer it has registered ("registered", text[]), so a worker of an
+-- older release that lacks one (a rolling deploy) leaves that part to a worker that has it; a
+-- row that names none (noted by a writer that named none) is anyone's. The claim also records
+-- the claimer ("deliverer", NULL: none) and what it registered, at most every 10 s, so the
+-- Transitions page can tell a delivery that waits its turn from one no live worker can make;
+-- deliverers silent for a day are forgotten here too.
 WITH due AS MATERIALIZED (
     SELECT t.id FROM backwave_transition AS t
     WHERE t.state = 'pending' AND t.next_attempt_at <= now()
+      AND (cardinality(t.observers) = 0
+           OR EXISTS (SELECT FROM unnest(t.observers) AS o(name)
+                      WHERE o.name = ANY(%(registered)s::text[]) AND NOT o.name = ANY(t.delivered_to)))
     ORDER BY t.next_attempt_at, t.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), seen AS (
+    INSERT INTO backwave_deliverer AS d (id, hostname, pid, observers, seen_at)
+    SELECT %(deliverer)s::text, %(hostname)s::text, %(pid)s::int, %(registered)s::text[]::varchar[], now()
+    WHERE %(deliverer)s::text IS NOT NULL
+    ON CONFLICT (id) DO UPDATE
+    SET observers = EXCLUDED.observers, seen_at = EXCLUDED.seen_at
+    WHERE d.seen_at < now() - interval '10 seconds' OR d.observers IS DISTINCT FROM EXCLUDED.observers
+), forgotten AS (
+    DELETE FROM backwave_deliverer AS d
+    WHERE %(deliverer)s::text IS NOT NULL AND d.seen_at < now() - interval '1 day'
 )
 UPDATE backwave_transition AS t
 SET claim_token = %(token)s,
@@ -987,14 +1024,16 @@ SET claim_token = %(token)s,
     next_attempt_at = now() + make_interval(secs => %(lease)s)
 FROM due
 WHERE t.id = due.id
-RETURNING t.id, t.job_id, t.attempt, t.kind, t.task_path, t.queue, t.occurred_at, t.deliveries, t.delivered_to
+RETURNING t.id, t.job_id, t.attempt, t.kind, t.task_path, t.queue, t.occurred_at, t.deliveries, t.delivered_to, t.observers
 
 
 -- name: settle_transitions
 -- What one delivery pass did, fenced by the claim's token (a claim that lapsed and was taken
--- again is the new claimer's to settle): a row every observer of which ran is deleted; a row
--- with a failed observer keeps the observers that did run (they are not run again), and is due
--- again after its backoff, or left 'dead' for an operator. Returns the ids settled.
+-- again is the new claimer's to settle): a row every observer of which has now run is deleted;
+-- a row whose observers this claimer does not have (see claim_transitions) keeps the ones that
+-- ran and is due at once for the others; a row with a failed observer keeps the observers that
+-- did run (they are not run again), and is due again after its backoff, or left 'dead' for an
+-- operator. Returns the ids settled.
 WITH result AS (
     SELECT r.* FROM jsonb_to_recordset(%(results)s::jsonb)
          AS r(id bigint, delivered text[], failed_observer text, error text, retry_delay float8, dead boolean)
@@ -1002,6 +1041,16 @@ WITH result AS (
     DELETE FROM backwave_transition AS t
     USING result AS r
     WHERE t.id = r.id AND t.claim_token = %(token)s AND t.state = 'pending' AND r.failed_observer IS NULL
+      AND t.observers::text[] <@ (t.delivered_to::text[] || coalesce(r.delivered, '{}'))
+    RETURNING t.id
+), passed AS (
+    UPDATE backwave_transition AS t
+    SET delivered_to = t.delivered_to || coalesce(r.delivered, '{}'),
+        next_attempt_at = now(),
+        claim_token = NULL
+    FROM result AS r
+    WHERE t.id = r.id AND t.claim_token = %(token)s AND t.state = 'pending' AND r.failed_observer IS NULL
+      AND NOT t.observers::text[] <@ (t.delivered_to::text[] || coalesce(r.delivered, '{}'))
     RETURNING t.id
 ), failed AS (
     UPDATE backwave_transition AS t
@@ -1015,7 +1064,7 @@ WITH result AS (
     WHERE t.id = r.id AND t.claim_token = %(token)s AND t.state = 'pending' AND r.failed_observer IS NOT NULL
     RETURNING t.id
 )
-SELECT id FROM done UNION ALL SELECT id FROM failed
+SELECT id FROM done UNION ALL SELECT id FROM passed UNION ALL SELECT id FROM failed
 
 
 -- ---- schedules ---------------------------------------------------------------------------------
@@ -1844,14 +1893,19 @@ WITH RECURSIVE target AS MATERIALIZED (
     -- The action's transition for each changed job some observer watches, as
     -- write_outcomes_many notes outcomes.
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
-                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
-    SELECT c.id, c.attempts, k.kind, c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', ''
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error, observers)
+    SELECT c.id, c.attempts, k.kind, c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', '', coalesce(o.names, ARRAY[]::varchar[])
     FROM changed AS c
     CROSS JOIN watching AS k
+    CROSS JOIN LATERAL (
+        -- The observers it is for: each delivery belongs to one (see claim_transitions).
+        SELECT array_agg(DISTINCT w.observer ORDER BY w.observer) FILTER (WHERE w.observer IS NOT NULL) AS names, count(*) AS watchers
+        FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text, observer text)
+        WHERE w.kind = k.kind AND (w.task_path IS NULL OR w.task_path = c.task_path)
+          AND (w.queue IS NULL OR w.queue = c.queue)
+    ) AS o
     WHERE k.kind IS NOT NULL
-      AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
-                  WHERE w.kind = k.kind AND (w.task_path IS NULL OR w.task_path = c.task_path)
-                    AND (w.queue IS NULL OR w.queue = c.queue))
+      AND o.watchers > 0
 ){then}
 SELECT t.id, t.state, c.id IS NOT NULL, t.task_path
 FROM target AS t LEFT JOIN changed AS c ON c.id = t.id
@@ -1966,14 +2020,19 @@ WITH RECURSIVE target AS MATERIALIZED (
     -- it, as act_on_jobs notes its cancels (a running job's comes with its cancelled outcome,
     -- from write_outcomes_many).
     INSERT INTO backwave_transition (job_id, attempt, kind, task_path, queue, occurred_at, state,
-                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error)
-    SELECT c.id, c.attempts, 'cancelled', c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', ''
+                                     deliveries, next_attempt_at, delivered_to, failed_observer, last_error, observers)
+    SELECT c.id, c.attempts, 'cancelled', c.task_path, c.queue, now(), 'pending', 0, now(), '{{}}', '', '', coalesce(o.names, ARRAY[]::varchar[])
     FROM changed AS c
     CROSS JOIN watching AS k
+    CROSS JOIN LATERAL (
+        -- The observers it is for: each delivery belongs to one (see claim_transitions).
+        SELECT array_agg(DISTINCT w.observer ORDER BY w.observer) FILTER (WHERE w.observer IS NOT NULL) AS names, count(*) AS watchers
+        FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text, observer text)
+        WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = c.task_path)
+          AND (w.queue IS NULL OR w.queue = c.queue)
+    ) AS o
     WHERE c.state <> 'running'
-      AND EXISTS (SELECT FROM jsonb_to_recordset(k.observed) AS w(kind text, task_path text, queue text)
-                  WHERE w.kind = 'cancelled' AND (w.task_path IS NULL OR w.task_path = c.task_path)
-                    AND (w.queue IS NULL OR w.queue = c.queue))
+      AND o.watchers > 0
 ), notified AS (
     SELECT count(pg_notify('backwave_hint', 'cancel:' || c.id::text || ':' || %s)) AS sent
     FROM changed AS c WHERE c.state = 'running'

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import threading
 import uuid
 from collections import Counter
@@ -256,27 +258,51 @@ class TransitionRow:
     delivered_to: list[str] = field(default_factory=list)
     failed_observer: str = ""
     last_error: str = ""
+    observers: list[str] = field(default_factory=list)  # the observers it was noted for (none: any deliverer's)
+
+    @property
+    def waiting_for(self) -> list[str]:
+        return [name for name in self.observers if name not in self.delivered_to]
+
+
+@dataclass(slots=True, kw_only=True)
+class DelivererRow:
+    """A row of backwave_deliverer."""
+
+    id: str
+    hostname: str
+    pid: int
+    observers: list[str]
+    seen_at: datetime
 
 
 @lru_cache(maxsize=64)
-def _watch_rules(observed: str) -> tuple[tuple[str, str | None, str | None], ...]:
-    return tuple((w["kind"], w["task_path"], w["queue"]) for w in json.loads(observed))
+def _watch_rules(observed: str) -> tuple[tuple[str, str | None, str | None, str | None], ...]:
+    return tuple((w["kind"], w["task_path"], w["queue"], w.get("observer")) for w in json.loads(observed))
 
 
-def _watched(observed: str, kind: str, job: JobRow) -> bool:
-    """The "observed" EXISTS of the statements that note transitions."""
+def _watchers(observed: str, kind: str, job: JobRow) -> list[str] | None:
+    """The "noted" CTE's lateral: the named observers of that transition, sorted (None when no
+    entry watches it at all)."""
     if observed == NOTHING_OBSERVED:
-        return False
-    return any(k == kind and t in (None, job.task_path) and q in (None, job.queue) for k, t, q in _watch_rules(observed))
+        return None
+    matched = [o for k, t, q, o in _watch_rules(observed) if k == kind and t in (None, job.task_path) and q in (None, job.queue)]
+    return sorted({o for o in matched if o is not None}) if matched else None
 
 
 def _note(db: MemoryDatabase, now: datetime, observed: str, job: JobRow, attempt: int, kind: str) -> None:
-    if _watched(observed, kind, job):
+    observers = _watchers(observed, kind, job)
+    if observers is not None:
         db.last_transition_id += 1
         db.transitions[db.last_transition_id] = TransitionRow(
             id=db.last_transition_id, job_id=job.id, attempt=attempt, kind=kind, task_path=job.task_path, queue=job.queue,
-            occurred_at=now, next_attempt_at=now,
+            occurred_at=now, next_attempt_at=now, observers=observers,
         )
+
+
+def _waits_for_one_of(row: TransitionRow, registered: set[str]) -> bool:
+    """claim_transitions' filter: a row that names no observer, or waits for one registered."""
+    return not row.observers or any(name in registered and name not in row.delivered_to for name in row.observers)
 
 
 class QueueAdmission(NamedTuple):
@@ -353,6 +379,7 @@ class MemoryDatabase:
     # backwave_overrun: (job_id, attempt) -> its row; a deleted lease takes its rows along (the
     # foreign key cascades: forget_leases below).
     overruns: dict[tuple[int, int], OverrunRow] = field(default_factory=dict)
+    deliverers: dict[str, DelivererRow] = field(default_factory=dict)
     # Its admission columns, and the rate limit's current window: name -> (rate_window_start,
     # rate_window_used); backwave_key_rate_window: (queue, limit key) -> (window_start, used).
     admission: dict[str, QueueAdmission] = field(default_factory=dict)
@@ -583,14 +610,20 @@ class InMemoryStore:
 
     # -- transition observers -------------------------------------------------------------------
 
-    def claim_transitions(self, *, token: uuid.UUID, limit: int, lease: float) -> list[TransitionRecord]:
-        """Claim up to ``limit`` due transitions under ``token`` for ``lease`` seconds."""
+    def claim_transitions(
+        self, *, token: uuid.UUID, limit: int, lease: float, observers: Sequence[str] = (), deliverer: str | None = None
+    ) -> list[TransitionRecord]:
+        """Claim up to ``limit`` due transitions waiting for one of ``observers`` under ``token``
+        for ``lease`` seconds, recording ``deliverer`` and those observers."""
         if limit <= 0:
             return []
         lease = lease_seconds(lease)
+        registered = set(observers)
         with self._operation() as (db, now):
+            if deliverer is not None:
+                self._record_deliverer(db, now, deliverer, sorted(registered))
             due = sorted(
-                (t for t in db.transitions.values() if t.state == "pending" and t.next_attempt_at <= now),
+                (t for t in db.transitions.values() if t.state == "pending" and t.next_attempt_at <= now and _waits_for_one_of(t, registered)),
                 key=lambda t: (t.next_attempt_at, t.id),
             )[:limit]
             claimed = []
@@ -601,8 +634,18 @@ class InMemoryStore:
                 claimed.append(TransitionRecord(
                     id=row.id, job_id=row.job_id, attempt=row.attempt, kind=row.kind, task_path=row.task_path, queue=row.queue,
                     occurred_at=row.occurred_at, deliveries=row.deliveries, delivered_to=tuple(row.delivered_to),
+                    observers=tuple(row.observers),
                 ))
             return sorted(claimed, key=lambda t: t.id)
+
+    @staticmethod
+    def _record_deliverer(db: MemoryDatabase, now: datetime, deliverer: str, observers: list[str]) -> None:
+        """claim_transitions' "seen" and "forgotten" CTEs."""
+        row = db.deliverers.get(deliverer)
+        if row is None or row.seen_at < now - timedelta(seconds=10) or row.observers != observers:
+            db.deliverers[deliverer] = DelivererRow(id=deliverer, hostname=socket.gethostname(), pid=os.getpid(), observers=observers, seen_at=now)
+        for silent in [key for key, seen in db.deliverers.items() if seen.seen_at < now - timedelta(days=1)]:
+            del db.deliverers[silent]
 
     def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:
         """Delete what was delivered, keep what failed (due later, or dead); fenced by ``token``."""
@@ -617,7 +660,11 @@ class InMemoryStore:
                     continue
                 settled.add(row.id)
                 if result["failed_observer"] is None:
-                    del db.transitions[row.id]
+                    delivered = [*row.delivered_to, *result["delivered"]]
+                    if set(row.observers) <= set(delivered):
+                        del db.transitions[row.id]
+                    else:  # the rest of its observers are another deliverer's
+                        row.delivered_to, row.next_attempt_at, row.claim_token = delivered, now, None
                     continue
                 row.delivered_to = [*row.delivered_to, *result["delivered"]]
                 row.failed_observer = result["failed_observer"]

@@ -283,7 +283,9 @@ class DeterministicPump:
         if not len(self.observers):
             return 0
         token = uuid.UUID(int=self._random.getrandbits(128), version=4)
-        records = self.store.claim_transitions(token=token, limit=self.delivery_options.batch, lease=self.delivery_options.lease)
+        records = self.store.claim_transitions(
+            token=token, limit=self.delivery_options.batch, lease=self.delivery_options.lease, observers=self.observers.names
+        )
         if not records:
             return 0
         results = deliver(records, self.observers, options=self.delivery_options, jitter=self._random.random, enter=self._scope.enter, leave=self._scope.leave)

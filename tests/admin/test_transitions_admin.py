@@ -62,6 +62,38 @@ def test_retry_makes_dead_ones_due_with_a_full_set_of_tries_and_discard_deletes_
     assert set(Transition.objects.values_list("pk", flat=True)) == {dead.pk, pending.pk}
 
 
+def test_a_waiting_delivery_names_its_observers_and_says_when_no_live_worker_has_one(admin_client):
+    """A rolling deploy: the newer release's observer waits for a worker that has it registered."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from backwave.models import Deliverer
+
+    waiting = make_transition(job_id=7, kind="succeeded", observers=["shop.kept", "shop.added"], delivered_to=["shop.kept"])
+    Deliverer.objects.create(id="old:1:default", hostname="old", pid=1, observers=["shop.kept"])
+    # A worker that had it, silent for an hour: no live worker.
+    Deliverer.objects.create(id="new:2:default", hostname="new", pid=2, observers=["shop.added", "shop.kept"], seen_at=timezone.now() - timedelta(hours=1))
+    content = admin_client.get(TRANSITIONS).content.decode()
+    assert "shop.added" in content and "no live worker has this observer registered" in content
+    assert content.count("no live worker has this observer registered") == 1  # shop.kept ran: not waited for
+    page = admin_client.get(reverse("admin:backwave_transition_change", args=[waiting.pk])).content.decode()
+    assert "no live worker has this observer registered" in page
+
+    # Discard takes a row that waits only for observers no live worker has, and leaves the rest.
+    on_its_way = make_transition(job_id=8, kind="succeeded", observers=["shop.kept"])
+    operator_client = admin_client
+    operator_client.post(TRANSITIONS, {"action": "discard", "_selected_action": [waiting.pk, on_its_way.pk], "index": 0})
+    assert list(Transition.objects.values_list("pk", flat=True)) == [on_its_way.pk]
+    waiting = make_transition(job_id=7, kind="succeeded", observers=["shop.kept", "shop.added"], delivered_to=["shop.kept"])
+
+    Deliverer.objects.filter(id="new:2:default").update(seen_at=timezone.now())  # the newer release is up
+    content = admin_client.get(TRANSITIONS).content.decode()
+    assert "shop.added" in content and "no live worker has this observer registered" not in content
+    operator_client.post(TRANSITIONS, {"action": "discard", "_selected_action": [waiting.pk], "index": 0})
+    assert Transition.objects.filter(pk=waiting.pk).exists()  # on its way now
+
+
 def test_a_viewer_cannot_retry(readonly_client):
     dead = make_transition(state="dead")
     response = readonly_client.post(TRANSITIONS, {"action": "redeliver", "_selected_action": [dead.pk], "index": 0})

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from backwave.models import Job, Transition
+from backwave.models import Deliverer, Job, Transition
 from tests.faults import tasks
 from tests.faults.deploy_observers import SEEN_BY
 
@@ -64,9 +64,16 @@ def test_a_worker_without_an_observer_leaves_its_deliveries_to_one_that_has_it(s
     wait_until(lambda: deliverer_connections() >= 2, what="both observer loops claiming", workers=[older, newer])
     Job.objects.filter(id__in=jobs).update(run_at=Now())
     wait_until(lambda: Job.objects.filter(id__in=jobs, state="succeeded").count() == 5, what="the newer worker running the jobs", workers=[newer])
-    wait_until(lambda: [job for name, job in seen_by() if name == "kept"] == jobs, what="the older worker delivering 'kept'", workers=[older])
+    # Seen inside the pass; settled (deleted, or kept for 'added') at its end.
+    delivered_kept = lambda: [job for name, job in seen_by() if name == "kept"] == jobs and not Transition.objects.exclude(  # noqa: E731
+        delivered_to__contains=[KEPT]
+    ).exists()
+    wait_until(delivered_kept, what="the older worker delivering 'kept'", workers=[older])
     left = list(Transition.objects.order_by("job_id"))
     assert [(t.job_id, sorted(t.observers), list(t.delivered_to)) for t in left] == [(job, sorted([KEPT, ADDED]), [KEPT]) for job in jobs]
+    # What the Transitions page reads: the older worker's loop, live, without 'added'.
+    (registered,) = [d.observers for d in Deliverer.objects.filter(pid=older.process.pid)]
+    assert KEPT in registered and ADDED not in registered
 
     newer.signal(signal.SIGTERM)  # the newer release's next worker delivers what waits for 'added'
     assert newer.wait() == 0, newer.output

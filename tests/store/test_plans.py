@@ -450,7 +450,9 @@ def transitions_backlog(transactional_db):
 
 
 def test_the_observer_loops_claim_reads_the_due_index_in_order(transitions_backlog):
-    nodes = explain("claim_transitions", {"token": uuid.uuid4(), "limit": 32, "lease": 60.0})
+    nodes = explain("claim_transitions", {
+        "token": uuid.uuid4(), "limit": 32, "lease": 60.0, "registered": ["app.watch"], "deliverer": "host:1:default", "hostname": "host", "pid": 1,
+    })
     scans = [n for n in nodes if n.get("Relation Name") == "backwave_transition" and "Scan" in n["Node Type"]]
     assert [n["Node Type"] for n in scans] == ["Index Scan", "Index Scan"], scans  # the pick, then the UPDATE by id
     assert [n["Index Name"] for n in scans] == ["backwave_transition_due", "backwave_transition_pkey"]
