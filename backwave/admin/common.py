@@ -56,6 +56,19 @@ def timestamp(moment):
     )
 
 
+def timestamp_column(field_name: str, description: str):
+    """A ModelAdmin column (list_display or a read-only field) showing ``field_name`` as
+    ``timestamp()`` does, sorted by the field: every BackWave page shows times the Jobs page's way,
+    never in Django's DATETIME_FORMAT ("Dec. 6, 2026, 1:15 a.m.")."""
+
+    @admin.display(description=description, ordering=field_name)
+    def column(self, obj):
+        return timestamp(getattr(obj, field_name))
+
+    column.__name__ = f"{field_name}_shown"
+    return column
+
+
 def duration_text(seconds) -> str:
     """A duration an operator reads at a glance: 420 ms, 3.2 s, 4 min 05 s, 2 h 10 min."""
     if seconds is None:

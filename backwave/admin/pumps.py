@@ -20,7 +20,7 @@ from django.utils.text import Truncator
 
 from ..models import Pump, PumpStatus, ShownPumpStatus
 from ..store import operator
-from .common import EngineRows, RefuseUnpermittedActions
+from .common import EngineRows, RefuseUnpermittedActions, timestamp_column
 
 
 def count_in_flight(pumps, using: str) -> None:
@@ -52,8 +52,10 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
     search_fields = ("worker_id", "hostname")
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    fields = ("worker_id", "status_badge", "reason_full", "group", "hostname", "pid", "in_flight_shown", "lease_duration", "started_at", "last_heartbeat_at", "heartbeat_age")
+    fields = ("worker_id", "status_badge", "reason_full", "group", "hostname", "pid", "in_flight_shown", "lease_duration", "started_at_shown", "last_heartbeat_at_shown", "heartbeat_age")
     readonly_fields = fields
+    started_at_shown = timestamp_column("started_at", "started at")
+    last_heartbeat_at_shown = timestamp_column("last_heartbeat_at", "last heartbeat at")
 
     def get_changelist(self, request, **kwargs):
         return PumpChangeList

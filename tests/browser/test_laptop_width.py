@@ -1,16 +1,18 @@
 """Every BackWave page at a laptop's width (1280 and 1024 px): none scrolls sideways, whatever
 its rows hold (long task paths, worker ids, errors, many queues); a table wider than the content
-scrolls inside its own box."""
+scrolls inside its own box. And every page shows its times in one format, the Jobs page's."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from backwave.models import Queue, Schedule
+from backwave.models import Pump, Queue, Schedule
 from tests.admin.conftest import make_attempt, make_job, make_pump
 
 from .conftest import TIMEOUT_MS, log_in
@@ -19,6 +21,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LONG_TASK = "shop.integrations.fulfilment.warehouse_partners.tasks.synchronise_inventory_levels_for_partner"
 LONG_ERROR = "ConnectionRefusedError: [Errno 111] Connection refused while talking to " + "warehouse-partner-api.internal.example.com:8443/v2/inventory/" * 3
+COMPACT_TIME = re.compile(r"^\d{2}-\d{2} \d{2}:\d{2}:\d{2}$")
 WORKER = "ip-10-20-30-40.eu-central-1.compute.internal:123456:default-with-a-long-group-name:15"
 
 
@@ -92,3 +95,18 @@ def test_no_page_scrolls_sideways(browser, live_server, pages, width, screenshot
         assert wide == {}, f"pages wider than {width} px: {wide}"
     finally:
         context.close()
+
+
+def test_every_page_shows_times_in_the_jobs_pages_format(page, live_server, pages):
+    """The Jobs page said 12-06 01:13:42, the Schedules and Pumps pages Dec. 6, 2026, 1:15 a.m."""
+    log_in(page, live_server, "boss", "pw")
+    schedule, pump = Schedule.objects.get(), Pump.objects.order_by("worker_id").first()
+    for url in (pages["jobs"], pages["job"], pages["schedules"], reverse("admin:backwave_schedule_change", args=[schedule.pk]),
+                reverse("admin:backwave_pump_change", args=[pump.pk])):
+        page.goto(f"{live_server.url}{url}")
+        page.wait_for_load_state("load")  # local_times.js has shown them in the browser's zone
+        texts = page.locator("#content time[data-bw-time]:not([data-bw-precise])").all_inner_texts()
+        assert texts, url
+        assert all(COMPACT_TIME.match(text) for text in texts), (url, texts)
+        content = page.locator("#content").inner_text()
+        assert not re.search(r"\b(a\.m\.|p\.m\.|midnight|noon)\b", content), (url, "Django's default DATETIME_FORMAT")
