@@ -13,6 +13,8 @@ backwave.E007  a worker could not start on a SCHEDULES entry: its task is not re
                an installed app's tasks.py nor TASK_MODULES), or its backend refuses the job it
                would mint (an undeclared queue, arguments that are not JSON...)
 backwave.W001  a BackWave backend enqueues into a database that no worker group serves
+backwave.W002  a queue a BackWave backend declares is served by no worker group on that
+               backend's database (only with WORKER_GROUPS set: a plain worker serves them all)
 
 Each TASKS backend checks its own configuration (ids backwave.E1xx, ``backwave/tasking/backend.py``).
 """
@@ -111,7 +113,7 @@ def _worker_problem(user: Mapping) -> str | None:
 
     try:
         # The raw dict, not get_setting: an unknown BACKWAVE key (E002) must not hide this check.
-        groups = conf.worker_groups(user.get("WORKER_GROUPS") or conf.IMPLICIT_GROUPS)
+        groups = conf.worker_groups(user.get("WORKER_GROUPS") or conf.implicit_groups())
         store_timeouts(groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT"))
         place_groups(groups)  # a group's database: an alias of DATABASES, on PostgreSQL
     except WorkerGroupConfigError as error:
@@ -167,4 +169,42 @@ def check_served_databases(app_configs=None, **kwargs):
                 id="backwave.W001",
             )
         )
+    return warnings
+
+
+@checks.register(TAG)
+def check_served_queues(app_configs=None, **kwargs):
+    """Warn about each queue a BackWave backend declares that none of the configured worker
+    groups claims on that backend's database: its jobs would wait for ever. Without
+    WORKER_GROUPS a plain worker serves every declared queue, so only configured groups miss one;
+    a backend whose whole database is unserved is W001's."""
+    from backwave.databases import backwave_backends, place_groups, unserved_backends
+
+    try:
+        placed = place_groups(conf.worker_groups())
+    except (ImproperlyConfigured, ValueError):  # WorkerGroupConfigError is a ValueError
+        return []  # backwave.E003 or E006 says what is wrong with the groups
+    served = {(group.database, queue) for group in placed for queue in group.policy.queues}
+    said_by_w001 = {backend.alias for backend in unserved_backends(placed)}
+    warnings = []
+    for backend in backwave_backends():
+        if backend.alias in said_by_w001:
+            continue
+        declared = settings.TASKS[backend.alias].get("QUEUES", ["default"])
+        for queue in [q for q in declared if q in backend.queues]:  # the settings' order; empty QUEUES: any queue, none named
+            if (backend.database, queue) in served:
+                continue
+            served.add((backend.database, queue))  # one warning per queue and database
+            warnings.append(
+                checks.Warning(
+                    f"Queue {queue!r} of TASKS[{backend.alias!r}] is claimed by no worker group in BACKWAVE['WORKER_GROUPS'] "
+                    f"on database {backend.database!r}: its jobs would wait for ever.",
+                    hint=(
+                        f"Add {queue!r} to a group's queues, or leave WORKER_GROUPS empty (a plain backwave_worker serves every "
+                        f"declared queue). If a worker started with --queues serves it, silence backwave.W002."
+                    ),
+                    obj=backend.alias,
+                    id="backwave.W002",
+                )
+            )
     return warnings

@@ -35,7 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .core.backoff import MAX_DELAY
 from .core.options import Retention, WorkerGroupConfigError, WorkerGroupOptions, validate_groups
-from .core.policy import Strict
+from .core.policy import Strict, Weighted
 from .queue_rules import MAX_CONCURRENCY_LIMIT, QUEUE_NAME_RULE, is_concurrency_limit, is_queue_name
 
 if TYPE_CHECKING:
@@ -492,8 +492,9 @@ _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name 
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch", "claim_ahead"}
 _FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace", "outcome_linger"}
 
-# The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given.
-IMPLICIT_GROUPS = ({"name": "default", "queues": ["default"]},)
+# The name of the group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues
+# are given (implicit_groups).
+IMPLICIT_GROUP_NAME = "default"
 
 
 def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
@@ -575,9 +576,35 @@ def _admitted_queues_as_configured() -> frozenset[str]:
     return admitted_queue_names(queues)
 
 
-def raw_worker_groups() -> list[Mapping[str, Any]]:
-    """BACKWAVE["WORKER_GROUPS"] as written, or the implicit default group when it is empty."""
-    return list(get_setting("WORKER_GROUPS")) or list(IMPLICIT_GROUPS)
+def declared_queue_names() -> list[str]:
+    """The queues BackWave's backends in TASKS declare (their QUEUES, or Django's default
+    ["default"] when they give none), in TASKS order, each once. Lenient like
+    configured_queue_names: a malformed entry is its backend check's to report."""
+    names: dict[str, None] = {}
+    for options in getattr(settings, "TASKS", {}).values():
+        if not isinstance(options, Mapping) or not str(options.get("BACKEND", "")).startswith("backwave."):
+            continue
+        queues = options.get("QUEUES", ["default"])
+        if isinstance(queues, (list, tuple, set, frozenset)):
+            names.update(dict.fromkeys(q for q in queues if isinstance(q, str) and is_queue_name(q)))
+    return list(names)
+
+
+def implicit_groups(task_queues: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues are given:
+    every queue the BackWave backends declare, then those of ``task_queues`` (the registered
+    tasks', for a backend whose empty QUEUES accepts any queue), so a plain worker runs every
+    job the project can enqueue. Several queues share the pumps by equal weights (Weighted): a
+    busy queue never starves another, which a Strict order would let the first one do."""
+    queues = list(dict.fromkeys([*declared_queue_names(), *sorted(set(task_queues))])) or ["default"]
+    if len(queues) == 1:
+        return [{"name": IMPLICIT_GROUP_NAME, "queues": queues}]
+    return [{"name": IMPLICIT_GROUP_NAME, "policy": Weighted(dict.fromkeys(queues, 1))}]
+
+
+def raw_worker_groups(task_queues: Iterable[str] = ()) -> list[Mapping[str, Any]]:
+    """BACKWAVE["WORKER_GROUPS"] as written, or the implicit group when it is empty (implicit_groups)."""
+    return list(get_setting("WORKER_GROUPS")) or implicit_groups(task_queues)
 
 
 def worker_groups(raw_groups: Iterable[Mapping[str, Any]] | None = None) -> list[WorkerGroupOptions]:

@@ -578,6 +578,7 @@ class Pump(models.Model):
     status = models.CharField(max_length=16, choices=PumpStatus.choices)
     reason = models.TextField(blank=True, default="", help_text="Why the pump is degraded or halted.")
     in_flight = models.IntegerField(default=0, help_text="Jobs claimed and not yet reported.")
+    queues = ArrayField(models.CharField(max_length=64), default=list, db_default="{}", blank=True, help_text="The queues the pump claims.")
     lease_duration = models.FloatField(help_text="Seconds; a heartbeat older than this is stale.")
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())

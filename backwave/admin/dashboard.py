@@ -2,7 +2,8 @@
 
 Every number is one bounded read (``backwave/store/operator.py``, SQL in ``queries.sql``):
 
-* **Health**: each pump judged by its lease (``Pump.objects.with_shown_status``), the wake-up hint
+* **Health**: the queues with due jobs that no live pump serves (degraded, whatever the pumps
+  say), each pump judged by its lease (``Pump.objects.with_shown_status``), the wake-up hint
   listener sessions against the worker processes with a live pump, and the last maintenance run
   (the statistics rollup's, any node's) with how far the rollup is behind.
 * **Throughput and failures** per minute (1 h) or hour (24 h): the rollup's buckets plus the
@@ -26,6 +27,7 @@ from datetime import datetime, timedelta
 from django.db import connections
 
 from .. import taskstats
+from ..core.health import UnservedQueue
 from ..models import Pump, ShownPumpStatus
 from ..ops import stats
 from ..store import operator
@@ -84,14 +86,18 @@ class Health:
     rolled_at: datetime | None
     rolled_age: timedelta | None
     behind: stats.Count
+    unserved: list[UnservedQueue] = field(default_factory=list)  # due jobs no live pump serves
 
     @property
     def verdict(self) -> str:
-        """'halted', 'lost', 'degraded', 'idle' (no pump at all) or 'healthy'."""
+        """'halted', 'lost', 'degraded', 'idle' (no pump at all) or 'healthy'. A queue whose due
+        jobs no live pump serves is degraded, however healthy the pumps that run are."""
         if self.pumps_by_status.get(ShownPumpStatus.HALTED, 0):
             return "halted"
         if self.pumps_by_status.get(ShownPumpStatus.LOST, 0):
             return "lost"
+        if self.unserved:
+            return "degraded"
         if not self.pumps:
             return "idle"
         if self.pumps_by_status.get(ShownPumpStatus.STALE, 0) or self.pumps_by_status.get(ShownPumpStatus.DEGRADED, 0):
@@ -220,7 +226,9 @@ def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
     pumps = []
     if "health" in sections:
         pumps = list(Pump.objects.using(using).with_shown_status().order_by("rank", "group", "worker_id"))
-    lines = stats.queue_lines(stats.table_statistics(using), using) if "queues" in sections else []
+    # The verdict and the queue rows both say which queues no live pump serves.
+    unserved = stats.unserved_queues(using) if sections & {"health", "queues"} else []
+    lines = stats.queue_lines(stats.table_statistics(using), using, unserved=unserved) if "queues" in sections else []
     with connections[using].cursor() as cursor:
         if "health" in sections:
             listeners, listening_since, _newest = operator.hint_sessions(cursor)
@@ -243,6 +251,7 @@ def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
             pumps_by_status=by_status, pumps=pumps, worker_processes=len(processes), hint_sessions=listeners,
             hint_since=listening_since, rolled_at=rolled_at, rolled_age=rolled_age,
             behind=stats.Count(BEHIND_CAP, capped=True) if behind > BEHIND_CAP else stats.Count(behind),
+            unserved=unserved,
         )
     if "jobs" in sections:
         board.chart = Chart(resolution=resolution, buckets=_filled(series, seconds, resolution, now))

@@ -46,7 +46,7 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
             return self._run_action(request, actions)
         with stats.without_jit():
             statistics = stats.table_statistics()
-            lines = stats.queue_lines(statistics)
+            lines = stats.queue_lines(statistics, unserved=stats.unserved_queues())
             rate = stats.throughput()
         for line in lines:
             line.per_minute = rate.per_queue.get(line.name, [0] * stats.THROUGHPUT_MINUTES)

@@ -35,6 +35,7 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from .. import conf
+from ..core.health import UnservedQueue
 from ..store import operator
 
 COUNT_CAP = 10_000
@@ -148,6 +149,7 @@ class QueueLine:
     rate_limit: int | None = None
     rate_period: float | None = None
     key_rate_limit: int | None = None
+    unserved: UnservedQueue | None = None  # a due job, and no live pump serves the queue
 
     @property
     def rate_shown(self) -> str:
@@ -164,10 +166,14 @@ class QueueLine:
         return sum(self.per_minute)
 
 
-def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | None = None) -> list[QueueLine]:
-    """One query: a line per known queue with its bounded depths, limit and pause flag."""
+def queue_lines(
+    statistics: TableStatistics, using: str = "default", cap: int | None = None, unserved: list[UnservedQueue] = ()
+) -> list[QueueLine]:
+    """One query: a line per known queue with its bounded depths, limit and pause flag; a queue of
+    ``unserved`` (unserved_queues) has its line, known otherwise or not, and says so."""
     cap = COUNT_CAP if cap is None else cap
-    extra = sorted(conf.configured_queue_names() | set(statistics.common_values("queue")))
+    by_name = {queue.name: queue for queue in unserved}
+    extra = sorted(conf.configured_queue_names() | set(statistics.common_values("queue")) | set(by_name))
     with connections[using].cursor() as cursor:
         rows = operator.queue_overview(cursor, names=extra, limit=cap + 1)
     lines = []
@@ -182,8 +188,15 @@ def queue_lines(statistics: TableStatistics, using: str = "default", cap: int | 
         lines.append(QueueLine(
             name=name, has_row=has_row, concurrency_limit=limit, paused=paused, counts=counts,
             key_concurrency_limit=key_limit, rate_limit=rate_limit, rate_period=rate_period, key_rate_limit=key_rate_limit,
+            unserved=by_name.get(name),
         ))
     return lines
+
+
+def unserved_queues(using: str = "default") -> list[UnservedQueue]:
+    """One query: the queues of ``using`` with a due job and no live pump serving them."""
+    with connections[using].cursor() as cursor:
+        return [UnservedQueue(name, due_for, using) for name, due_for in operator.unserved_queues(cursor)]
 
 
 @dataclass(frozen=True, slots=True)

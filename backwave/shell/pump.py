@@ -697,6 +697,7 @@ class Pump:
             reason=self.health_reason,
             in_flight=self.snapshot.in_flight,
             lease_duration=self.options.lease_duration,
+            queues=self.options.policy.queues,
         )
 
     def _report_health(self) -> None:

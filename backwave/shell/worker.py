@@ -25,6 +25,7 @@ from .observers import ObserverLoop
 from .hints import HintListener
 from .vacuum import JobTableCleaner
 from .health import HealthServer, group_status, overall_status, process_status
+from backwave.core.health import UnservedQueue
 from .metrics import exposition, worker_registry
 from .pump import HALTED, Pump
 from .supervisor import REPLACE_ME
@@ -118,6 +119,10 @@ class Worker:
         self._done = threading.Event()
         self._store_factory = store_factory
         self._health_stores: dict[str, Store] = {}
+        # Per database served: (monotonic time of the read, [(queue, seconds due)]) of the queues
+        # with due jobs that no live pump anywhere serves, read at each refresh.
+        self._unserved: dict[str, tuple[float, list[tuple[str, float]]]] = {}
+        self._unserved_logged: set[tuple[str, str]] = set()
         # One observer loop per database served, when there is anything to observe.
         self.observer_loops = [
             ObserverLoop(store_factory=partial(store_factory, alias), registry=observers, options=delivery_options or DeliveryOptions(), name=alias)
@@ -150,8 +155,13 @@ class Worker:
             cleaner.start()
         for loop in self.observer_loops:
             loop.start()
+        from backwave import __version__
+
         names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}]{self._on(g.database)} pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
-        logger.info("BackWave worker started: %s", names)
+        logger.info(
+            "BackWave worker started (version %s, pid %d, database%s %s): %s",
+            __version__, os.getpid(), "s" if len(self.databases) > 1 else "", ", ".join(self.databases), names,
+        )
         try:
             return self._watch(until_idle)
         finally:
@@ -212,6 +222,7 @@ class Worker:
             if now - last_refresh >= refresh_every:
                 last_refresh = now
                 self._refresh_halted()
+                self._check_unserved()
         for listener in self.hints.values():
             listener.stop()
         for cleaner in self.cleaners.values():
@@ -254,18 +265,52 @@ class Worker:
         }
         hints = {alias: listener.health() for alias, listener in self.hints.items()}
         hint_statuses = {each["status"] for each in hints.values()}
+        queues = [
+            {"queue": queue.name, "database": queue.database, "status": queue.status, "due_for": round(queue.due_for, 1), "reason": queue.reason}
+            for queue in self.unserved_queues()
+        ]
         return {
             "status": process_status(
                 groups.values(),
                 unhealthy="dead" in hint_statuses or any(p["stalled"] for p in pumps),
-                degraded="reconnecting" in hint_statuses,
+                degraded="reconnecting" in hint_statuses or bool(queues),
             ),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "groups": groups,
             "pumps": pumps,
             "hints": hints,
+            "queues": queues,
         }
+
+    def unserved_queues(self) -> list[UnservedQueue]:
+        """The queues of the databases served here that have due jobs and no live pump anywhere
+        serving them, as last read (their wait grown by the time since)."""
+        now = time.monotonic()
+        return [
+            UnservedQueue(name, due_for + (now - read_at), alias)
+            for alias, (read_at, found) in list(self._unserved.items())
+            for name, due_for in found
+        ]
+
+    def _check_unserved(self) -> None:
+        """Read each database's unserved queues (one statement; best effort: an unreachable
+        database leaves its last reading, and its pumps report the fault). A queue that turns
+        unserved is logged once, until it is served again: its jobs wait for ever meanwhile."""
+        for alias in self.databases:
+            try:
+                if alias not in self._health_stores:
+                    self._health_stores[alias] = self._store_factory(alias)
+                found = self._health_stores[alias].unserved_queues()
+            except StoreError as error:
+                logger.debug("Could not read the unserved queues of %s: %s", alias, error)
+                continue
+            self._unserved[alias] = (time.monotonic(), found)
+            names = {(alias, name) for name, _ in found}
+            for name, due_for in found:
+                if (alias, name) not in self._unserved_logged:
+                    logger.warning("Queue %r%s is degraded: %s", name, self._on(alias), UnservedQueue(name, due_for, alias).reason)
+            self._unserved_logged = {key for key in self._unserved_logged if key[0] != alias} | names
 
     def _refresh_halted(self) -> None:
         """Keep the health rows of halted pumps fresh while this process lives, so they are not

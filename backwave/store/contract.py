@@ -264,6 +264,7 @@ class PumpHealth:
     reason: str = ""
     in_flight: int = 0
     lease_duration: float = 30.0
+    queues: tuple[str, ...] = ()  # the queues it claims: what it serves, for unserved_queues
 
 
 class Store(Protocol):
@@ -432,6 +433,11 @@ class Store(Protocol):
 
     def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
         """Delete these pumps' health rows (a clean stop); returns how many."""
+
+    def unserved_queues(self) -> list[tuple[str, float]]:
+        """(queue, seconds its oldest due job has waited) for each queue, by name, with a due
+        ready job that no live pump serves: none not halted, under a live lease, lists it in its
+        health row. Paused queues are left out."""
 
     def purge_pumps(self, *, older_than: float) -> int:
         """Delete the health rows of pumps silent for more than ``older_than`` seconds."""

@@ -222,6 +222,13 @@ def queue_latency(cursor, names: Sequence[str]) -> dict[str, float]:
     return dict(cursor.fetchall())
 
 
+def unserved_queues(cursor) -> list[tuple[str, float]]:
+    """(queue, seconds its oldest due job waited) per queue with a due ready job that no live
+    pump serves, by name (the store contract's unserved_queues, on the caller's connection)."""
+    cursor.execute(QUERIES["unserved_queues"])
+    return [(queue, float(seconds)) for queue, seconds in cursor.fetchall()]
+
+
 def hint_sessions(cursor) -> tuple:
     """(sessions named backwave-hints on this database, the oldest's start, the newest's)."""
     cursor.execute(QUERIES["admin_hint_sessions"])

@@ -542,7 +542,7 @@ class PostgresStore:
         rows = [
             {
                 "worker_id": p.worker_id, "group": p.group, "hostname": p.hostname, "pid": p.pid, "status": p.status,
-                "reason": clean_text(p.reason), "in_flight": p.in_flight, "lease_duration": float(p.lease_duration),
+                "reason": clean_text(p.reason), "in_flight": p.in_flight, "queues": list(p.queues), "lease_duration": float(p.lease_duration),
             }
             for p in pumps
         ]
@@ -553,6 +553,10 @@ class PostgresStore:
         if not worker_ids:
             return 0
         return self._execute("forget_pumps_many", {"worker_ids": list(worker_ids)})[0][0]
+
+    def unserved_queues(self) -> list[tuple[str, float]]:
+        """Queues with a due ready job that no live pump serves, and how long it waited (see the contract)."""
+        return [(queue, float(seconds)) for queue, seconds in self._execute("unserved_queues", {})]
 
     def refresh_statistics(self) -> list[str]:
         """ANALYZE the busy tables whose statistics fell behind (see the contract); SKIP_LOCKED,

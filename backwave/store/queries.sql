@@ -1373,18 +1373,69 @@ SELECT coalesce((SELECT n FROM moved), 0), (SELECT count(*) FROM upserted)
 -- name: record_pumps_many
 -- At a pump's start, on each heartbeat and whenever its status changes: never per job.
 INSERT INTO backwave_pump AS p (worker_id, "group", hostname, pid, status, reason, in_flight,
-                                lease_duration, started_at, last_heartbeat_at)
+                                queues, lease_duration, started_at, last_heartbeat_at)
 SELECT r.worker_id, r."group", r.hostname, r.pid, r.status, r.reason, r.in_flight,
-       r.lease_duration, now(), now()
+       ARRAY(SELECT jsonb_array_elements_text(r.queues))::varchar(64)[], r.lease_duration, now(), now()
 FROM jsonb_to_recordset(%(pumps)s::jsonb)
      AS r(worker_id text, "group" text, hostname text, pid int, status text, reason text,
-          in_flight int, lease_duration float8)
+          in_flight int, queues jsonb, lease_duration float8)
 ON CONFLICT (worker_id) DO UPDATE
 SET status = excluded.status,
     reason = excluded.reason,
     in_flight = excluded.in_flight,
+    queues = excluded.queues,
     lease_duration = excluded.lease_duration,
     last_heartbeat_at = now()
+
+
+-- name: unserved_queues
+-- The queues with a due ready job that no live pump serves, each with how long its oldest due
+-- job has waited: what the dashboard, the Queues page and a worker's health call degraded. A
+-- pump serves the queues its row lists while it is not halted and holds a live lease (the
+-- database clock's verdict, as the Pumps page has it: a stale heartbeat under a live lease still
+-- serves). A paused queue is left out: its jobs wait on purpose. The distinct queues of ready
+-- rows come from a loose index scan of the claim index (queue first: one probe per queue, never
+-- a scan of the backlog), and each unserved queue's oldest due job from one probe per priority,
+-- as admin_queue_latency finds it.
+WITH RECURSIVE served AS MATERIALIZED (
+    SELECT DISTINCT q.name
+    FROM backwave_pump AS p
+    CROSS JOIN LATERAL unnest(p.queues) AS q(name)
+    WHERE p.status <> 'halted'
+      AND EXISTS (SELECT FROM backwave_lease AS l WHERE l.worker_id = p.worker_id AND l.expires_at > now())
+), ready_queues(name) AS (
+    (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM backwave_job AS j WHERE j.state = 'ready' AND j.queue > r.name ORDER BY j.queue LIMIT 1)
+    FROM ready_queues AS r
+    WHERE r.name IS NOT NULL
+), heads(queue, priority, run_at) AS (
+    SELECT r.name, h.priority, h.run_at
+    FROM ready_queues AS r
+    CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = r.name
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS h
+    WHERE r.name IS NOT NULL
+      AND r.name NOT IN (SELECT name FROM served)
+      AND NOT EXISTS (SELECT FROM backwave_queue AS q WHERE q.name = r.name AND q.paused)
+    UNION ALL
+    SELECT p.queue, n.priority, n.run_at
+    FROM heads AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at FROM backwave_job AS j
+        WHERE j.state = 'ready' AND j.queue = p.queue AND j.priority < p.priority
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+    ) AS n
+)
+SELECT h.queue, extract(epoch FROM now() - min(h.run_at))::float8
+FROM heads AS h
+WHERE h.run_at <= now()
+GROUP BY h.queue
+ORDER BY h.queue
 
 
 -- name: forget_pumps_many

@@ -234,6 +234,7 @@ class PumpRow:
     lease_duration: float
     started_at: datetime
     last_heartbeat_at: datetime
+    queues: list[str] = field(default_factory=list)
 
     @property
     def pk(self) -> str:
@@ -926,9 +927,10 @@ class InMemoryStore:
                     db.pumps[p.worker_id] = PumpRow(
                         worker_id=p.worker_id, group=p.group, hostname=p.hostname, pid=p.pid, status=p.status, reason=clean_text(p.reason),
                         in_flight=p.in_flight, lease_duration=float(p.lease_duration), started_at=now, last_heartbeat_at=now,
+                        queues=list(p.queues),
                     )
                 else:
-                    row.status, row.reason, row.in_flight = p.status, clean_text(p.reason), p.in_flight
+                    row.status, row.reason, row.in_flight, row.queues = p.status, clean_text(p.reason), p.in_flight, list(p.queues)
                     row.lease_duration, row.last_heartbeat_at = float(p.lease_duration), now
 
     def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
@@ -940,6 +942,17 @@ class InMemoryStore:
             for worker_id in gone:
                 del db.pumps[worker_id]
             return len(gone)
+
+    def unserved_queues(self) -> list[tuple[str, float]]:
+        """Queues with a due ready job that no live pump serves, and how long it waited (see the contract)."""
+        with self._operation() as (db, now):
+            live = {lease.worker_id for lease in db.leases.values() if lease.expires_at > now}
+            served = {queue for pump in db.pumps.values() if pump.status != "halted" and pump.worker_id in live for queue in pump.queues}
+            oldest: dict[str, datetime] = {}
+            for job in db.jobs.values():
+                if job.state == "ready" and job.run_at <= now and job.queue not in served and not db.queues.get(job.queue, (None, False))[1]:
+                    oldest[job.queue] = min(oldest.get(job.queue, job.run_at), job.run_at)
+            return [(queue, (now - oldest[queue]).total_seconds()) for queue in sorted(oldest)]
 
     def refresh_statistics(self) -> list[str]:
         """No planner here, so no statistics to fall behind: nothing to analyze."""

@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 from django.urls import reverse
 
 from backwave.admin import dashboard
-from backwave.models import Attempt, Job, TaskStat
+from backwave.models import Attempt, Job, Pump, TaskStat
 from backwave.testing.store import DjangoConnectionStore
 from tests.factories import make_lease
 
@@ -24,12 +24,12 @@ pytestmark = pytest.mark.django_db
 
 INDEX = reverse("admin:app_list", kwargs={"app_label": "backwave"})
 STATS = reverse("admin:backwave_taskstat_changelist")
-# Session and user; the halted banner; the pumps; the planner's statistics and the queue lines (as
-# the Queues page); hint sessions; rollup status; the chart's series; the queues' latency; the
+# Session and user; the halted banner; the pumps; the planner's statistics, the unserved queues and
+# the queue lines (as the Queues page); hint sessions; rollup status; the chart's series; the queues' latency; the
 # running jobs; their tasks' usual durations; the recent failures. And JIT off: set, then put
 # back, inside a savepoint (SAVEPOINT and RELEASE counted): the test's transaction encloses the
 # page. In autocommit it is BEGIN and the setting (see the autocommit test below).
-DASHBOARD_QUERIES = 17
+DASHBOARD_QUERIES = 18
 # Session, user, the banner, the per-task sums, the rollup status.
 STATS_QUERIES = 5
 SLOW = "app.tasks.slow"
@@ -79,6 +79,24 @@ def test_halted_and_lost_pumps_come_first_with_their_reason(admin_client):
     pumps = section(html, "bw-card-pumps")
     assert re.search(r'data-status="halted">1 halted', pumps) and re.search(r'data-status="lost">1 lost', pumps)
     assert "InvalidEvent: ClaimReturned" in pumps and "c-killed" in pumps and "a-ok" not in pumps
+
+
+def test_a_queue_with_due_jobs_that_no_live_pump_serves_is_degraded_and_says_why(admin_client):
+    """The quick start's failure: a healthy pump on 'default', the job waiting on 'emails'."""
+    make_pump("node-1:4242:default:0:aa", queues=("default",))
+    make_pump("node-1:4242:mail:0:bb", "halted", reason="InvalidEvent", queues=("emails",), lease_expires_in=None)
+    make_job(queue="default", run_at=Now() - timedelta(seconds=30))
+    make_job(queue="emails", run_at=Now() - timedelta(seconds=22))
+    make_job(queue="reports", run_at=Now() + timedelta(hours=1))  # not due: nothing waits yet
+    html = page(admin_client)
+    verdict = section(html, "bw-verdict")
+    assert "1 pump halted." in verdict  # the worse verdict first
+    Pump.objects.filter(status="halted").delete()
+    verdict = section(page(admin_client), "bw-verdict")
+    assert "Degraded." in verdict and re.search(r"due for 2\d s; no worker serves <code>emails</code>", verdict), verdict
+    assert "reports" not in verdict and "default</a>" not in verdict
+    row = section(page(admin_client), "bw-dash-queue-emails")
+    assert "degraded" in row and "no worker serves `emails`" in row
 
 
 def test_no_pump_at_all_means_nothing_runs(admin_client):
@@ -244,12 +262,12 @@ def test_the_queue_and_dashboard_reads_run_without_jit_and_leave_the_session_alo
 
 @pytest.mark.django_db(transaction=True)
 def test_in_autocommit_the_dashboard_is_its_reads_and_one_setting(client, django_assert_num_queries):
-    """As a deployment runs it (no enclosing transaction): the 13 reads, and JIT off for them in
+    """As a deployment runs it (no enclosing transaction): the 14 reads, and JIT off for them in
     their own transaction (Django counts its BEGIN; COMMIT is not a query to it)."""
     from django.contrib.auth.models import User
 
     client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     make_pump("p1")
     page(client)
-    with django_assert_num_queries(13 + 2):
+    with django_assert_num_queries(14 + 2):
         page(client)

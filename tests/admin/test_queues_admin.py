@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -17,10 +18,11 @@ from .conftest import make_job
 pytestmark = pytest.mark.django_db
 
 QUEUES = reverse("admin:backwave_queue_changelist")
-# Session, user, planner statistics (+ Queue names), depths (+ Queue rows), throughput, banner;
+# Session, user, planner statistics (+ Queue names), unserved queues, depths (+ Queue rows),
+# throughput, banner;
 # and JIT off for them, set and put back in a savepoint (the test's transaction encloses the page;
 # in autocommit it is BEGIN and the setting: see stats.without_jit).
-QUEUES_PAGE_QUERIES = 10
+QUEUES_PAGE_QUERIES = 11
 
 
 def lines_by_name(response) -> dict:
@@ -49,6 +51,26 @@ def test_one_line_per_queue_with_its_depths(admin_client):
         "ready": "2", "scheduled": "1", "running": "1", "failed": "1", "quarantined": "1", "waiting": "2", "held": "1"}
     assert counts(lines["reports"]) == {
         "ready": "0", "scheduled": "0", "running": "0", "failed": "0", "quarantined": "0", "waiting": "0", "held": "0"}
+
+
+def test_a_queue_with_due_jobs_that_no_live_pump_serves_is_degraded_and_says_why(admin_client):
+    from .conftest import make_pump
+
+    make_pump("node-1:1:default:0:aa", queues=("default",))
+    make_pump("node-1:2:mail:0:bb", queues=("emails",), lease_expires_in=-5)  # killed: its lease lapsed
+    make_job(queue="default", run_at=Now() - timedelta(seconds=30))
+    make_job(queue="emails", run_at=Now() - timedelta(seconds=22))
+    make_job(queue="nightly", run_at=Now() - timedelta(seconds=600))  # no setting names it: it gets its line anyway
+    Queue.objects.create(name="stopped", paused=True)
+    make_job(queue="stopped", run_at=Now() - timedelta(seconds=60))  # paused on purpose: waits, not degraded
+    html = admin_client.get(QUEUES).content.decode()
+    notes = re.findall(r'<p class="bw-unserved" id="unserved-([\w.-]+)">(.*?)</p>', html, re.S)
+    assert [name for name, _ in notes] == ["emails", "nightly"]
+    assert "due for 22 s; no worker serves <code>emails</code>" in notes[0][1]
+    assert "due for 10 min; no worker serves <code>nightly</code>" in notes[1][1]
+    lines = lines_by_name(admin_client.get(QUEUES))
+    assert lines["emails"].unserved.reason == "due for 22 s; no worker serves `emails`"
+    assert lines["default"].unserved is None and lines["stopped"].unserved is None
 
 
 def test_waiting_and_held_counts_link_to_those_jobs(admin_client):

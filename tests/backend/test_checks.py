@@ -12,7 +12,8 @@ def backend_check_ids():
 
 
 def test_the_project_configuration_passes():
-    assert [message for message in checks.run_checks() if message.id.startswith("backwave.")] == []
+    # backwave.W002 is silenced: the tests and the benchmarks run their queues' workers with --queues.
+    assert [message for message in checks.run_checks() if message.id.startswith("backwave.") and not message.is_silenced()] == []
 
 
 def test_backwave_must_be_a_dict(settings):
@@ -171,11 +172,60 @@ def test_a_database_some_group_serves_does_not_warn(settings, groups):
     assert check_served_databases() == []
 
 
-def test_without_worker_groups_the_implicit_default_group_serves_only_default(settings):
-    from backwave.checks import check_served_databases
+def test_without_worker_groups_a_plain_worker_serves_every_declared_queue_on_its_database(settings):
+    """The queue of the 'remote' backend lives in 'other': the implicit group places pumps there too."""
+    from backwave import conf
+    from backwave.checks import check_served_databases, check_served_queues
+    from backwave.databases import place_groups
 
     settings.BACKWAVE = {}
-    assert [(w.id, w.obj) for w in check_served_databases()] == [("backwave.W001", "remote")]
+    placed = place_groups(conf.worker_groups())
+    assert {(group.name, group.database) for group in placed} == {("default", "default"), ("default", "other")}
+    served = {(group.database, queue) for group in placed for queue in group.policy.queues}
+    assert {("default", q) for q in settings.TASKS["default"]["QUEUES"]} | {("other", "remote")} == served
+    assert check_served_databases() == [] and check_served_queues() == []
+
+
+def test_the_implicit_group_shares_its_pumps_between_the_declared_queues_by_equal_weights(settings):
+    from backwave import conf
+    from backwave.core.policy import Strict, Weighted
+
+    settings.TASKS = {"default": {"BACKEND": "backwave.backend.BackWaveBackend", "QUEUES": ["default", "emails"]}}
+    (group,) = conf.worker_groups(conf.implicit_groups())
+    assert (group.name, group.policy) == ("default", Weighted({"default": 1, "emails": 1}))
+    settings.TASKS = {"default": {"BACKEND": "backwave.backend.BackWaveBackend"}}  # Django's default: ["default"]
+    assert conf.worker_groups(conf.implicit_groups())[0].policy == Strict("default")
+    settings.TASKS = {"default": {"BACKEND": "backwave.backend.BackWaveBackend", "QUEUES": []}}  # any queue: the tasks' say
+    assert conf.worker_groups(conf.implicit_groups({"reports", "emails"}))[0].policy == Weighted({"emails": 1, "reports": 1})
+
+
+# ---- backwave.W002: a declared queue that no worker group claims ---------------------------------
+
+
+def test_a_declared_queue_no_worker_group_claims_warns(settings):
+    from backwave.checks import check_served_queues
+
+    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "web", "queues": ["default"]}, {"name": "remote", "queues": ["remote"]}]}
+    warnings = check_served_queues()
+    missing = [q for q in settings.TASKS["default"]["QUEUES"] if q != "default"]
+    assert [(w.id, w.obj) for w in warnings] == [("backwave.W002", "default")] * len(missing)
+    assert warnings[0].msg == (
+        f"Queue {missing[0]!r} of TASKS['default'] is claimed by no worker group in BACKWAVE['WORKER_GROUPS'] on database "
+        "'default': its jobs would wait for ever."
+    )
+    assert "leave WORKER_GROUPS empty" in warnings[0].hint
+
+
+def test_a_queue_claimed_only_on_another_database_still_warns_for_its_own(settings):
+    from backwave.checks import check_served_queues
+
+    every = settings.TASKS["default"]["QUEUES"]
+    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "all", "queues": every}, {"name": "pinned", "queues": ["remote"], "database": "default"}]}
+    # 'remote' lives in 'other', whose backend W001 reports (no group serves that database at all).
+    assert [w.id for w in check_served_queues()] == []
+    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "all", "queues": every}, {"name": "other", "queues": ["default"], "database": "other"}]}
+    ((warning),) = check_served_queues()
+    assert (warning.id, warning.obj) == ("backwave.W002", "remote") and "on database 'other'" in warning.msg
 
 
 def test_a_worker_group_on_a_database_the_worker_refuses_is_reported(settings):

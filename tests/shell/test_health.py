@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from backwave.models import Pump
+from backwave.models import Job, Pump
 from backwave.shell.health import DEGRADED, HALTED, HEALTHY, HealthServer, group_status, overall_status
 from tests.factories import JobFactory, make_lease
 from tests.shell.conftest import wait_until
@@ -286,6 +286,36 @@ def test_the_health_port_of_a_worker_under_hard_time_limits_outlives_its_replace
     replacement = Job.objects.get(id=result.id).return_value
     first_pid = int(Attempt.objects.get(job_id=result.id, number=1).worker_id.split(":")[1])
     assert body["pid"] == replacement != first_pid
+    worker.signal()
+    assert worker.wait() == 0, worker.output
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_worker_calls_a_due_queue_that_no_live_pump_serves_degraded_and_says_why(start_worker):
+    """The quick start's failure seen from a worker: it serves 'e2e', the job waits on 'emails'."""
+    import re
+
+    from tests.shell import worker_tasks
+
+    waiting = worker_tasks.noop.using(queue_name="emails").enqueue()
+    served = worker_tasks.noop.enqueue()
+    # A 3 s lease: the worker reads the unserved queues at each heartbeat (1 s).
+    worker = start_worker("--queues", "e2e", "--health-port", "0", "--lease-duration", "3", "--poll-interval", "0.05")
+    worker.wait_for(lambda: "Health endpoint on http://" in worker.output, what="the health endpoint to listen")
+    url = re.search(r"Health endpoint on (http://\S+)", worker.output).group(1)
+    worker.wait_for(lambda: get(url)[1].get("queues"), what="the unserved queue in the health JSON")
+    code, body = get(url)
+    assert code == 200 and body["status"] == "degraded", body
+    assert body["groups"] == {"cli": "healthy"}, "its own pumps are fine"
+    (queue,) = body["queues"]
+    assert (queue["queue"], queue["database"], queue["status"]) == ("emails", "default", "degraded")
+    assert re.fullmatch(r"due for \d+ s; no worker serves `emails`", queue["reason"]), queue
+    assert "Queue 'emails' is degraded: due for" in worker.output
+    worker.wait_for(lambda: Job.objects.get(id=served.id).state == "succeeded", what="its own queue's job done")
+    assert Job.objects.get(id=waiting.id).state == "ready"
+    code, out = run_health()
+    assert code == 0 and "emails" in out and "no worker serves `emails`" in out, out
     worker.signal()
     assert worker.wait() == 0, worker.output
 

@@ -89,3 +89,16 @@ def test_the_worker_runs_backwave_s_checks_at_start_and_not_the_project_s_templa
     assert not run & {"check_templates", "check_url_config", "check_url_namespaces_unique"}
     # A misconfigured BACKWAVE setting still stops the worker before it starts.
     assert "check_backwave_settings" in run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_plain_worker_runs_the_jobs_of_every_queue_the_backends_declare(settings):
+    """No WORKER_GROUPS, no --queues: the quick start's worker, whose task runs on 'emails'."""
+    from backwave.models import Job
+    from tests.shell.worker_tasks import noop
+
+    settings.BACKWAVE = {key: value for key, value in settings.BACKWAVE.items() if key != "WORKER_GROUPS"}
+    queues = ["default", "emails", "e2e", "reports"]
+    ids = [int(noop.using(queue_name=queue).enqueue().id) for queue in queues]
+    call_command("backwave_worker", "--database", "default", "--no-hints", "--until-idle", "--poll-interval", "0.05")
+    assert dict(Job.objects.filter(pk__in=ids).values_list("queue", "state")) == dict.fromkeys(queues, "succeeded")

@@ -70,7 +70,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "admin_table_statistics", "admin_queue_overview", "admin_throughput", "admin_pumps_in_flight", "available_connections",
         # the dashboard's and the Task statistics page's reads
         "admin_rollup_status", "admin_stats_series", "admin_task_stats", "admin_recent_failures", "admin_running_jobs",
-        "admin_queue_latency", "admin_hint_sessions",
+        "admin_queue_latency", "admin_hint_sessions", "unserved_queues",
         "purge_selected_jobs", "admin_jobs_page_details",
         "metrics_queues", "metrics_lapsed_leases", "metrics_without_jit",
         "set_queue_admission", "queue_has_admission",

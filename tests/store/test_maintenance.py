@@ -217,6 +217,30 @@ def test_silent_pumps_are_purged(store, rows):
     assert list(rows.pumps()) == ["fresh"]
 
 
+def test_a_due_queue_no_live_pump_serves_is_unserved(store, rows, open_lease):
+    """A pump serves the queues its row lists while it is not halted and its lease lives; a
+    paused queue, and one whose jobs are not due yet, wait on purpose."""
+    from .helpers import ago
+
+    rows.make_jobs(1, queue="default", run_at=ago(30))
+    rows.make_jobs(1, queue="emails", run_at=ago(20), priority=-5)
+    rows.make_jobs(1, queue="emails", run_at=ago(5), priority=5)
+    rows.make_jobs(1, queue="later", run_at=ago(-3600))
+    rows.make_jobs(1, queue="stopped", run_at=ago(60))
+    rows.set_queue("stopped", paused=True)
+    assert [queue for queue, _ in store.unserved_queues()] == ["default", "emails"]  # no pump at all
+
+    serving = open_lease("h:1:g:0:ab")
+    store.record_pumps_many(pumps=[health("h:1:g:0:ab", queues=("default",)), health("h:2:g:0:cd", status="halted", queues=("emails",))])
+    open_lease("h:2:g:0:cd")
+    ((queue, waited),) = store.unserved_queues()
+    assert queue == "emails" and 19 < waited < 3600, "the oldest due job of any priority, by the database clock"
+    assert rows.pumps()["h:1:g:0:ab"].queues == ["default"]
+
+    rows.lapse(serving.id)
+    assert [queue for queue, _ in store.unserved_queues()] == ["default", "emails"]
+
+
 # -- the planner's statistics --------------------------------------------------------------------
 
 

@@ -127,6 +127,7 @@ def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params)
     ("claim_jobs_one_queue", {"queue": "default"}),
     ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
     ("admin_queue_latency", {"names": ["default"]}),
+    ("unserved_queues", {}),
 ])
 def test_the_search_indexes_can_serve_no_statement_that_does_not_search(backlog, name, queue_params):
     """The GIN search indexes must be out of reach of every statement that does not search:
@@ -297,6 +298,7 @@ def _failing_outcomes_of_one_lease() -> dict:
     ("claim_jobs_admitted", {"queues": ["default", "emails"]}),
     ("admin_queue_latency", {"names": ["default"]}),
     ("has_due_jobs", {"queues": ["default"]}),
+    ("unserved_queues", {}),
     ("write_outcomes_many", None),
 ])
 def test_the_waiting_and_held_index_can_serve_no_statement_but_the_overview(backlog, name, params):
@@ -361,6 +363,14 @@ def test_queue_latency_probes_the_claim_index_once_per_priority(backlog):
     nodes = explain("admin_queue_latency", {"names": ["default", "emails", "reports"]})
     job_scans = [node for node in nodes if node.get("Relation Name") == "backwave_job"]
     assert job_scans and {node["Index Name"] for node in job_scans} == {"backwave_job_claim"}
+    assert all(node["Node Type"] in ("Index Scan", "Index Only Scan") for node in job_scans)
+
+
+def test_unserved_queues_probe_the_claim_index_once_per_queue_and_priority(backlog):
+    """Its distinct queues come from a loose scan of the claim index, never a read of the backlog."""
+    nodes = explain("unserved_queues", {})
+    job_scans = [node for node in nodes if node.get("Relation Name") == "backwave_job"]
+    assert job_scans and {node["Index Name"] for node in job_scans} == {"backwave_job_claim"}, [(n["Node Type"], n.get("Index Name")) for n in job_scans]
     assert all(node["Node Type"] in ("Index Scan", "Index Only Scan") for node in job_scans)
 
 

@@ -161,8 +161,8 @@ def test_the_operators_entry_points(projects, kind):
     assert re.search(rf"^\s*{job_id}\b.*succeeded", listed.stdout, re.MULTILINE), listed.stdout
 
     cancelled = project.must("shell", "-c", CANCEL_LATER_JOB)
-    later_id, outcome = cancelled.stdout.split()
-    assert outcome == "cancelled"
+    later_id, outcome = re.search(r"^lane: (\d+) (\w+)$", cancelled.stdout, re.MULTILINE).groups()
+    assert outcome == "cancelled", cancelled.stdout
     assert project.sql("SELECT state FROM backwave_job WHERE id = %s", [int(later_id)]) == [("cancelled",)]
 
     health = project.must("backwave_health")
@@ -172,7 +172,8 @@ def test_the_operators_entry_points(projects, kind):
     assert anonymous.status == 401
     metrics = project.browser.request("/backwave/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     assert metrics.status == 200, metrics.body[:3000]
-    assert 'backwave_jobs{database="default",queue="emails",state="succeeded"}' in metrics.body
+    assert 'backwave_jobs{database="default",queue="emails",state="ready"} 0.0' in metrics.body
+    assert 'backwave_pumps{database="default",group="default",status="healthy"} 1.0' in metrics.body, metrics.body
 
 
 CANCEL_LATER_JOB = """
@@ -181,7 +182,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 import backwave
 from accounts.tasks import send_welcome
-user = get_user_model().objects.get(email="ada@example.com")
+user = get_user_model().objects.get(username="ada@example.com")  # the signup's (the superuser shares its address)
 later = send_welcome.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(user.pk)
-print(later.id, backwave.cancel(later.id))
+print("lane:", later.id, backwave.cancel(later.id))
 """

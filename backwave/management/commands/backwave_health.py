@@ -1,7 +1,8 @@
 """manage.py backwave_health: the pumps' health as they last reported it, for people and probes.
 
 Prints one line per pump (worst first: halted with the reason, lost, stale, degraded, healthy)
-and one per group, then exits 0 when all is well and 1 when a group is halted (every one of its
+and one per group, then one per queue with due jobs that no live pump serves (degraded: "due
+for 22 s; no worker serves `emails`"), then exits 0 when all is well and 1 when a group is halted (every one of its
 pumps is), a pump is lost (it is not halted and holds no live lease: killed, hung or cut off, its
 row still saying what it last reported) or a live pump's heartbeat is stale. A halted pump is
 never lost or stale: it stopped heartbeating on purpose and says why. Leases and heartbeat ages
@@ -20,6 +21,7 @@ from backwave.databases import database_problem
 from backwave.core.health import HALTED
 from backwave.models import Pump, ShownPumpStatus
 from backwave.shell.health import group_status
+from backwave.ops import stats
 from backwave.store import operator
 
 class Command(BaseCommand):
@@ -59,9 +61,12 @@ class Command(BaseCommand):
         # Every row read knows its database (_state.db): the one its pump serves and reports to.
         pumps.sort(key=lambda pump: (pump.rank, pump.group, pump._state.db, pump.worker_id))
         several = len(databases) > 1
+        # Degraded, not failing (as the endpoint has it): the pumps that run may all be fine.
+        unserved = [queue for database in databases for queue in stats.unserved_queues(database)]
         if not pumps:
             where = f" in group(s) {', '.join(options['group'])}" if options["group"] else ""
-            raise CommandError(f"No pump has reported its health{where}: no worker is running, or none has started yet.")
+            waiting = "".join(f"; queue {queue.name!r} is {queue.reason}" for queue in unserved)
+            raise CommandError(f"No pump has reported its health{where}: no worker is running, or none has started yet{waiting}.")
 
         stale = []
         lost = []
@@ -91,6 +96,13 @@ class Command(BaseCommand):
             ("GROUP", *(("DATABASE",) if several else ()), "STATUS", "PUMPS"),
             [(name, *((database,) if several else ()), verdict, str(len(groups[name, database]))) for (name, database), verdict in verdicts.items()],
         )
+
+        if unserved:
+            self.stdout.write("")
+            self._table(
+                ("QUEUE", *(("DATABASE",) if several else ()), "STATUS", "REASON"),
+                [(queue.name, *((queue.database,) if several else ()), queue.status, queue.reason) for queue in unserved],
+            )
 
         problems = [
             f"group {name!r} is halted (every pump is{f' on {database!r}' if several else ''})"

@@ -83,6 +83,7 @@ class Command(BaseCommand):
         parser.add_argument("--health-host", default="127.0.0.1", help="Address the health endpoint binds to (default 127.0.0.1).")
 
     def handle(self, *args, **options):
+        _log_somewhere()
         if options["verbosity"] >= 2:
             logging.getLogger("backwave").setLevel(logging.DEBUG)
         # --hard-time-limits supervises even one process: a supervisor must replace it.
@@ -96,11 +97,11 @@ class Command(BaseCommand):
                 raise CommandError(f"--hard-time-limits must be a number of seconds above 0, got {options['hard_time_limits']!r}")
             return self._supervise(options["processes"], self._supervised_listener(options))
         try:
-            groups = self._groups(options)
+            registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
+            groups = self._groups(options, registry)
             conf.get_setting("HINT_DATABASES")  # read before anything starts: a bad alias stops it here
             store_factory = store_factory_for(groups)
             databases = list(dict.fromkeys(group.database for group in groups))
-            registry = TaskRegistry.discover(conf.get_setting("TASK_MODULES"))
             for database in databases:
                 _sync_schedules(registry, database, store_factory)
             for database in databases:
@@ -167,7 +168,7 @@ class Command(BaseCommand):
         if code:
             raise CommandError("a worker process exited with an error", returncode=code)
 
-    def _groups(self, options):
+    def _groups(self, options, registry: TaskRegistry):
         overrides = {
             "pool_size": options["pool_size"],
             "pumps": options["pumps"],
@@ -185,7 +186,7 @@ class Command(BaseCommand):
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
             raw_groups = [{"name": options["group"] or "cli", "queues": queues}]
         else:
-            raw_groups = conf.raw_worker_groups()
+            raw_groups = conf.raw_worker_groups(_backwave_task_queues(registry))
             if options["group"]:
                 raw_groups = [g for g in raw_groups if g.get("name") == options["group"]]
                 if not raw_groups:
@@ -196,6 +197,35 @@ class Command(BaseCommand):
         retention = Retention(**conf.retention())
         groups = validate_groups(replace(conf.group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
         return place_groups(groups, database=database)
+
+
+def _log_somewhere() -> None:
+    """Without any logging configuration for it (no LOGGING, as startproject leaves a project),
+    the backwave logger's records would reach no handler, and Python prints only warnings then:
+    the worker would say nothing of its start, its throughput or its stop. Give it one on stderr
+    at INFO, and say so once; a project whose LOGGING reaches the logger (a handler on it or on
+    an ancestor, root included) keeps its own."""
+    backwave_logger = logging.getLogger("backwave")
+    if backwave_logger.hasHandlers():
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    backwave_logger.addHandler(handler)
+    if backwave_logger.getEffectiveLevel() > logging.INFO:
+        backwave_logger.setLevel(logging.INFO)
+    logger.warning(
+        "No logging configured for the 'backwave' logger (settings.LOGGING): the worker logs to stderr at INFO. "
+        "Add a handler for it to LOGGING to send its lines elsewhere."
+    )
+
+
+def _backwave_task_queues(registry: TaskRegistry) -> set[str]:
+    """The queues of the registered tasks that a BackWave backend enqueues (a backend whose empty
+    QUEUES accepts any queue declares none of them)."""
+    from backwave.databases import backwave_backends
+
+    aliases = {backend.alias for backend in backwave_backends()}
+    return {task.queue_name for task in registry.values() if task.backend in aliases}
 
 
 def _sync_schedules(registry, database: str, store_factory: Callable[[str], PostgresStore]) -> None:
