@@ -6,7 +6,9 @@ scripts can ask before they start it and stop only what they started.
 """
 
 import os
+import shlex
 import sys
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -41,7 +43,7 @@ class Command(BaseCommand):
         if unless_in_use and (sessions := database.embedded_client_sessions()):
             self.stdout.write(
                 f"embedded PostgreSQL left running: {sessions} other session(s) still use it "
-                f"(data {database.EMBEDDED_DATA_DIR}); stop it with: python manage.py embedded_db stop"
+                f"(data {database.EMBEDDED_DATA_DIR}); stop it with: {stop_command()}"
             )
             return
         try:
@@ -60,3 +62,13 @@ class Command(BaseCommand):
             sys.exit(3)
         note = " (not in use: DATABASE_URL is set)" if os.environ.get("DATABASE_URL") else ""
         self.stdout.write(f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}{note}")
+
+
+def stop_command() -> str:
+    """The shell command that stops this server from any directory, with or without the
+    virtualenv activated: this interpreter and manage.py by their absolute paths, and the data
+    folder when it is not the default one."""
+    data = database.EMBEDDED_DATA_DIR.expanduser().resolve()
+    where = f"BACKWAVE_PGDATA={shlex.quote(str(data))} " if os.environ.get("BACKWAVE_PGDATA") else ""
+    python = shlex.quote(str(Path(sys.executable).absolute()))
+    return f"{where}{python} {shlex.quote(str(database.BASE_DIR / 'manage.py'))} embedded_db stop"
