@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connections, router
 
 from . import conf
 from .core.options import WorkerGroupConfigError, WorkerGroupOptions
@@ -164,7 +164,15 @@ def write_queue_settings(database: str, claimed: Iterable[str] = ()) -> int:
     settings_queues = conf.get_setting("QUEUES")
     claimed = set(claimed)
     here = set(queues_in(database, settings_queues)) | claimed
-    written = apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+    try:
+        written = apply_queue_settings({name: spec for name, spec in settings_queues.items() if name in here}, database=database)
+    except OperationalError as error:
+        if connections[database].connection is not None:
+            raise
+        # No connection at all (a missing database, an unknown role): the pumps cannot use it
+        # either, and halt saying why; refusing to start here would hide that behind a crash.
+        logger.error("Queue settings not written on database %r: %s", database, error)
+        return 0
     admitted = conf.admitted_queue_names(settings_queues)
     if claimed & admitted:
         # Limits on queues this worker claims: a database that refuses them stops the worker
