@@ -6,6 +6,7 @@ polling only, or wake-up hints over a direct connection."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,8 +99,11 @@ def test_a_worker_polling_through_pgbouncer_does_everything(pgbouncer, start_wor
 
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
+    # Django's own log line of a failed attempt carries its task's traceback (as with Django's
+    # backends): those records are the failing tasks', not the worker's trouble.
+    own = re.sub(r"^\S+ \S+ ERROR django\.tasks: .*?(?=^\d{4}-\d\d-\d\d |\Z)", "", worker.output, flags=re.M | re.S)
     for trouble in ("degraded", "halted", "prepared statement", "Traceback"):
-        assert trouble not in worker.output, worker.output
+        assert trouble not in own, worker.output
     assert not Pump.objects.exists(), "a clean drain deletes its health row, through PgBouncer too"
 
 
