@@ -47,8 +47,9 @@ def test_the_registry_matches_by_kind_task_and_queue_and_calls_in_name_order():
 def test_the_store_is_asked_to_note_exactly_the_watched_transitions():
     registry = ObserverRegistry([observing.flaky_observer, observe("lapsed", queues=["emails"])(handler)])
     assert sorted(json.loads(registry.observed), key=str) == sorted([
-        {"kind": "succeeded", "task_path": observing.fails_once.module_path, "queue": None},
-        {"kind": "lapsed", "task_path": None, "queue": "emails"},
+        # Each watch names its observer: a transition is noted for the observers that watch it.
+        {"kind": "succeeded", "task_path": observing.fails_once.module_path, "queue": None, "observer": observing.flaky_observer.name},
+        {"kind": "lapsed", "task_path": None, "queue": "emails", "observer": f"{__name__}.handler"},
     ], key=str)
     assert ObserverRegistry().observed == "[]"
 
