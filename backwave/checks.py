@@ -52,9 +52,15 @@ def check_backwave_settings(app_configs=None, **kwargs):
             malformed.add(name)
     if problem := conf.default_backoff_problem():
         errors.append(checks.Error(problem, id="backwave.E003"))
-    if not malformed & {"WORKER_GROUPS", "WORKER_STATEMENT_TIMEOUT", "WORKER_LOCK_TIMEOUT"} and (problem := _worker_problem(user)):
+    if not malformed & {"WORKER_GROUPS", "WORKER_STATEMENT_TIMEOUT", "WORKER_LOCK_TIMEOUT"} and (
+        problem := _worker_problem(user)
+    ):
         errors.append(
-            checks.Error(problem, hint="The worker refuses to start on these settings; `manage.py backwave_worker` says the same.", id="backwave.E006")
+            checks.Error(
+                problem,
+                hint="The worker refuses to start on these settings; `manage.py backwave_worker` says the same.",
+                id="backwave.E006",
+            )
         )
     modules = user.get("TASK_MODULES", [])
     if not conf.value_problem("TASK_MODULES", modules, "BACKWAVE"):
@@ -101,7 +107,11 @@ def _schedule_errors(schedules: Mapping) -> list[checks.Error]:
             conf.definitions_from_settings({name: spec}, registry)
         except conf.ScheduleConfigError as error:
             errors.append(
-                checks.Error(str(error), hint="The worker refuses to start on this schedule; `manage.py backwave_worker` says the same.", id="backwave.E007")
+                checks.Error(
+                    str(error),
+                    hint="The worker refuses to start on this schedule; `manage.py backwave_worker` says the same.",
+                    id="backwave.E007",
+                )
             )
     return errors
 
@@ -114,7 +124,9 @@ def _worker_problem(user: Mapping) -> str | None:
     try:
         # The raw dict, not get_setting: an unknown BACKWAVE key (E002) must not hide this check.
         groups = conf.worker_groups(user.get("WORKER_GROUPS") or conf.implicit_groups())
-        store_timeouts(groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT"))
+        store_timeouts(
+            groups, statement_timeout=user.get("WORKER_STATEMENT_TIMEOUT"), lock_timeout=user.get("WORKER_LOCK_TIMEOUT")
+        )
         place_groups(groups)  # a group's database: an alias of DATABASES, on PostgreSQL
     except WorkerGroupConfigError as error:
         return str(error)

@@ -191,7 +191,13 @@ MIN_METRICS_TOKEN_LENGTH = 24
 def _metrics_token(value) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) < MIN_METRICS_TOKEN_LENGTH or value != value.strip() or not value.isprintable() or " " in value:
+    if (
+        not isinstance(value, str)
+        or len(value) < MIN_METRICS_TOKEN_LENGTH
+        or value != value.strip()
+        or not value.isprintable()
+        or " " in value
+    ):
         # A Sentence, so the message never repeats the value: it is meant to be a secret.
         return Sentence(
             f"['METRICS_TOKEN'] must be None or a secret of at least {MIN_METRICS_TOKEN_LENGTH} printable characters without"
@@ -230,7 +236,9 @@ def _retention(value) -> str | None:
         if key not in RETENTION_DEFAULTS:
             return Sentence(unknown_key_message(key, RETENTION_DEFAULTS, "['RETENTION']"))
         if seconds is not None and _seconds(seconds):
-            return Sentence(f"['RETENTION'][{key!r}] must be a finite number of seconds >= 0 or None (keep for ever), got {seconds!r}.")
+            return Sentence(
+                f"['RETENTION'][{key!r}] must be a finite number of seconds >= 0 or None (keep for ever), got {seconds!r}."
+            )
     return None
 
 
@@ -307,12 +315,20 @@ def _queues(value) -> str | None:
         for name in ("concurrency_limit", "key_concurrency_limit", "rate_limit", "key_rate_limit"):
             limit = spec.get(name)
             if limit is not None and not is_concurrency_limit(limit):
-                return Sentence(f"{where}[{name!r}] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}.")
+                return Sentence(
+                    f"{where}[{name!r}] must be a whole number >= 1 (at most {MAX_CONCURRENCY_LIMIT:,}) or None (unlimited), got {limit!r}."
+                )
         period = spec.get("rate_period")
-        if period is not None and (isinstance(period, bool) or not isinstance(period, (int, float)) or not math.isfinite(period) or period <= 0):
-            return Sentence(f"{where}['rate_period'] must be a number of seconds above 0 (the rate limit's window), got {period!r}.")
+        if period is not None and (
+            isinstance(period, bool) or not isinstance(period, (int, float)) or not math.isfinite(period) or period <= 0
+        ):
+            return Sentence(
+                f"{where}['rate_period'] must be a number of seconds above 0 (the rate limit's window), got {period!r}."
+            )
         if period is not None and spec.get("rate_limit") is None and spec.get("key_rate_limit") is None:
-            return Sentence(f"{where} sets 'rate_period' ({period!r}) without 'rate_limit' or 'key_rate_limit'; set both, e.g. {{'rate_limit': 50, 'rate_period': 1}}.")
+            return Sentence(
+                f"{where} sets 'rate_period' ({period!r}) without 'rate_limit' or 'key_rate_limit'; set both, e.g. {{'rate_limit': 50, 'rate_period': 1}}."
+            )
         if "paused" in spec and not isinstance(spec["paused"], bool):
             return Sentence(f"{where}['paused'] must be True or False, got {spec['paused']!r}.")
     return None
@@ -320,7 +336,14 @@ def _queues(value) -> str | None:
 
 def _queue_key_guess(text: str) -> list[str]:
     """The QUEUES key a misspelt one most likely meant: by the words it has, else by spelling."""
-    words = [("period", "rate_period"), ("key_rate", "key_rate_limit"), ("rate", "rate_limit"), ("key", "key_concurrency_limit"), ("limit", "concurrency_limit"), ("paus", "paused")]
+    words = [
+        ("period", "rate_period"),
+        ("key_rate", "key_rate_limit"),
+        ("rate", "rate_limit"),
+        ("key", "key_concurrency_limit"),
+        ("limit", "concurrency_limit"),
+        ("paus", "paused"),
+    ]
     from difflib import get_close_matches
 
     return next(([key] for word, key in words if word in text.lower()), None) or get_close_matches(text, QUEUE_KEYS, n=1)
@@ -347,7 +370,9 @@ def admitted_queue_names(settings_queues: Mapping[str, Mapping] | None = None) -
     """The queues under a per-key concurrency or rate limit: claimed with claim_jobs_admitted."""
     if settings_queues is None:
         settings_queues = get_setting("QUEUES")
-    return frozenset(name for name, spec in settings_queues.items() if any(value is not None for value in admission_limits(spec).values()))
+    return frozenset(
+        name for name, spec in settings_queues.items() if any(value is not None for value in admission_limits(spec).values())
+    )
 
 
 # Each validator returns None for a good value, else what is allowed ("an integer >= 1"), or a
@@ -371,14 +396,20 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "OBSERVER_MAX_DELIVERIES": _int_at_least(1),
     "OBSERVER_BACKOFF_BASE": _delay,
     "OBSERVER_BACKOFF_MAX": _delay,
-    "OBSERVER_LEASE": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
+    "OBSERVER_LEASE": lambda value: (
+        _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0"
+    ),
     "OBSERVER_BATCH": _int_at_least(1),
-    "OBSERVER_POLL_INTERVAL": lambda value: _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0",
+    "OBSERVER_POLL_INTERVAL": lambda value: (
+        _positive_seconds_or_none(value) if value is not None else "a finite number of seconds above 0"
+    ),
     "ADMIN_REFRESH_SECONDS": _int_at_least(0),
     "REDACT_KEYS": _pattern_or_none,
     "METRICS_TOKEN": _metrics_token,
     "HINT_DATABASES": _hint_databases,
-    "VACUUM_JOB_TABLE_AFTER": lambda value: None if value is None or (_is_int(value) and value >= 1) else "an integer >= 1, or None (autovacuum alone)",
+    "VACUUM_JOB_TABLE_AFTER": lambda value: (
+        None if value is None or (_is_int(value) and value >= 1) else "an integer >= 1, or None (autovacuum alone)"
+    ),
     "DATABASE": _alias,
 }
 
@@ -419,11 +450,17 @@ def default_backoff_problem(options: Mapping | None = None, where: str = "OPTION
         if isinstance(options, Mapping) and name in options:
             values[name], origin, note = options[name], f"{where}[{name!r}]", ""
         else:
-            values[name], origin, note = user.get(name, DEFAULTS[name]), f"BACKWAVE[{name!r}]", "" if name in user else ", its default"
+            values[name], origin, note = (
+                user.get(name, DEFAULTS[name]),
+                f"BACKWAVE[{name!r}]",
+                "" if name in user else ", its default",
+            )
         labels[name] = f"{origin} ({values[name]:g} s{note})" if not _seconds(values[name]) else origin
     return backoff_problem(
-        values["DEFAULT_BACKOFF_BASE"], values["DEFAULT_BACKOFF_MAX"],
-        base_label=labels["DEFAULT_BACKOFF_BASE"], cap_label=labels["DEFAULT_BACKOFF_MAX"],
+        values["DEFAULT_BACKOFF_BASE"],
+        values["DEFAULT_BACKOFF_MAX"],
+        base_label=labels["DEFAULT_BACKOFF_BASE"],
+        cap_label=labels["DEFAULT_BACKOFF_MAX"],
     )
 
 
@@ -490,7 +527,15 @@ def get_setting(name: str, options: Mapping | None = None, *, where: str = "OPTI
 # Retention is cluster-wide (BACKWAVE["RETENTION"]), not a per-group option.
 _GROUP_OPTION_FIELDS = {f.name: f for f in fields(WorkerGroupOptions) if f.name != "retention"} | {"queues": None}
 _INT_GROUP_OPTIONS = {"pool_size", "pumps", "max_claim_batch", "max_outcome_batch", "claim_ahead"}
-_FLOAT_GROUP_OPTIONS = {"poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace", "outcome_linger"}
+_FLOAT_GROUP_OPTIONS = {
+    "poll_interval",
+    "lease_duration",
+    "heartbeat_interval",
+    "maintenance_interval",
+    "drain_timeout",
+    "cancel_grace",
+    "outcome_linger",
+}
 
 # The name of the group a worker runs when BACKWAVE["WORKER_GROUPS"] is empty and no --queues
 # are given (implicit_groups).
@@ -551,7 +596,9 @@ def group_from_mapping(raw: Mapping[str, Any]) -> WorkerGroupOptions:
     if "database" in raw:
         database = raw["database"]
         if database is not None and (not isinstance(database, str) or not database):
-            raise WorkerGroupConfigError(f"Worker Group '{name}': database must be a DATABASES alias (a string) or None, got {database!r}")
+            raise WorkerGroupConfigError(
+                f"Worker Group '{name}': database must be a DATABASES alias (a string) or None, got {database!r}"
+            )
         options["database"] = database
     if admitted := sorted(set(options["policy"].queues) & _admitted_queues_as_configured()):
         # A job claimed ahead starts later than its claim, which is what a rate window counts:
@@ -720,10 +767,15 @@ def delivery_options():
     from .core.deliveries import DeliveryOptions
 
     base, cap = get_setting("OBSERVER_BACKOFF_BASE"), get_setting("OBSERVER_BACKOFF_MAX")
-    if problem := backoff_problem(base, cap, base_label=f"OBSERVER_BACKOFF_BASE ({base})", cap_label=f"OBSERVER_BACKOFF_MAX ({cap})"):
+    if problem := backoff_problem(
+        base, cap, base_label=f"OBSERVER_BACKOFF_BASE ({base})", cap_label=f"OBSERVER_BACKOFF_MAX ({cap})"
+    ):
         raise ImproperlyConfigured(problem)
     return DeliveryOptions(
-        max_deliveries=get_setting("OBSERVER_MAX_DELIVERIES"), backoff_base=float(base), backoff_max=float(cap),
-        lease=float(get_setting("OBSERVER_LEASE")), batch=get_setting("OBSERVER_BATCH"),
+        max_deliveries=get_setting("OBSERVER_MAX_DELIVERIES"),
+        backoff_base=float(base),
+        backoff_max=float(cap),
+        lease=float(get_setting("OBSERVER_LEASE")),
+        batch=get_setting("OBSERVER_BATCH"),
         poll_interval=float(get_setting("OBSERVER_POLL_INTERVAL")),
     )

@@ -53,28 +53,31 @@ class Queue(models.Model):
     """
 
     name = models.CharField(
-        max_length=64,
-        primary_key=True,
-        validators=[RegexValidator(QUEUE_NAME_PATTERN.pattern, f"Use {QUEUE_NAME_RULE}.")],
+        max_length=64, primary_key=True, validators=[RegexValidator(QUEUE_NAME_PATTERN.pattern, f"Use {QUEUE_NAME_RULE}.")]
     )
     concurrency_limit = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
         help_text="At most this many of the queue's jobs run at once across every worker; empty: unlimited.",
     )
     paused = models.BooleanField(default=False, help_text="A paused queue is not claimed from; running jobs finish.")
     # Admission (BACKWAVE["QUEUES"], written by every worker that claims the queue at start-up;
     # the admin shows them, settings change them). See claim_jobs_admitted in store/queries.sql.
     key_concurrency_limit = models.PositiveIntegerField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="At most this many running jobs per limit key (the task's limit_by/limit_key) across every worker; empty: unlimited.",
     )
     rate_limit = models.PositiveIntegerField(
-        null=True, blank=True, help_text="At most this many job starts per rate period across every worker; empty: unlimited.",
+        null=True, blank=True, help_text="At most this many job starts per rate period across every worker; empty: unlimited."
     )
     key_rate_limit = models.PositiveIntegerField(
-        null=True, blank=True, help_text="At most this many job starts per rate period for each limit key; empty: unlimited.",
+        null=True, blank=True, help_text="At most this many job starts per rate period for each limit key; empty: unlimited."
     )
-    rate_period = models.FloatField(null=True, blank=True, help_text="Seconds of one rate window (windows are aligned to the database clock).")
+    rate_period = models.FloatField(
+        null=True, blank=True, help_text="Seconds of one rate window (windows are aligned to the database clock)."
+    )
     # The rate limit's current window, debited by the claim that starts jobs in it.
     rate_window_start = models.DateTimeField(null=True, blank=True)
     rate_window_used = models.IntegerField(default=0, db_default=0)
@@ -98,10 +101,7 @@ class Queue(models.Model):
                 name="backwave_queue_rate_limit_valid",
             ),
         ]
-        permissions = [
-            ("pause_queue", "Can pause and resume queues"),
-            ("limit_queue", "Can set a queue's concurrency limit"),
-        ]
+        permissions = [("pause_queue", "Can pause and resume queues"), ("limit_queue", "Can set a queue's concurrency limit")]
 
     def __str__(self):
         return self.name
@@ -141,7 +141,10 @@ class Schedule(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     task_path = models.CharField(max_length=255, help_text="Wire name of a registered task.")
-    cron = models.CharField(max_length=255, help_text="Cron expression (5 fields, or 6 with seconds last), evaluated in settings.TIME_ZONE against the database clock.")
+    cron = models.CharField(
+        max_length=255,
+        help_text="Cron expression (5 fields, or 6 with seconds last), evaluated in settings.TIME_ZONE against the database clock.",
+    )
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
     queue = models.CharField(max_length=64, default="default")
@@ -151,9 +154,13 @@ class Schedule(models.Model):
     backoff_max = models.FloatField(default=3600.0)
     backend = models.CharField(max_length=64, default="default")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
-    timeout = models.FloatField(null=True, blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).")
+    timeout = models.FloatField(
+        null=True, blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit)."
+    )
     limit_key = models.CharField(
-        max_length=255, null=True, blank=True,
+        max_length=255,
+        null=True,
+        blank=True,
         help_text="The per-key concurrency key of each minted job (the task's limit_by or limit_key, from the schedule's arguments).",
     )
     enabled = models.BooleanField(default=True)
@@ -165,7 +172,9 @@ class Schedule(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_schedule_priority_range"),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_schedule_priority_range"
+            ),
             models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="backwave_schedule_max_attempts_positive"),
         ]
         permissions = [("toggle_schedule", "Can enable and disable schedules")]
@@ -177,7 +186,9 @@ class Schedule(models.Model):
 class Job(models.Model):
     """One unit of work: a wire name, a JSON payload and the bookkeeping of its attempts."""
 
-    task_path = models.CharField(max_length=255, help_text="Wire name: the task's import path, resolved only through the worker's registry.")
+    task_path = models.CharField(
+        max_length=255, help_text="Wire name: the task's import path, resolved only through the worker's registry."
+    )
     queue = models.CharField(max_length=64, default="default")
     priority = models.SmallIntegerField(default=0, help_text="-100 to 100; higher runs first.")
     payload = models.JSONField(help_text='{"args": [...], "kwargs": {...}}')
@@ -205,30 +216,40 @@ class Job(models.Model):
         default=0, db_default=0, help_text="Attempts not counted against max_attempts: lapsed with their worker, or snoozed."
     )
     suspect = models.BooleanField(
-        default=False, db_default=False,
+        default=False,
+        db_default=False,
         help_text="Its last attempt lapsed with its worker and no outcome came since: never claimed beside another suspect.",
     )
     backoff_base = models.FloatField(default=1.0, help_text="Seconds before the first retry; doubles on each further attempt.")
     backoff_max = models.FloatField(default=3600.0)
 
     timeout = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Seconds one attempt may run; past it the attempt fails with backwave.TimeLimitExceeded (empty: no limit).",
     )
     # A cancel of a running job is a request: the worker holding it is told (NOTIFY, and its
     # heartbeat's answer) and ends the attempt cancelled. Kept after that, so the error names
     # who cancelled, and so a job whose worker died meanwhile is cancelled at its next claim.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    cancel_requested_by = models.CharField(max_length=255, blank=True, default="", db_default="", help_text="Who cancelled the job: admin:<user>, api, or command.")
-    progress = models.JSONField(null=True, blank=True, help_text="The handler's last context.set_progress(); written with the heartbeat.")
-    metadata = models.JSONField(null=True, blank=True, help_text="The handler's context.metadata, written with the heartbeat and the outcome.")
+    cancel_requested_by = models.CharField(
+        max_length=255, blank=True, default="", db_default="", help_text="Who cancelled the job: admin:<user>, api, or command."
+    )
+    progress = models.JSONField(
+        null=True, blank=True, help_text="The handler's last context.set_progress(); written with the heartbeat."
+    )
+    metadata = models.JSONField(
+        null=True, blank=True, help_text="The handler's context.metadata, written with the heartbeat and the outcome."
+    )
 
     lease_id = models.UUIDField(null=True, blank=True, help_text="The lease the job runs under while running.")
     worker_id = models.CharField(max_length=255, blank=True, default="", help_text="Pump identity of the latest attempt.")
     return_value = models.JSONField(null=True, blank=True)
     # Named values a handler recorded with context.output(), merged over its attempts (a later
     # attempt's value of a name wins); its dependents read them through their JobContext.
-    output = models.JSONField(null=True, blank=True, help_text="Job Output: what the handler recorded with context.output(name, value).")
+    output = models.JSONField(
+        null=True, blank=True, help_text="Job Output: what the handler recorded with context.output(name, value)."
+    )
     # Ancestors (Dependency rows) that have not succeeded yet: the dependent is ready when this
     # reaches 0, in the same statement that applies its last ancestor's success.
     waiting_on = models.IntegerField(default=0, db_default=0, help_text="Ancestors this job still waits for.")
@@ -238,7 +259,9 @@ class Job(models.Model):
     # sees the flag and leaves the job to the write that settles (see write_outcomes_plain).
     has_dependents = models.BooleanField(default=False, db_default=False, help_text="Some job waits for this one.")
     reason = models.TextField(
-        blank=True, default="", db_default="",
+        blank=True,
+        default="",
+        db_default="",
         help_text="Why BackWave cancelled or holds this job: the ancestor whose failure decided it.",
     )
 
@@ -249,7 +272,8 @@ class Job(models.Model):
     )
     schedule_slot = models.DateTimeField(null=True, blank=True, help_text="The schedule slot this job was minted for.")
     trace_context = models.JSONField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="The W3C trace context of the enqueue (traceparent, tracestate): each attempt's span is its child.",
     )
 
@@ -260,7 +284,10 @@ class Job(models.Model):
     unique_key = models.TextField(null=True, blank=True, help_text="Task, key and period window; while set, no other job has it.")
     unique_states = ArrayField(models.CharField(max_length=16), null=True, blank=True, help_text="States the uniqueness covers.")
     unique_replace = ArrayField(
-        models.CharField(max_length=16), null=True, blank=True, help_text="What a duplicate enqueue replaces on this job while ready."
+        models.CharField(max_length=16),
+        null=True,
+        blank=True,
+        help_text="What a duplicate enqueue replaces on this job while ready.",
     )
     # Per-key concurrency (and its rate window's queue): the key the task computed at enqueue.
     limit_key = models.CharField(max_length=255, null=True, blank=True, help_text="Key of the queue's per-key concurrency limit.")
@@ -271,12 +298,7 @@ class Job(models.Model):
             # ORDER BY priority DESC, run_at, id. Only ready rows are in it, however many
             # finished jobs pile up.
             models.Index(
-                "queue",
-                models.F("priority").desc(),
-                "run_at",
-                "id",
-                name="backwave_job_claim",
-                condition=models.Q(state="ready"),
+                "queue", models.F("priority").desc(), "run_at", "id", name="backwave_job_claim", condition=models.Q(state="ready")
             ),
             # The claim's one suspect (at most one per claim, see claim_jobs_*): few rows, usually
             # none, so looking for one costs a probe of an empty index, not a walk of the backlog.
@@ -290,7 +312,9 @@ class Job(models.Model):
             ),
             # The claim's check that its lease runs no suspect yet: a probe of an index that only
             # holds running suspects.
-            models.Index(fields=["lease_id"], name="backwave_job_running_suspect", condition=models.Q(state="running", suspect=True)),
+            models.Index(
+                fields=["lease_id"], name="backwave_job_running_suspect", condition=models.Q(state="running", suspect=True)
+            ),
             # Lease expiry and release find a lease's running jobs without touching the rest.
             models.Index(fields=["lease_id"], name="backwave_job_running_lease", condition=models.Q(state="running")),
             # A limited queue's claim counts its running jobs (see lock_limited_queues).
@@ -340,8 +364,12 @@ class Job(models.Model):
             # statistics from an empty table the claim read this index as a bitmap over every
             # row (10 ms a claim at 20,000 jobs). Only the search states "payload <> '{}'"
             # (ops.search.SEARCHABLE), and no payload that '{}' has can match a search anyway.
-            GinIndex(fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"],
-                     condition=~models.Q(state="running") & ~models.Q(payload={})),
+            GinIndex(
+                fields=["payload"],
+                name="backwave_job_payload",
+                opclasses=["jsonb_path_ops"],
+                condition=~models.Q(state="running") & ~models.Q(payload={}),
+            ),
             # The tag filter: tags @> ARRAY['tenant:7'], partial for the same reasons (a job
             # without tags matches no tag).
             GinIndex(fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running") & ~models.Q(tags=[])),
@@ -350,8 +378,7 @@ class Job(models.Model):
             models.CheckConstraint(condition=models.Q(priority__gte=-100, priority__lte=100), name="backwave_job_priority_range"),
             models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="backwave_job_max_attempts_positive"),
             models.CheckConstraint(
-                condition=~models.Q(state="running") | models.Q(lease_id__isnull=False),
-                name="backwave_job_running_has_lease",
+                condition=~models.Q(state="running") | models.Q(lease_id__isnull=False), name="backwave_job_running_has_lease"
             ),
             # Each schedule slot becomes one job however many nodes mint it at once: the mint
             # is INSERT ... ON CONFLICT DO NOTHING against this index. Partial, so the hot
@@ -410,7 +437,9 @@ class Dependency(models.Model):
         indexes = [models.Index(fields=["ancestor"], name="backwave_dependency_ancestor")]
         constraints = [
             models.CheckConstraint(condition=~models.Q(job=models.F("ancestor")), name="backwave_dependency_not_self"),
-            models.CheckConstraint(condition=models.Q(on_failure__in=["cancel", "run", "hold"]), name="backwave_dependency_policy_valid"),
+            models.CheckConstraint(
+                condition=models.Q(on_failure__in=["cancel", "run", "hold"]), name="backwave_dependency_policy_valid"
+            ),
         ]
 
     def __str__(self):
@@ -485,7 +514,9 @@ class Attempt(models.Model):
     # renewal is the last moment the attempt is known to have been running: the job page shows
     # that as when it ran until.
     lease_renewed_at = models.DateTimeField(
-        null=True, blank=True, help_text="Lapsed attempts: the last renewal of the lease they ran under (they were still running then)."
+        null=True,
+        blank=True,
+        help_text="Lapsed attempts: the last renewal of the lease they ran under (they were still running then).",
     )
     error_class = models.CharField(max_length=255, blank=True, default="")
     traceback = models.TextField(blank=True, default="")
@@ -496,12 +527,14 @@ class Attempt(models.Model):
         indexes = [
             # The dashboard's recent failures, newest first: only failing attempts write an entry,
             # so a backward scan finds the last few however many successes came since.
-            models.Index(fields=["id"], name="backwave_attempt_failing", condition=models.Q(state__in=["failed", "quarantined", "lapsed"])),
+            models.Index(
+                fields=["id"], name="backwave_attempt_failing", condition=models.Q(state__in=["failed", "quarantined", "lapsed"])
+            )
         ]
         constraints = [
             # The Effect-Once fence keeps a late writer out; this makes a double apply impossible
             # even if the fence were ever wrong.
-            models.UniqueConstraint(fields=["job", "number"], name="backwave_attempt_once"),
+            models.UniqueConstraint(fields=["job", "number"], name="backwave_attempt_once")
         ]
 
     def __str__(self):
@@ -556,7 +589,9 @@ class PumpQuerySet(models.QuerySet):
         )
         return (
             self.annotate(age=Now() - F("last_heartbeat_at"), lease_live=Exists(live_lease))
-            .annotate(age_seconds=Func(F("age"), template="EXTRACT(EPOCH FROM %(expressions)s)", output_field=models.FloatField()))
+            .annotate(
+                age_seconds=Func(F("age"), template="EXTRACT(EPOCH FROM %(expressions)s)", output_field=models.FloatField())
+            )
             .annotate(shown_status=shown)
             .annotate(rank=rank)
         )
@@ -571,14 +606,18 @@ class Pump(models.Model):
     for longer than ``BACKWAVE["RETENTION"]["pumps"]``.
     """
 
-    worker_id = models.CharField(max_length=255, primary_key=True, help_text="Pump identity: host, pid, group, pump number and a nonce.")
+    worker_id = models.CharField(
+        max_length=255, primary_key=True, help_text="Pump identity: host, pid, group, pump number and a nonce."
+    )
     group = models.CharField(max_length=64)
     hostname = models.CharField(max_length=255)
     pid = models.IntegerField()
     status = models.CharField(max_length=16, choices=PumpStatus.choices)
     reason = models.TextField(blank=True, default="", help_text="Why the pump is degraded or halted.")
     in_flight = models.IntegerField(default=0, help_text="Jobs claimed and not yet reported.")
-    queues = ArrayField(models.CharField(max_length=64), default=list, db_default="{}", blank=True, help_text="The queues the pump claims.")
+    queues = ArrayField(
+        models.CharField(max_length=64), default=list, db_default="{}", blank=True, help_text="The queues the pump claims."
+    )
     lease_duration = models.FloatField(help_text="Seconds; a heartbeat older than this is stale.")
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
@@ -628,18 +667,26 @@ class Transition(models.Model):
     task_path = models.CharField(max_length=255)
     queue = models.CharField(max_length=64)
     occurred_at = models.DateTimeField(db_default=Now())
-    state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING, db_default=DeliveryState.PENDING)
+    state = models.CharField(
+        max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING, db_default=DeliveryState.PENDING
+    )
     deliveries = models.IntegerField(default=0, db_default=0, help_text="Delivery attempts so far.")
     next_attempt_at = models.DateTimeField(
         db_default=Now(), help_text="When it is due for delivery; while a deliverer holds it, when that claim lapses."
     )
     claim_token = models.UUIDField(null=True, blank=True)
     delivered_to = ArrayField(
-        models.CharField(max_length=255), default=list, blank=True, help_text="Observers that already ran for it (not run again on a retry)."
+        models.CharField(max_length=255),
+        default=list,
+        blank=True,
+        help_text="Observers that already ran for it (not run again on a retry).",
     )
     # A database default too: a worker of the release before this column notes rows without it.
     observers = ArrayField(
-        models.CharField(max_length=255), default=list, blank=True, db_default=Value([], output_field=ArrayField(models.CharField(max_length=255))),
+        models.CharField(max_length=255),
+        default=list,
+        blank=True,
+        db_default=Value([], output_field=ArrayField(models.CharField(max_length=255))),
         help_text="The observers it was noted for: only a worker that has one of them registered delivers it (none: any worker).",
     )
     failed_observer = models.CharField(max_length=255, blank=True, default="", db_default="")

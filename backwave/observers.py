@@ -90,7 +90,14 @@ class Transition:
 class Observer:
     """A function registered with ``@observe``; calling it calls the function."""
 
-    def __init__(self, func: Callable[[Transition], object], *, kinds: tuple[str, ...], tasks: frozenset[str] | None, queues: frozenset[str] | None):
+    def __init__(
+        self,
+        func: Callable[[Transition], object],
+        *,
+        kinds: tuple[str, ...],
+        tasks: frozenset[str] | None,
+        queues: frozenset[str] | None,
+    ):
         self.func = func
         self.kinds = kinds
         self.tasks = tasks
@@ -104,7 +111,11 @@ class Observer:
 
     def matches(self, kind: str, task_path: str, queue: str) -> bool:
         """Whether this observer watches a ``kind`` transition of that task on that queue."""
-        return kind in self.kinds and (self.tasks is None or task_path in self.tasks) and (self.queues is None or queue in self.queues)
+        return (
+            kind in self.kinds
+            and (self.tasks is None or task_path in self.tasks)
+            and (self.queues is None or queue in self.queues)
+        )
 
     def __repr__(self) -> str:
         return f"<Observer {self.name} of {', '.join(self.kinds)}>"
@@ -130,7 +141,9 @@ def observe(*kinds: str, tasks: Iterable[Task | str] | None = None, queues: Iter
 
     def register(func):
         if isinstance(func, Observer) or not callable(func) or "<locals>" in getattr(func, "__qualname__", "<locals>"):
-            raise ValueError(f"@observe decorates a module-level function (its name is how deliveries remember it), got {func!r}.")
+            raise ValueError(
+                f"@observe decorates a module-level function (its name is how deliveries remember it), got {func!r}."
+            )
         observer = Observer(func, kinds=tuple(dict.fromkeys(kinds)), tasks=task_paths, queues=queue_names)
         if len(observer.name) > MAX_OBSERVER_NAME_LENGTH:
             raise ValueError(f"observer name {observer.name!r} is longer than {MAX_OBSERVER_NAME_LENGTH} characters.")
@@ -150,7 +163,9 @@ def _task_path(task) -> str:
         return task.module_path
     if isinstance(task, str) and task:
         return task
-    raise ValueError(f"@observe: each of tasks must be a Task (a function decorated with @task) or its import path, got {task!r}.")
+    raise ValueError(
+        f"@observe: each of tasks must be a Task (a function decorated with @task) or its import path, got {task!r}."
+    )
 
 
 def _queue_name(queue) -> str:
@@ -175,7 +190,9 @@ class ObserverRegistry:
         }
         # The statements' "observed" parameter: which transitions get a row at all, and the
         # observers each row is for.
-        self.observed = json.dumps([{"kind": k, "task_path": t, "queue": q, "observer": o} for k, t, q, o in sorted(rows, key=str)])
+        self.observed = json.dumps(
+            [{"kind": k, "task_path": t, "queue": q, "observer": o} for k, t, q, o in sorted(rows, key=str)]
+        )
         self.names = tuple(sorted(self._observers))  # what a claim of this registry takes (claim_transitions)
 
     def __len__(self) -> int:

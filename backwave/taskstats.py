@@ -115,8 +115,22 @@ class TaskSummary:
     def p95(self) -> float | None:
         return percentile(self.histogram, 0.95, self.duration_max)
 
-    def add(self, *, succeeded=0, retried=0, failed=0, quarantined=0, lapsed=0, cancelled=0, snoozed=0, reruns=0, timed=0,
-            duration_sum=0.0, duration_max=0.0, histogram=None) -> None:
+    def add(
+        self,
+        *,
+        succeeded=0,
+        retried=0,
+        failed=0,
+        quarantined=0,
+        lapsed=0,
+        cancelled=0,
+        snoozed=0,
+        reruns=0,
+        timed=0,
+        duration_sum=0.0,
+        duration_max=0.0,
+        histogram=None,
+    ) -> None:
         """Fold in one bucket's numbers."""
         self.succeeded += succeeded
         self.retried += retried

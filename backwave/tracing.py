@@ -88,8 +88,7 @@ def _parent(trace_context: Any):
     if not isinstance(trace_context, Mapping):
         return None
     carrier = {
-        key: value for key in CONTEXT_KEYS
-        if isinstance(value := trace_context.get(key), str) and len(value) <= MAX_CONTEXT_VALUE
+        key: value for key in CONTEXT_KEYS if isinstance(value := trace_context.get(key), str) and len(value) <= MAX_CONTEXT_VALUE
     }
     if "traceparent" not in carrier:
         return None
@@ -165,7 +164,11 @@ def _recorded_span(tracer, job, worker_id: str) -> Iterator[_AttemptSpan]:
         "backwave.worker_id": worker_id,
     }
     with tracer.start_as_current_span(
-        f"process {job.queue}", context=_parent(job.trace_context), kind=SpanKind.CONSUMER, attributes=attributes,
-        record_exception=False, set_status_on_exception=False,
+        f"process {job.queue}",
+        context=_parent(job.trace_context),
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         yield _AttemptSpan(span)

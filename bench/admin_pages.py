@@ -98,7 +98,9 @@ def roll_up_all() -> None:
     elapsed = time.perf_counter() - started
     store.close()
     if total:
-        print(f"rolled up {total:,} attempts in {pages} pages of up to {ROLLUP_BATCH:,} in {elapsed:.1f} s ({total / elapsed:,.0f} attempts/s)")
+        print(
+            f"rolled up {total:,} attempts in {pages} pages of up to {ROLLUP_BATCH:,} in {elapsed:.1f} s ({total / elapsed:,.0f} attempts/s)"
+        )
 
 
 def prepare(rows: int, fresh: bool) -> int:
@@ -110,7 +112,9 @@ def prepare(rows: int, fresh: bool) -> int:
             cursor.execute("TRUNCATE backwave_job, backwave_attempt, backwave_pump RESTART IDENTITY CASCADE")
             started = time.perf_counter()
             cursor.execute(GENERATE_SQL, {"rows": rows})
-            print(f"generated {rows:,} job rows with one INSERT ... SELECT generate_series in {time.perf_counter() - started:.1f} s")
+            print(
+                f"generated {rows:,} job rows with one INSERT ... SELECT generate_series in {time.perf_counter() - started:.1f} s"
+            )
         cursor.execute("DELETE FROM backwave_pump")
         cursor.execute(
             """
@@ -138,7 +142,9 @@ def prepare(rows: int, fresh: bool) -> int:
             started = time.perf_counter()
             cursor.execute(f"DELETE FROM backwave_attempt WHERE job_id <> {int(failed_id)}")
             cursor.execute("TRUNCATE backwave_task_stat")
-            cursor.execute("UPDATE backwave_stats_rollup SET watermark = 0, horizon = 0, horizon_xmax = 0, horizon_at = NULL, rolled_up = 0")
+            cursor.execute(
+                "UPDATE backwave_stats_rollup SET watermark = 0, horizon = 0, horizon_xmax = 0, horizon_at = NULL, rolled_up = 0"
+            )
             cursor.execute(ATTEMPTS_SQL.replace("WHERE j.state IN", f"WHERE j.id <> {int(failed_id)} AND j.state IN"))
             print(f"generated {cursor.rowcount:,} attempt rows in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
@@ -174,7 +180,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5, help="timed fetches per page (after one warm-up)")
-    parser.add_argument("--fresh", action="store_true", help="regenerate the rows even when the count matches (finish times are relative to now)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="regenerate the rows even when the count matches (finish times are relative to now)"
+    )
     parser.add_argument("--drop", action="store_true", help="drop the bench database afterwards")
     args = parser.parse_args()
 

@@ -43,7 +43,9 @@ QUEUES = ("bench", "bench-keyed")
 
 def clear() -> None:
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM backwave_attempt WHERE job_id IN (SELECT id FROM backwave_job WHERE queue = ANY(%s))", [list(QUEUES)])
+        cursor.execute(
+            "DELETE FROM backwave_attempt WHERE job_id IN (SELECT id FROM backwave_job WHERE queue = ANY(%s))", [list(QUEUES)]
+        )
         cursor.execute("DELETE FROM backwave_job WHERE queue = ANY(%s)", [list(QUEUES)])
         cursor.execute("VACUUM ANALYZE backwave_job")
         cursor.execute("VACUUM ANALYZE backwave_attempt")
@@ -57,7 +59,18 @@ def timed_enqueue(calls) -> float:
 
 def drain(queue: str, pool_size: int) -> float:
     """Drain ``queue`` with one worker process; jobs per second by the database clock."""
-    command = [sys.executable, "manage.py", "backwave_worker", "--queues", queue, "--pool-size", str(pool_size), "--until-idle", "--log-every", "5"]
+    command = [
+        sys.executable,
+        "manage.py",
+        "backwave_worker",
+        "--queues",
+        queue,
+        "--pool-size",
+        str(pool_size),
+        "--until-idle",
+        "--log-every",
+        "5",
+    ]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.admission_settings", "BACKWAVE_LOG_LEVEL": "WARNING"}
     finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if finished.returncode != 0:
@@ -81,7 +94,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    print(f"{args.jobs} jobs, {args.rounds} rounds (best shown), pool {args.pool_size}, database {connection.settings_dict['HOST'] or 'local'}")
+    print(
+        f"{args.jobs} jobs, {args.rounds} rounds (best shown), pool {args.pool_size}, database {connection.settings_dict['HOST'] or 'local'}"
+    )
 
     plain_enqueue, unique_enqueue, plain_drain, keyed_drain = [], [], [], []
     for _ in range(args.rounds):
@@ -99,12 +114,24 @@ def main() -> None:
 
     plain_e, unique_e = min(plain_enqueue), min(unique_enqueue)
     plain_d, keyed_d = max(plain_drain), max(keyed_drain)
-    print(f"enqueue {args.jobs:,}: plain {plain_e:.2f} s ({args.jobs / plain_e:,.0f}/s), unique key on every job {unique_e:.2f} s"
-          f" ({args.jobs / unique_e:,.0f}/s): {unique_e / plain_e:.2f}x plain (target <= 2x)")
-    print(f"drain {args.jobs:,}: plain {plain_d:,.0f} jobs/s, per-key limit 1 over {args.keys} keys {keyed_d:,.0f} jobs/s:"
-          f" {keyed_d / plain_d:.0%} of plain (target >= 70%)")
-    print("rounds: enqueue plain " + ", ".join(f"{s:.2f}" for s in plain_enqueue) + "; unique " + ", ".join(f"{s:.2f}" for s in unique_enqueue)
-          + "; drain plain " + ", ".join(f"{r:.0f}" for r in plain_drain) + "; keyed " + ", ".join(f"{r:.0f}" for r in keyed_drain))
+    print(
+        f"enqueue {args.jobs:,}: plain {plain_e:.2f} s ({args.jobs / plain_e:,.0f}/s), unique key on every job {unique_e:.2f} s"
+        f" ({args.jobs / unique_e:,.0f}/s): {unique_e / plain_e:.2f}x plain (target <= 2x)"
+    )
+    print(
+        f"drain {args.jobs:,}: plain {plain_d:,.0f} jobs/s, per-key limit 1 over {args.keys} keys {keyed_d:,.0f} jobs/s:"
+        f" {keyed_d / plain_d:.0%} of plain (target >= 70%)"
+    )
+    print(
+        "rounds: enqueue plain "
+        + ", ".join(f"{s:.2f}" for s in plain_enqueue)
+        + "; unique "
+        + ", ".join(f"{s:.2f}" for s in unique_enqueue)
+        + "; drain plain "
+        + ", ".join(f"{r:.0f}" for r in plain_drain)
+        + "; keyed "
+        + ", ".join(f"{r:.0f}" for r in keyed_drain)
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,20 @@ def run_once(task, jobs: int, pool_size: int, pumps: int, claim_batch: int) -> d
     reset()
     enqueue_many([(task, (i,), {}) for i in range(jobs)])
     command = [
-        sys.executable, "manage.py", "backwave_worker", "--queues", QUEUE, "--pool-size", str(pool_size),
-        "--pumps", str(pumps), "--max-claim-batch", str(claim_batch), "--until-idle", "--log-every", "1",
+        sys.executable,
+        "manage.py",
+        "backwave_worker",
+        "--queues",
+        QUEUE,
+        "--pool-size",
+        str(pool_size),
+        "--pumps",
+        str(pumps),
+        "--max-claim-batch",
+        str(claim_batch),
+        "--until-idle",
+        "--log-every",
+        "1",
     ]
     wall = time.perf_counter()
     finished = subprocess.run(command, cwd=ROOT, env={**os.environ, "BACKWAVE_LOG_LEVEL": "INFO"}, capture_output=True, text=True)
@@ -63,7 +75,9 @@ def run_once(task, jobs: int, pool_size: int, pumps: int, claim_batch: int) -> d
     if finished.returncode != 0:
         sys.exit(f"worker failed ({finished.returncode}):\n{finished.stdout}\n{finished.stderr}")
     log = finished.stdout + finished.stderr
-    round_trips = sum(int(m.group(2)) for m in re.finditer(r"stopped after (\d+) job\(s\) and (\d+) store round-trips", log)) or -1
+    round_trips = (
+        sum(int(m.group(2)) for m in re.finditer(r"stopped after (\d+) job\(s\) and (\d+) store round-trips", log)) or -1
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -80,8 +94,11 @@ def run_once(task, jobs: int, pool_size: int, pumps: int, claim_batch: int) -> d
     if succeeded != jobs or attempts != jobs:
         sys.exit(f"expected {jobs} jobs succeeded once each, got {succeeded} succeeded and {attempts} attempts")
     return {
-        "jobs_per_second": succeeded / float(drain_seconds), "drain_seconds": float(drain_seconds), "wall": wall,
-        "round_trips_per_job": round_trips / succeeded, "effects": effects,
+        "jobs_per_second": succeeded / float(drain_seconds),
+        "drain_seconds": float(drain_seconds),
+        "wall": wall,
+        "round_trips_per_job": round_trips / succeeded,
+        "effects": effects,
     }
 
 
@@ -95,16 +112,22 @@ def main() -> None:
     parser.add_argument("--work", choices=["insert", "noop"], default="insert")
     args = parser.parse_args()
     plain, atomic = (write_effect, write_effect_atomically) if args.work == "insert" else (noop, noop_atomically)
-    print(f"{args.jobs} jobs ({args.work}) per run, pool {args.pool_size}, pumps {args.pumps}, claim batch {args.max_claim_batch}")
+    print(
+        f"{args.jobs} jobs ({args.work}) per run, pool {args.pool_size}, pumps {args.pumps}, claim batch {args.max_claim_batch}"
+    )
     print(f"{'run':>8} {'round':>5} {'drain s':>8} {'jobs/s':>8} {'rt/job':>7} {'effects':>8}")
     rates: dict[str, list[float]] = {"plain": [], "atomic": []}
     for number in range(1, args.rounds + 1):
         for name, task in (("plain", plain), ("atomic", atomic)):
             r = run_once(task, args.jobs, args.pool_size, args.pumps, args.max_claim_batch)
             rates[name].append(r["jobs_per_second"])
-            print(f"{name:>8} {number:>5} {r['drain_seconds']:>8.2f} {r['jobs_per_second']:>8.0f} {r['round_trips_per_job']:>7.3f} {r['effects']:>8}")
+            print(
+                f"{name:>8} {number:>5} {r['drain_seconds']:>8.2f} {r['jobs_per_second']:>8.0f} {r['round_trips_per_job']:>7.3f} {r['effects']:>8}"
+            )
     plain_rate, atomic_rate = statistics.median(rates["plain"]), statistics.median(rates["atomic"])
-    print(f"median: plain {plain_rate:.0f} jobs/s, atomic {atomic_rate:.0f} jobs/s: atomic at {atomic_rate / plain_rate:.0%} of plain (target >= 40%)")
+    print(
+        f"median: plain {plain_rate:.0f} jobs/s, atomic {atomic_rate:.0f} jobs/s: atomic at {atomic_rate / plain_rate:.0%} of plain (target >= 40%)"
+    )
     reset()
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {BENCH_EFFECTS}")

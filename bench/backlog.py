@@ -22,7 +22,18 @@ import statistics
 import uuid
 
 from common import (
-    QUEUE, bare_command, drain_figures, fill, reset, run, run_many, set_autovacuum, sql, succeeded_count, uptime_line, worker_command,
+    QUEUE,
+    bare_command,
+    drain_figures,
+    fill,
+    reset,
+    run,
+    run_many,
+    set_autovacuum,
+    sql,
+    succeeded_count,
+    uptime_line,
+    worker_command,
     worker_env,
 )
 
@@ -88,7 +99,10 @@ def explain_claim() -> list[str]:
                 "VALUES (%s, 'bench', 'bench', 'bench', 0, now(), now(), now() + interval '1 minute')",
                 [lease],
             )
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + QUERIES["claim_jobs_one_queue"], {"lease_id": lease, "worker_id": "bench", "limit": 16, "queue": "bench"})
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + QUERIES["claim_jobs_one_queue"],
+                {"lease_id": lease, "worker_id": "bench", "limit": 16, "queue": "bench"},
+            )
             lines = [row[0] for row in cursor.fetchall()]
             raise _RolledBack
     except _RolledBack:
@@ -121,7 +135,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--backlog", type=int, default=None)
     parser.add_argument("--plans", action="store_true", help="print the whole EXPLAIN of each case")
     parser.add_argument(
-        "--repeat", type=int, default=1,
+        "--repeat",
+        type=int,
+        default=1,
         help="run the three cases in turn this many times and compare their medians (the empty table's rate moves by 15%% from "
         "one run to the next on a shared 2-core machine, as much as the goals' margins)",
     )
@@ -150,9 +166,11 @@ def main(argv=None) -> list[dict]:
             for case in cases:
                 rate, bare_rate = runs[case][-1], bare_runs[case][-1]
                 label = f"{case} (run {round_number})" if args.repeat > 1 else case
-                print(f"{label:<34} {rate:>8.0f} jobs/s  {rate / runs['empty table'][-1]:>5.0%} of the empty table's   "
-                      f"bare loop {bare_rate:>6.0f} jobs/s  {bare_rate / bare_runs['empty table'][-1]:>5.0%}   "
-                      f"claim now: {buffers_of_claim_scan(plans[case])}")
+                print(
+                    f"{label:<34} {rate:>8.0f} jobs/s  {rate / runs['empty table'][-1]:>5.0%} of the empty table's   "
+                    f"bare loop {bare_rate:>6.0f} jobs/s  {bare_rate / bare_runs['empty table'][-1]:>5.0%}   "
+                    f"claim now: {buffers_of_claim_scan(plans[case])}"
+                )
                 if args.plans:
                     print("\n".join("    " + line for line in plans[case]))
     finally:
@@ -162,16 +180,28 @@ def main(argv=None) -> list[dict]:
     bare_rates = {case: statistics.median(values) for case, values in bare_runs.items()}
     if args.repeat > 1:
         for case in cases:
-            print(f"{case + ' (median)':<34} {rates[case]:>8.0f} jobs/s  {rates[case] / rates['empty table']:>5.0%} of the empty table's   "
-                  f"bare loop {bare_rates[case]:>6.0f} jobs/s  {bare_rates[case] / bare_rates['empty table']:>5.0%}")
+            print(
+                f"{case + ' (median)':<34} {rates[case]:>8.0f} jobs/s  {rates[case] / rates['empty table']:>5.0%} of the empty table's   "
+                f"bare loop {bare_rates[case]:>6.0f} jobs/s  {bare_rates[case] / bare_rates['empty table']:>5.0%}"
+            )
     empty = rates["empty table"]
     ready_case, finished_case = list(rates)[1:]
     bare_empty = bare_rates["empty table"]
     return [
-        {"benchmark": "backlog", "what": f"rate over {head:,} at the {ready_case} / empty table (bare loop: {bare_rates[ready_case] / bare_empty:.2f})",
-         "value": rates[ready_case] / empty, "goal": 0.9, "unit": "x"},
-        {"benchmark": "backlog", "what": f"rate {finished_case} rows / empty table (bare loop: {bare_rates[finished_case] / bare_empty:.2f})",
-         "value": rates[finished_case] / empty, "goal": 0.95, "unit": "x"},
+        {
+            "benchmark": "backlog",
+            "what": f"rate over {head:,} at the {ready_case} / empty table (bare loop: {bare_rates[ready_case] / bare_empty:.2f})",
+            "value": rates[ready_case] / empty,
+            "goal": 0.9,
+            "unit": "x",
+        },
+        {
+            "benchmark": "backlog",
+            "what": f"rate {finished_case} rows / empty table (bare loop: {bare_rates[finished_case] / bare_empty:.2f})",
+            "value": rates[finished_case] / empty,
+            "goal": 0.95,
+            "unit": "x",
+        },
     ]
 
 

@@ -193,11 +193,30 @@ class Run:
     started_at: float  # time.time() at spawn (the same clock as the database's on this host)
 
 
-def worker_command(*, pool_size: int = 16, pumps: int = 1, processes: int = 1, claim_batch: int = 32, until_idle: bool = True,
-                   extra: tuple[str, ...] = ()) -> list[str]:
+def worker_command(
+    *,
+    pool_size: int = 16,
+    pumps: int = 1,
+    processes: int = 1,
+    claim_batch: int = 32,
+    until_idle: bool = True,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     command = [
-        PYTHON, "manage.py", "backwave_worker", "--queues", QUEUE, "--pool-size", str(pool_size), "--pumps", str(pumps),
-        "--max-claim-batch", str(claim_batch), "--log-every", "3600", *extra,
+        PYTHON,
+        "manage.py",
+        "backwave_worker",
+        "--queues",
+        QUEUE,
+        "--pool-size",
+        str(pool_size),
+        "--pumps",
+        str(pumps),
+        "--max-claim-batch",
+        str(claim_batch),
+        "--log-every",
+        "3600",
+        *extra,
     ]
     if until_idle:
         command.append("--until-idle")
@@ -217,7 +236,9 @@ def run(command: list[str], env: dict[str, str] | None = None, *, stop_when=None
     began = time.perf_counter()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}-{time.monotonic_ns()}.log"
     with open(log_path, "w+") as log:
-        process = subprocess.Popen(command, cwd=WORKER_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=WORKER_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         if stop_when is not None:
             while process.poll() is None and not stop_when():
@@ -250,7 +271,9 @@ def run_many(commands: list[list[str]], env: dict[str, str] | None = None, timeo
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started_at = time.time()
     began = time.perf_counter()
-    processes = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+    processes = [
+        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands
+    ]
     outputs = []
     for process in processes:
         output, _ = process.communicate(timeout=timeout)

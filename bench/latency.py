@@ -28,8 +28,7 @@ from backwave.models import Lease
 
 def _start(contender: str) -> subprocess.Popen:
     if contender == "bare":
-        process = subprocess.Popen(bare_command("listen"), cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        process = subprocess.Popen(bare_command("listen"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         process.stdout.readline()  # "listening"
         return process
     command = worker_command(pool_size=16, until_idle=False, extra=("--poll-interval", "1"))
@@ -108,8 +107,12 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     jobs = args.jobs or (100 if args.quick else 200)
     burst_seconds = 1.0 if args.quick else 2.0
-    print(f"latency: {jobs} jobs {args.gap_ms:g} ms apart to an idle worker, then 4 threads x one job per 5 ms for {burst_seconds:g} s; {uptime_line()}")
-    print(f"{'contender':<10} {'idle p50':>9} {'idle p99':>9} {'idle max':>9} {'burst jobs':>10} {'burst p50':>10} {'burst p99':>10} {'enqueue p50':>12}")
+    print(
+        f"latency: {jobs} jobs {args.gap_ms:g} ms apart to an idle worker, then 4 threads x one job per 5 ms for {burst_seconds:g} s; {uptime_line()}"
+    )
+    print(
+        f"{'contender':<10} {'idle p50':>9} {'idle p99':>9} {'idle max':>9} {'burst jobs':>10} {'burst p50':>10} {'burst p99':>10} {'enqueue p50':>12}"
+    )
     results = {c: measure(c, jobs=jobs, gap=args.gap_ms / 1000, burst_seconds=burst_seconds) for c in ("bare", "backwave")}
     for r in results.values():
         idle, burst = r["idle"], r["burst"]
@@ -119,9 +122,30 @@ def main(argv=None) -> list[dict]:
         )
     ours, bare = results["backwave"], results["bare"]
     return [
-        {"benchmark": "latency", "what": f"idle p50 ms (bare {statistics.median(bare['idle']):.2f})", "value": statistics.median(ours["idle"]), "goal": 3.0, "unit": "ms", "below": True},
-        {"benchmark": "latency", "what": f"idle p99 ms (bare {percentile(bare['idle'], 0.99):.2f})", "value": percentile(ours["idle"], 0.99), "goal": 5.0, "unit": "ms", "below": True},
-        {"benchmark": "latency", "what": f"burst p99 ms (bare {percentile(bare['burst'], 0.99):.2f})", "value": percentile(ours["burst"], 0.99), "goal": 10.0, "unit": "ms", "below": True},
+        {
+            "benchmark": "latency",
+            "what": f"idle p50 ms (bare {statistics.median(bare['idle']):.2f})",
+            "value": statistics.median(ours["idle"]),
+            "goal": 3.0,
+            "unit": "ms",
+            "below": True,
+        },
+        {
+            "benchmark": "latency",
+            "what": f"idle p99 ms (bare {percentile(bare['idle'], 0.99):.2f})",
+            "value": percentile(ours["idle"], 0.99),
+            "goal": 5.0,
+            "unit": "ms",
+            "below": True,
+        },
+        {
+            "benchmark": "latency",
+            "what": f"burst p99 ms (bare {percentile(bare['burst'], 0.99):.2f})",
+            "value": percentile(ours["burst"], 0.99),
+            "goal": 10.0,
+            "unit": "ms",
+            "below": True,
+        },
     ]
 
 

@@ -92,11 +92,29 @@ def main(argv=None) -> list[dict]:
         print(f"{'  additive: no-op + body':<30} {additive:>8.0f} {additive / noop_rate:>8.2f} {'':>28}")
         print(f"  {label} jobs against their additive line: {rate / additive:.2f}")
         rows += [
-            {"benchmark": "orm", "what": f"{name} drain / no-op drain, {label} ({rate:.0f} / {noop_rate:.0f} jobs/s)", "value": rate / noop_rate, "goal": 0.7, "unit": "x"},
+            {
+                "benchmark": "orm",
+                "what": f"{name} drain / no-op drain, {label} ({rate:.0f} / {noop_rate:.0f} jobs/s)",
+                "value": rate / noop_rate,
+                "goal": 0.7,
+                "unit": "x",
+            },
             # No goal of the issue's: where such jobs land, given the body alone (see the docstring).
-            {"benchmark": "orm", "what": f"{name} drain / the additive line (no-op job + the body alone: {additive:.0f} jobs/s, {additive / noop_rate:.2f} of no-op)",
-             "value": rate / additive, "goal": None, "unit": "x"},
-            {"benchmark": "orm", "what": f"sessions opened by {args.pool_size} handler threads for {jobs} {name} jobs", "value": sessions, "goal": args.pool_size, "unit": "", "below": True},
+            {
+                "benchmark": "orm",
+                "what": f"{name} drain / the additive line (no-op job + the body alone: {additive:.0f} jobs/s, {additive / noop_rate:.2f} of no-op)",
+                "value": rate / additive,
+                "goal": None,
+                "unit": "x",
+            },
+            {
+                "benchmark": "orm",
+                "what": f"sessions opened by {args.pool_size} handler threads for {jobs} {name} jobs",
+                "value": sessions,
+                "goal": args.pool_size,
+                "unit": "",
+                "below": True,
+            },
         ]
     return rows
 

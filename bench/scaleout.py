@@ -72,8 +72,13 @@ def teardown(hosts: int) -> None:
 
 def relay(server_host: str, server_port: int) -> subprocess.Popen:
     return subprocess.Popen(
-        ["socat", f"TCP-LISTEN:{server_port},bind={BRIDGE_ADDRESS},fork,reuseaddr,nodelay", f"TCP:{server_host}:{server_port},nodelay"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "socat",
+            f"TCP-LISTEN:{server_port},bind={BRIDGE_ADDRESS},fork,reuseaddr,nodelay",
+            f"TCP:{server_host}:{server_port},nodelay",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -95,8 +100,16 @@ def run_hosts(count: int, jobs: int, pumps: int, pool_size: int, url: str) -> di
     for i in range(1, count + 1):
         name = host_name(i)
         shell = f"hostname {name} && exec {' '.join(command)}"
-        processes.append(subprocess.Popen(["ip", "netns", "exec", name, "unshare", "--uts", "sh", "-c", shell], cwd=WORKER_ROOT, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        processes.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", name, "unshare", "--uts", "sh", "-c", shell],
+                cwd=WORKER_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     cpu_before = os.times()
     for process in processes:
         output, _ = process.communicate(timeout=900)
@@ -109,14 +122,17 @@ def run_hosts(count: int, jobs: int, pumps: int, pool_size: int, url: str) -> di
         "SELECT count(*), count(DISTINCT job_id) FROM backwave_attempt a JOIN backwave_job j ON j.id = a.job_id WHERE j.queue = 'bench'"
     )[0]
     if problem or attempt_rows != jobs or jobs_with_one_row != jobs:
-        raise SystemExit(f"{count} host(s): {problem or ''} {attempt_rows} attempt rows for {jobs_with_one_row} jobs (expected {jobs} of each)")
-    per_host = sql(
-        "SELECT split_part(worker_id, ':', 1), count(*) FROM backwave_attempt GROUP BY 1 ORDER BY 1"
-    )
+        raise SystemExit(
+            f"{count} host(s): {problem or ''} {attempt_rows} attempt rows for {jobs_with_one_row} jobs (expected {jobs} of each)"
+        )
+    per_host = sql("SELECT split_part(worker_id, ':', 1), count(*) FROM backwave_attempt GROUP BY 1 ORDER BY 1")
     figures = drain_figures()
     workers_cpu = (cpu_after.children_user + cpu_after.children_system) - (cpu_before.children_user + cpu_before.children_system)
     return {
-        "hosts": count, "rate": figures.rate, "per_host": per_host, "workers_cpu_us": workers_cpu / jobs * 1e6,
+        "hosts": count,
+        "rate": figures.rate,
+        "per_host": per_host,
+        "workers_cpu_us": workers_cpu / jobs * 1e6,
         "server_cpu_us": None if server_before is None or server_after is None else (server_after - server_before) / jobs * 1e6,
     }
 
@@ -140,7 +156,9 @@ def main() -> None:
     forwarder = relay(server_host, server_port)
     time.sleep(0.3)
     try:
-        print(f"scale-out: {args.jobs} no-op jobs, per host 1 worker process x {args.pumps} pump(s) x pool {args.pool_size}; {uptime_line()}")
+        print(
+            f"scale-out: {args.jobs} no-op jobs, per host 1 worker process x {args.pumps} pump(s) x pool {args.pool_size}; {uptime_line()}"
+        )
         print(f"{'hosts':>5} {'jobs/s':>8} {'x 1 host':>8} {'worker CPU us/job*':>18} {'server CPU us/job':>17}  jobs per host")
         first = None
         for count in args.hosts:
@@ -148,7 +166,9 @@ def main() -> None:
             first = first or r["rate"]
             server = f"{r['server_cpu_us']:.0f}" if r["server_cpu_us"] is not None else "-"
             spread = ", ".join(f"{host} {n}" for host, n in r["per_host"])
-            print(f"{r['hosts']:>5} {r['rate']:>8.0f} {r['rate'] / first:>8.2f} {r['workers_cpu_us']:>18.0f} {server:>17}  {spread}")
+            print(
+                f"{r['hosts']:>5} {r['rate']:>8.0f} {r['rate'] / first:>8.2f} {r['workers_cpu_us']:>18.0f} {server:>17}  {spread}"
+            )
         print("no job ran twice: every job succeeded after one attempt, with one attempt row")
         print("* the worker processes' CPU, start-up included, over the jobs; the relay's is not in it")
     finally:

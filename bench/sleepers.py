@@ -22,7 +22,18 @@ import subprocess
 import time
 
 from common import (
-    PYTHON, WORKER_ROOT, bare_command, drain_figures, fill, ran_once, reset, run, run_many, uptime_line, worker_command, worker_env,
+    PYTHON,
+    WORKER_ROOT,
+    bare_command,
+    drain_figures,
+    fill,
+    ran_once,
+    reset,
+    run,
+    run_many,
+    uptime_line,
+    worker_command,
+    worker_env,
 )
 
 from project.demo.tasks import slow_job
@@ -85,29 +96,63 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--ms", type=float, default=50.0)
     parser.add_argument("--slots", type=int, default=64)
-    parser.add_argument("--linger-ms", type=float, nargs="*", default=None, help="BackWave runs, one per outcome linger (default: its default only)")
+    parser.add_argument(
+        "--linger-ms",
+        type=float,
+        nargs="*",
+        default=None,
+        help="BackWave runs, one per outcome linger (default: its default only)",
+    )
     args = parser.parse_args(argv)
     jobs = args.jobs or (1000 if args.quick else 2000)
     seconds = args.ms / 1000
     print(f"sleepers: {jobs} x {args.ms:g} ms on {args.slots} slots (ideal {jobs * seconds / args.slots:.2f} s); {uptime_line()}")
-    print(f"{'contender':<24} {'wall s':>7} {'eff. from start':>15} {'eff. from 1st finish':>20} {'first claim s':>13} {'rt/job':>7}")
+    print(
+        f"{'contender':<24} {'wall s':>7} {'eff. from start':>15} {'eff. from 1st finish':>20} {'first claim s':>13} {'rt/job':>7}"
+    )
     lines = [bare(jobs, seconds, args.slots)]
-    for linger in (args.linger_ms if args.linger_ms else [None]):
+    for linger in args.linger_ms if args.linger_ms else [None]:
         lines.append(backwave(jobs, seconds, args.slots, linger))
     for line in lines:
         trips = f"{line['trips']:.3f}" if line["trips"] is not None else "-"
-        print(f"{line['name']:<24} {line['wall']:>7.2f} {line['from_start']:>15.0%} {line['from_first_finish']:>20.0%} {line['first_claim']:>13.2f} {trips:>7}")
+        print(
+            f"{line['name']:<24} {line['wall']:>7.2f} {line['from_start']:>15.0%} {line['from_first_finish']:>20.0%} {line['first_claim']:>13.2f} {trips:>7}"
+        )
     setup = django_setup_seconds()
     print(f"a process of the worker's project, spawn to django.setup() done, nothing else: {setup:.2f} s (median of 3)")
     ours = lines[-1] if not args.linger_ms else lines[1]
     base = lines[0]
     return [
-        {"benchmark": "sleepers", "what": f"efficiency from first finished job (bare {base['from_first_finish']:.0%})", "value": ours["from_first_finish"], "goal": 0.9, "unit": "%"},
-        {"benchmark": "sleepers", "what": f"efficiency from worker start (bare {base['from_start']:.0%})", "value": ours["from_start"], "goal": 0.8, "unit": "%"},
-        {"benchmark": "sleepers", "what": f"worker start to first claim, s (bare {base['first_claim']:.2f}; django.setup() alone {setup:.2f})", "value": ours["first_claim"], "goal": 0.4, "unit": "s", "below": True},
+        {
+            "benchmark": "sleepers",
+            "what": f"efficiency from first finished job (bare {base['from_first_finish']:.0%})",
+            "value": ours["from_first_finish"],
+            "goal": 0.9,
+            "unit": "%",
+        },
+        {
+            "benchmark": "sleepers",
+            "what": f"efficiency from worker start (bare {base['from_start']:.0%})",
+            "value": ours["from_start"],
+            "goal": 0.8,
+            "unit": "%",
+        },
+        {
+            "benchmark": "sleepers",
+            "what": f"worker start to first claim, s (bare {base['first_claim']:.2f}; django.setup() alone {setup:.2f})",
+            "value": ours["first_claim"],
+            "goal": 0.4,
+            "unit": "s",
+            "below": True,
+        },
         # No goal of the issue's: the part of the start that is BackWave's, beside Django's own.
-        {"benchmark": "sleepers", "what": "first claim less django.setup() alone, s (BackWave's own part of the start)",
-         "value": ours["first_claim"] - setup, "goal": None, "unit": "s"},
+        {
+            "benchmark": "sleepers",
+            "what": "first claim less django.setup() alone, s (BackWave's own part of the start)",
+            "value": ours["first_claim"] - setup,
+            "goal": None,
+            "unit": "s",
+        },
     ]
 
 

@@ -46,13 +46,19 @@ def main(argv=None) -> None:
     worker_id = f"{hostname}:{os.getpid()}:store-alone:0:{uuid.uuid4().hex[:8]}"
     lease_id = uuid.uuid4()
     with PostgresStore.from_django() as store:
-        store.open_lease(lease_id=lease_id, worker_id=worker_id, group="store-alone", hostname=hostname, pid=os.getpid(), duration=300)
+        store.open_lease(
+            lease_id=lease_id, worker_id=worker_id, group="store-alone", hostname=hostname, pid=os.getpid(), duration=300
+        )
         jobs = store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=[QUEUE], limit=args.batch)
         done = 0
         while jobs:
             done += len(jobs)
-            outcomes = [OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=0) for job in jobs]
-            _, jobs = store.write_outcomes_then_claim(lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=[QUEUE], limit=args.batch)
+            outcomes = [
+                OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=0) for job in jobs
+            ]
+            _, jobs = store.write_outcomes_then_claim(
+                lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=[QUEUE], limit=args.batch
+            )
         store.release_lease(lease_id=lease_id)
         # The worker's last line's words, which bench/throughput.py counts round-trips by.
         print(f"store alone stopped after {done} job(s) and {store.round_trips} store round-trips")

@@ -44,14 +44,39 @@ import statistics
 import sys
 
 from common import (
-    PYTHON, ROOT, bare_command, drain_figures, fill, ran_once, reset, run, run_many, server_cpu, sql, uptime_line, worker_command, worker_env,
+    PYTHON,
+    ROOT,
+    bare_command,
+    drain_figures,
+    fill,
+    ran_once,
+    reset,
+    run,
+    run_many,
+    server_cpu,
+    sql,
+    uptime_line,
+    worker_command,
+    worker_env,
 )
 
 from project.demo.tasks import noop
 
 # The bare loop's claim batch, and BackWave's unless a configuration names another ("/64").
 CLAIM_BATCH = 32
-DEFAULT_CONFIGURATIONS = ["1x1", "1x2", "2x1", "2x2", "1x1:64", "2x1:64", "2x2:32", "1x1/64", "2x1:64/64", "2x2:32/64", "2x1:32/128"]
+DEFAULT_CONFIGURATIONS = [
+    "1x1",
+    "1x2",
+    "2x1",
+    "2x2",
+    "1x1:64",
+    "2x1:64",
+    "2x2:32",
+    "1x1/64",
+    "2x1:64/64",
+    "2x2:32/64",
+    "2x1:32/128",
+]
 
 
 def fill_queue(jobs: int, fresh_statistics: bool) -> None:
@@ -70,11 +95,25 @@ def bare(jobs: int, processes: int, durable: bool, fresh_statistics: bool = Fals
     server = _delta(server)
     figures = drain_figures()
     problem = ran_once(jobs)
-    return _line(f"bare loop, {processes} process{'es' if processes > 1 else ''}{_batch_named(batch)}", figures, result.cpu - fixed, server, jobs, problem, None)
+    return _line(
+        f"bare loop, {processes} process{'es' if processes > 1 else ''}{_batch_named(batch)}",
+        figures,
+        result.cpu - fixed,
+        server,
+        jobs,
+        problem,
+        None,
+    )
 
 
 def backwave(
-    jobs: int, processes: int, pumps: int, pool_size: int, durable: bool, extra: tuple[str, ...] = (), fresh_statistics: bool = False,
+    jobs: int,
+    processes: int,
+    pumps: int,
+    pool_size: int,
+    durable: bool,
+    extra: tuple[str, ...] = (),
+    fresh_statistics: bool = False,
     claim_batch: int = CLAIM_BATCH,
 ) -> dict:
     command = worker_command(pool_size=pool_size, pumps=pumps, processes=processes, claim_batch=claim_batch, extra=extra)
@@ -123,19 +162,37 @@ def _delta(before: float | None) -> float | None:
 
 def _line(name, figures, cpu, server, jobs, problem, trips_per_job) -> dict:
     return {
-        "name": name, "drain": figures.rate, "steady": figures.steady_rate, "cpu_us": cpu / jobs * 1e6, "trips": trips_per_job,
-        "server_us": None if server is None else server / jobs * 1e6, "problem": problem,
+        "name": name,
+        "drain": figures.rate,
+        "steady": figures.steady_rate,
+        "cpu_us": cpu / jobs * 1e6,
+        "trips": trips_per_job,
+        "server_us": None if server is None else server / jobs * 1e6,
+        "problem": problem,
     }
 
 
-def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configurations: list[tuple[int, int, int | None, int | None]], pool_size: int,
-            fresh_statistics: bool = False, claim_ahead: int | None = None, report=print) -> list[dict]:
+def measure(
+    *,
+    jobs: int,
+    modes: list[str],
+    bare_processes: list[int],
+    configurations: list[tuple[int, int, int | None, int | None]],
+    pool_size: int,
+    fresh_statistics: bool = False,
+    claim_ahead: int | None = None,
+    report=print,
+) -> list[dict]:
     """Run every contender; returns the summary rows (the ratios) and reports each line."""
     summary = []
     extra = () if claim_ahead is None else ("--claim-ahead", str(claim_ahead))
     ahead = "" if claim_ahead is None else f", claim-ahead {claim_ahead}"
-    report(f"{jobs} no-op jobs per line, claim batch {CLAIM_BATCH} unless a line names another{ahead}{', statistics fresh after each fill' if fresh_statistics else ''}; {uptime_line()}")
-    report(f"{'mode':<8} {'contender':<40} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}")
+    report(
+        f"{jobs} no-op jobs per line, claim batch {CLAIM_BATCH} unless a line names another{ahead}{', statistics fresh after each fill' if fresh_statistics else ''}; {uptime_line()}"
+    )
+    report(
+        f"{'mode':<8} {'contender':<40} {'drain/s':>8} {'steady/s':>9} {'CPU us/job':>10} {'server us/job':>13} {'rt/job':>7} {'x bare 1p':>9} {'x bare best':>11}"
+    )
     # A BackWave line with another claim batch is also held against the bare loop at that batch,
     # which gains from a larger one as much: its best over every batch is the stricter baseline.
     # The issue's batch first: the lines at it are the ones "x bare 1p" and the first ratio use.
@@ -146,9 +203,18 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
         best_bare = max(bares, key=lambda b: b["drain"])
         for line in bares:
             _print(report, mode, line, bares[0], best_bare)
-        best_bare_32 = max(bares[:len(bare_processes)], key=lambda b: b["drain"])
+        best_bare_32 = max(bares[: len(bare_processes)], key=lambda b: b["drain"])
         ours = [
-            backwave(jobs, processes, pumps, pool or pool_size, durable, extra, fresh_statistics=fresh_statistics, claim_batch=batch or CLAIM_BATCH)
+            backwave(
+                jobs,
+                processes,
+                pumps,
+                pool or pool_size,
+                durable,
+                extra,
+                fresh_statistics=fresh_statistics,
+                claim_batch=batch or CLAIM_BATCH,
+            )
             for processes, pumps, pool, batch in configurations
         ]
         # At the first configuration's claim batch: the summary holds that line against it.
@@ -158,24 +224,53 @@ def measure(*, jobs: int, modes: list[str], bare_processes: list[int], configura
         best = max(ours, key=lambda b: b["drain"])
         single = ours[0]
         # The issue sets the one-process goal for durable commits; with them off the ratio is shown, not judged.
-        summary.append({
-            "benchmark": "throughput", "what": f"{mode}: {single['name']} / bare 1 process", "value": single["drain"] / bares[0]["drain"],
-            "goal": 0.5 if durable else None, "unit": "x",
-        })
-        summary.append({
-            "benchmark": "throughput", "what": f"{mode}: best BackWave ({best['name']}) / best bare ({best_bare_32['name']})",
-            "value": best["drain"] / best_bare_32["drain"], "goal": 0.5, "unit": "x",
-        })
+        summary.append(
+            {
+                "benchmark": "throughput",
+                "what": f"{mode}: {single['name']} / bare 1 process",
+                "value": single["drain"] / bares[0]["drain"],
+                "goal": 0.5 if durable else None,
+                "unit": "x",
+            }
+        )
+        summary.append(
+            {
+                "benchmark": "throughput",
+                "what": f"{mode}: best BackWave ({best['name']}) / best bare ({best_bare_32['name']})",
+                "value": best["drain"] / best_bare_32["drain"],
+                "goal": 0.5,
+                "unit": "x",
+            }
+        )
         if len(batches) > 1:  # in every round alike, so that --repeat lines the rows up
-            summary.append({
-                "benchmark": "throughput", "what": f"{mode}: best BackWave ({best['name']}) / best bare of any batch ({best_bare['name']})",
-                "value": best["drain"] / best_bare["drain"], "goal": 0.5, "unit": "x",
-            })
+            summary.append(
+                {
+                    "benchmark": "throughput",
+                    "what": f"{mode}: best BackWave ({best['name']}) / best bare of any batch ({best_bare['name']})",
+                    "value": best["drain"] / best_bare["drain"],
+                    "goal": 0.5,
+                    "unit": "x",
+                }
+            )
         # No goal of the issue's: how near one pump comes to its own store calls run back to back.
-        summary.append({"benchmark": "throughput", "what": f"{mode}: {single['name']} / {alone['name']} ({alone['drain']:.0f} jobs/s)",
-                        "value": single["drain"] / alone["drain"], "goal": None, "unit": "x"})
-        summary.append({"benchmark": "throughput", "what": f"{mode}: {single['name']} CPU us/job (bare: {bares[0]['cpu_us']:.0f})",
-                        "value": single["cpu_us"], "goal": None, "unit": "us"})
+        summary.append(
+            {
+                "benchmark": "throughput",
+                "what": f"{mode}: {single['name']} / {alone['name']} ({alone['drain']:.0f} jobs/s)",
+                "value": single["drain"] / alone["drain"],
+                "goal": None,
+                "unit": "x",
+            }
+        )
+        summary.append(
+            {
+                "benchmark": "throughput",
+                "what": f"{mode}: {single['name']} CPU us/job (bare: {bares[0]['cpu_us']:.0f})",
+                "value": single["cpu_us"],
+                "goal": None,
+                "unit": "us",
+            }
+        )
     return summary
 
 
@@ -197,18 +292,25 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--modes", nargs="+", choices=["durable", "off"], default=["durable", "off"])
     parser.add_argument("--bare-processes", type=int, nargs="+", default=None)
     parser.add_argument(
-        "--configurations", nargs="+", type=configuration, default=None,
+        "--configurations",
+        nargs="+",
+        type=configuration,
+        default=None,
         help="BackWave processes x pumps, with an optional pool per pump after a colon (else --pool-size) and a claim batch after a slash "
         "(else 32, the bare loop's): 1x1 2x2 1x1:64 2x2:32/64",
     )
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument(
-        "--claim-ahead", type=int, default=None,
+        "--claim-ahead",
+        type=int,
+        default=None,
         help="the workers' --claim-ahead (default: theirs, three claim batches less the pool, one at least; 0: claim for free threads only)",
     )
     parser.add_argument("--fresh-statistics", action="store_true", help="ANALYZE the job table after each fill (see above)")
     parser.add_argument(
-        "--repeat", type=int, default=1,
+        "--repeat",
+        type=int,
+        default=1,
         help="run every line this many rounds and report the median of each round's ratios (the bare loop alone moved between "
         "6,600 and 11,100 jobs/s from one run to the next on a shared 2-core machine)",
     )
@@ -220,7 +322,11 @@ def main(argv=None) -> list[dict]:
     configurations = args.configurations or [configuration(c) for c in (["1x1", "2x1"] if args.quick else DEFAULT_CONFIGURATIONS)]
     rounds = [
         measure(
-            jobs=jobs, modes=args.modes, bare_processes=bare_processes, configurations=configurations, pool_size=args.pool_size,
+            jobs=jobs,
+            modes=args.modes,
+            bare_processes=bare_processes,
+            configurations=configurations,
+            pool_size=args.pool_size,
             claim_ahead=args.claim_ahead,
             fresh_statistics=args.fresh_statistics,
         )

@@ -77,8 +77,20 @@ def run_or_exit(what: str, command: list[str], env: dict[str, str] | None = None
 def drain(args) -> tuple[int, int, float]:
     """Run one worker until idle; (succeeded, attempts, drain seconds by the database clock)."""
     command = [
-        sys.executable, "manage.py", "backwave_worker", "--queues", QUEUE, "--pool-size", str(args.pool_size),
-        "--pumps", str(args.pumps), "--max-claim-batch", str(args.max_claim_batch), "--until-idle", "--log-every", "1",
+        sys.executable,
+        "manage.py",
+        "backwave_worker",
+        "--queues",
+        QUEUE,
+        "--pool-size",
+        str(args.pool_size),
+        "--pumps",
+        str(args.pumps),
+        "--max-claim-batch",
+        str(args.max_claim_batch),
+        "--until-idle",
+        "--log-every",
+        "1",
     ]
     run_or_exit("worker", command, env={**os.environ, "BACKWAVE_LOG_LEVEL": "INFO"})
     with connection.cursor() as cursor:
@@ -128,10 +140,14 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=16)
     parser.add_argument("--pumps", type=int, default=1)
     parser.add_argument("--max-claim-batch", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=1, help="alternate baseline and shape this many times; medians are compared")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="alternate baseline and shape this many times; medians are compared"
+    )
     args = parser.parse_args()
-    print(f"pool {args.pool_size}, pumps {args.pumps}, claim batch {args.max_claim_batch}, hints on, "
-          f"database {connection.settings_dict['HOST'] or 'local'}; load {os.getloadavg()[0]:.2f}")
+    print(
+        f"pool {args.pool_size}, pumps {args.pumps}, claim batch {args.max_claim_batch}, hints on, "
+        f"database {connection.settings_dict['HOST'] or 'local'}; load {os.getloadavg()[0]:.2f}"
+    )
     shapes = [("chain", args.chain, 0.50), ("fan-out", args.fan_out + 1, 0.90)]
     verdicts = []
     for shape, jobs, target in shapes:
@@ -147,11 +163,15 @@ def main() -> None:
         ratio = rate / baseline
         verdict = "meets" if ratio >= target else "MISSES"
         verdicts.append(ratio >= target)
-        print(f"{shape}: {rate:,.0f} jobs/s against {baseline:,.0f} without dependencies = {ratio:.0%} ({verdict} the {target:.0%} target)")
+        print(
+            f"{shape}: {rate:,.0f} jobs/s against {baseline:,.0f} without dependencies = {ratio:.0%} ({verdict} the {target:.0%} target)"
+        )
         if bare:
             ceiling = statistics.median(bare)
-            print(f"  the bare chain: {ceiling:,.0f} jobs/s = {ceiling / baseline:.0%} of the no-dependency rate (the ceiling of that ratio "
-                  f"with a commit a link); BackWave's chain = {rate / ceiling:.0%} of the bare chain")
+            print(
+                f"  the bare chain: {ceiling:,.0f} jobs/s = {ceiling / baseline:.0%} of the no-dependency rate (the ceiling of that ratio "
+                f"with a commit a link); BackWave's chain = {rate / ceiling:.0%} of the bare chain"
+            )
     sys.exit(0 if all(verdicts) else 1)
 
 

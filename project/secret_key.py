@@ -24,7 +24,9 @@ def secret_key_from_file(path: str | os.PathLike) -> str:
     except FileNotFoundError:
         key = _write_new_key(path)
     if not key:
-        raise ImproperlyConfigured(f"{path} is empty: delete it to have a new key generated, or set SECRET_KEY in the environment.")
+        raise ImproperlyConfigured(
+            f"{path} is empty: delete it to have a new key generated, or set SECRET_KEY in the environment."
+        )
     return key
 
 

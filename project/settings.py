@@ -8,14 +8,13 @@ from project.secret_key import secret_key_from_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env(
-    DEBUG=(bool, False),
-    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]"]),
-)
+env = environ.Env(DEBUG=(bool, False), ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]"]))
 
 # Never a default in the source (run tokens are signed with it): the environment's, else one
 # generated for this checkout on first use and kept in a git-ignored file (project/secret_key.py).
-SECRET_KEY = env.str("SECRET_KEY", default="") or secret_key_from_file(env.str("SECRET_KEY_FILE", default=str(BASE_DIR / ".secret_key")))
+SECRET_KEY = env.str("SECRET_KEY", default="") or secret_key_from_file(
+    env.str("SECRET_KEY_FILE", default=str(BASE_DIR / ".secret_key"))
+)
 DEBUG = env("DEBUG")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 
@@ -56,9 +55,9 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-            ],
+            ]
         },
-    },
+    }
 ]
 
 WSGI_APPLICATION = "project.wsgi.application"
@@ -83,12 +82,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-TASKS = {
-    "default": {
-        "BACKEND": "backwave.backend.BackWaveBackend",
-        "QUEUES": ["default", "emails", "reports", "bench"],
-    }
-}
+TASKS = {"default": {"BACKEND": "backwave.backend.BackWaveBackend", "QUEUES": ["default", "emails", "reports", "bench"]}}
 
 # The benchmarks (bench/) and the tests run workers of their own with --queues for the queues
 # that the demo's worker group leaves alone ("bench", and the tests' own).
@@ -103,14 +97,10 @@ BACKWAVE = {
     ),
     # The bearer token Prometheus sends to /backwave/metrics; unset, only staff may read it.
     **({"METRICS_TOKEN": env.str("BACKWAVE_METRICS_TOKEN")} if env.str("BACKWAVE_METRICS_TOKEN", default="") else {}),
-    "WORKER_GROUPS": [
-        {"name": "default", "queues": ["default", "emails", "reports"], "pool_size": 16},
-    ],
+    "WORKER_GROUPS": [{"name": "default", "queues": ["default", "emails", "reports"], "pool_size": 16}],
     # So the admin's Schedules page shows a schedule at work: every worker writes it at start and
     # maintenance mints one report job per slot.
-    "SCHEDULES": {
-        "demo-report": {"task": "project.demo.tasks.report_job", "cron": "*/5 * * * *", "queue": "reports"},
-    },
+    "SCHEDULES": {"demo-report": {"task": "project.demo.tasks.report_job", "cron": "*/5 * * * *", "queue": "reports"}},
 }
 
 LOGGING = {

@@ -5,9 +5,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 
-def database_url(
-    settings: dict, *, user: str | None = None, dbname: str | None = None, options: str | None = None
-) -> str:
+def database_url(settings: dict, *, user: str | None = None, dbname: str | None = None, options: str | None = None) -> str:
     """``settings`` (a Django DATABASES entry) as a URL the project's settings read back.
 
     A unix socket directory (the embedded server's) goes in percent-encoded, as libpq's URIs

@@ -117,7 +117,13 @@ def _is_settings_fragment(tree: ast.Module) -> bool:
     if not statements:
         return False
     for node in statements:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else None
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+            else None
+        )
         if not targets or not all(isinstance(t, ast.Name) and t.id.isupper() for t in targets):
             return False
     return True
@@ -136,10 +142,16 @@ def _check_settings(values: dict) -> list[str]:
             problems.append(f"{name} is not a Django setting")
             continue
         default = getattr(global_settings, name)
-        if default is not None and not isinstance(value, (type(default), list, tuple) if isinstance(default, (list, tuple)) else type(default)):
+        if default is not None and not isinstance(
+            value, (type(default), list, tuple) if isinstance(default, (list, tuple)) else type(default)
+        ):
             problems.append(f"{name} should be a {type(default).__name__}, like Django's default, got {type(value).__name__}")
     for app in values.get("INSTALLED_APPS", ()):
-        if isinstance(app, str) and (app.startswith("django.") or app.startswith("backwave")) and importlib.util.find_spec(app.split(".apps.")[0]) is None:
+        if (
+            isinstance(app, str)
+            and (app.startswith("django.") or app.startswith("backwave"))
+            and importlib.util.find_spec(app.split(".apps.")[0]) is None
+        ):
             problems.append(f"INSTALLED_APPS names {app!r}, which cannot be imported")
     for alias, database in values.get("DATABASES", {}).items():
         if "postgresql" not in database.get("ENGINE", ""):
@@ -149,7 +161,10 @@ def _check_settings(values: dict) -> list[str]:
     declared = set(values.get("DATABASES", {}))
     if declared - set(settings.DATABASES):
         # Beside the test databases, never connected to here (HINT_DATABASES names them).
-        overrides["DATABASES"] = {**settings.DATABASES, **{k: v for k, v in values["DATABASES"].items() if k not in settings.DATABASES}}
+        overrides["DATABASES"] = {
+            **settings.DATABASES,
+            **{k: v for k, v in values["DATABASES"].items() if k not in settings.DATABASES},
+        }
     if "BACKWAVE" in values:
         overrides["BACKWAVE"] = values["BACKWAVE"]
     if "TASKS" in values:
@@ -337,7 +352,9 @@ class CodeBlocks:
             region = Region(lexed.start, lexed.end, lexed.lexemes["source"], EVALUATORS.get(language) or _no_evaluator(language))
             title = TITLE.search(info)
             path = title["title"] if title else ""
-            region.file_module = path.removesuffix(".py").replace("/", ".") if path.endswith(".py") and not path.endswith("settings.py") else None
+            region.file_module = (
+                path.removesuffix(".py").replace("/", ".") if path.endswith(".py") and not path.endswith("settings.py") else None
+            )
             yield region
 
 

@@ -23,9 +23,21 @@ class JobFactory(factory.django.DjangoModelFactory):
     max_attempts = 3
 
 
-def make_lease(worker_id: str, expires_in: float = 30.0, *, group: str = "default", hostname: str = "node-1", pid: int = 4242, using: str = "default") -> Lease:
+def make_lease(
+    worker_id: str,
+    expires_in: float = 30.0,
+    *,
+    group: str = "default",
+    hostname: str = "node-1",
+    pid: int = 4242,
+    using: str = "default",
+) -> Lease:
     """A pump's lease expiring ``expires_in`` seconds from now by the database clock (lapsed when negative)."""
     return Lease.objects.using(using).create(
-        id=uuid.uuid4(), worker_id=worker_id, group=group, hostname=hostname, pid=pid,
+        id=uuid.uuid4(),
+        worker_id=worker_id,
+        group=group,
+        hostname=hostname,
+        pid=pid,
         expires_at=Now() + timedelta(seconds=expires_in),
     )

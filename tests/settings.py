@@ -22,14 +22,22 @@ BACKWAVE = {
     "TASK_MODULES": ["tests.shell.worker_tasks", "tests.faults.tasks"],
     "WORKER_GROUPS": [*BACKWAVE["WORKER_GROUPS"], {"name": "remote", "queues": ["remote"]}],
     # Admission's worker tests (tests/shell/test_admission_workers.py).
-    "QUEUES": {**BACKWAVE.get("QUEUES", {}), "keyed": {"key_concurrency_limit": 2}, "rated": {"rate_limit": 50, "rate_period": 1},
-               "solo": {"key_concurrency_limit": 1}, "single": {"concurrency_limit": 1}},
+    "QUEUES": {
+        **BACKWAVE.get("QUEUES", {}),
+        "keyed": {"key_concurrency_limit": 2},
+        "rated": {"rate_limit": 50, "rate_period": 1},
+        "solo": {"key_concurrency_limit": 1},
+        "single": {"concurrency_limit": 1},
+    },
 }
 # Worker subprocesses of the connection tests (tests/shell/test_connections.py) set their own.
 if os.environ.get("BACKWAVE_TEST_WORKER_CONN_MAX_AGE"):
     BACKWAVE["WORKER_CONN_MAX_AGE"] = float(os.environ["BACKWAVE_TEST_WORKER_CONN_MAX_AGE"])
 TASKS = {
-    "default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults", "keyed", "rated", "solo", "single"]},
+    "default": {
+        **TASKS["default"],
+        "QUEUES": [*TASKS["default"]["QUEUES"], "e2e", "slow", "faults", "keyed", "rated", "solo", "single"],
+    },
     "remote": {"BACKEND": "backwave.backend.BackWaveBackend", "QUEUES": ["remote"], "OPTIONS": {"DATABASE": "other"}},
 }
 

@@ -8,5 +8,6 @@ from tests.settings import *  # noqa: F401,F403
 
 _FOLDER = os.environ["BACKWAVE_TEST_SQLITE_DIR"]
 DATABASES = {
-    alias: {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(_FOLDER, f"{alias}.sqlite3")} for alias in ("default", "other")
+    alias: {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(_FOLDER, f"{alias}.sqlite3")}
+    for alias in ("default", "other")
 }

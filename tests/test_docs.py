@@ -20,7 +20,11 @@ def test_the_docs_build_strictly(tmp_path):
     env["NO_MKDOCS_2_WARNING"] = "1"
     build = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stdout + build.stderr
     settings_page = (tmp_path / "site" / "reference" / "settings" / "index.html").read_text()

@@ -20,11 +20,33 @@ from tests.core.test_purity import FORBIDDEN_IMPORTS as CORE_FORBIDDEN_IMPORTS
 
 # The standard library's pure modules: no I/O, no threads, no clock of their own. The core may
 # import these and itself, and nothing else.
-PURE_STDLIB = frozenset({
-    "__future__", "abc", "bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions",
-    "functools", "heapq", "itertools", "json", "math", "numbers", "operator", "re", "string", "textwrap", "types",
-    "typing", "uuid",
-})
+PURE_STDLIB = frozenset(
+    {
+        "__future__",
+        "abc",
+        "bisect",
+        "collections",
+        "copy",
+        "dataclasses",
+        "datetime",
+        "decimal",
+        "enum",
+        "fractions",
+        "functools",
+        "heapq",
+        "itertools",
+        "json",
+        "math",
+        "numbers",
+        "operator",
+        "re",
+        "string",
+        "textwrap",
+        "types",
+        "typing",
+        "uuid",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -156,7 +178,10 @@ def test_the_harness_itself_is_checked():
     """Each rule catches a line that breaks it, however the import is written."""
     core, store, admin, outside_admin, ops, production = RULES
     modules = {
-        "backwave.core.bad": ("import time\nfrom collections import deque\nfrom . import events\nfrom backwave import conf\n", False),
+        "backwave.core.bad": (
+            "import time\nfrom collections import deque\nfrom . import events\nfrom backwave import conf\n",
+            False,
+        ),
         "backwave.core.events": ("from .jobs import ClaimedJob\n", False),
         "backwave.store.bad": ("def later():\n    from ..shell.registry import TaskRegistry\n", False),
         "backwave.admin_stats": ("from backwave import shell\n", False),
@@ -171,12 +196,17 @@ def test_the_harness_itself_is_checked():
     }
     assert violations(core, modules) == ["backwave.core.bad:1 imports time", "backwave.core.bad:4 imports backwave"]
     assert violations(store, modules) == ["backwave.store.bad:2 imports backwave.shell.registry"]
-    assert violations(admin, modules) == ["backwave.admin.pages:1 imports backwave.shell", "backwave.admin_stats:1 imports backwave.shell"]
+    assert violations(admin, modules) == [
+        "backwave.admin.pages:1 imports backwave.shell",
+        "backwave.admin_stats:1 imports backwave.shell",
+    ]
     assert violations(outside_admin, modules) == [
-        "backwave.ops.stats:1 imports backwave.admin.common", "backwave.tasking.cancelling:2 imports backwave.admin"
+        "backwave.ops.stats:1 imports backwave.admin.common",
+        "backwave.tasking.cancelling:2 imports backwave.admin",
     ]
     assert violations(ops, modules) == [
-        "backwave.ops.actions:1 imports backwave.shell", "backwave.ops.actions:2 imports backwave.management.commands",
+        "backwave.ops.actions:1 imports backwave.shell",
+        "backwave.ops.actions:2 imports backwave.management.commands",
         "backwave.ops.stats:1 imports backwave.admin.common",
     ]
     assert violations(production, modules) == ["backwave.tasks.backend:2 imports backwave.testing.pump"]

@@ -48,7 +48,14 @@ def _time_label(moment: datetime, resolution: int) -> str:
     return local.strftime("%H:%M")
 
 
-def bar_chart(buckets: Sequence[tuple[datetime, Sequence[int]]], *, series: Sequence[tuple[str, str]], resolution: int, title: str, chart_id: str) -> str:
+def bar_chart(
+    buckets: Sequence[tuple[datetime, Sequence[int]]],
+    *,
+    series: Sequence[tuple[str, str]],
+    resolution: int,
+    title: str,
+    chart_id: str,
+) -> str:
     """An SVG of stacked bars: ``buckets`` are (start, values per series), oldest first;
     ``series`` names each value and its CSS class. The y axis counts per bucket."""
     count = len(buckets)
@@ -64,10 +71,17 @@ def bar_chart(buckets: Sequence[tuple[datetime, Sequence[int]]], *, series: Sequ
     grid = []
     tick = 0.0
     while tick <= top + 1e-9:
-        grid.append(format_html(
-            '<line class="bw-grid" x1="{}" x2="{}" y1="{y}" y2="{y}"/><text class="bw-axis" x="{}" y="{ty}" text-anchor="end">{}</text>',
-            LEFT, WIDTH - RIGHT, LEFT - 6, _label(tick), y=_n(y(tick)), ty=_n(y(tick) + 4),
-        ))
+        grid.append(
+            format_html(
+                '<line class="bw-grid" x1="{}" x2="{}" y1="{y}" y2="{y}"/><text class="bw-axis" x="{}" y="{ty}" text-anchor="end">{}</text>',
+                LEFT,
+                WIDTH - RIGHT,
+                LEFT - 6,
+                _label(tick),
+                y=_n(y(tick)),
+                ty=_n(y(tick) + 4),
+            )
+        )
         tick += step
     bars = []
     per = "minute" if resolution == 60 else "hour"
@@ -79,18 +93,33 @@ def bar_chart(buckets: Sequence[tuple[datetime, Sequence[int]]], *, series: Sequ
         rects = []
         for (_name, css), value in zip(series, values, strict=True):
             if value:
-                rects.append(format_html(
-                    '<rect class="{}" x="{}" y="{}" width="{}" height="{}"/>',
-                    css, _n(x), _n(y(base + value)), _n(bar_w), _n(y(base) - y(base + value)),
-                ))
+                rects.append(
+                    format_html(
+                        '<rect class="{}" x="{}" y="{}" width="{}" height="{}"/>',
+                        css,
+                        _n(x),
+                        _n(y(base + value)),
+                        _n(bar_w),
+                        _n(y(base) - y(base + value)),
+                    )
+                )
             base += value
         # A transparent full-height target, so that even an empty bucket has its tooltip.
-        rects.append(format_html('<rect class="bw-hit" x="{}" y="{}" width="{}" height="{}"/>', _n(LEFT + index * slot), TOP, _n(slot), plot_h))
+        rects.append(
+            format_html(
+                '<rect class="bw-hit" x="{}" y="{}" width="{}" height="{}"/>', _n(LEFT + index * slot), TOP, _n(slot), plot_h
+            )
+        )
         bars.append(format_html('<g class="bw-bar"><title>{}</title>{}</g>', tip, mark_safe("".join(rects))))
     label_every = max(1, math.ceil(count / 8))
     x_labels = format_html_join(
-        "", '<text class="bw-axis" x="{}" y="{}" text-anchor="middle">{}</text>',
-        ((_n(LEFT + i * slot + slot / 2), HEIGHT - 8, _time_label(start, resolution)) for i, (start, _v) in enumerate(buckets) if i % label_every == 0),
+        "",
+        '<text class="bw-axis" x="{}" y="{}" text-anchor="middle">{}</text>',
+        (
+            (_n(LEFT + i * slot + slot / 2), HEIGHT - 8, _time_label(start, resolution))
+            for i, (start, _v) in enumerate(buckets)
+            if i % label_every == 0
+        ),
     )
     summary = ", ".join(f"{sum(values[k] for _s, values in buckets):,} {name}" for k, (name, _css) in enumerate(series))
     return format_html(
@@ -100,6 +129,17 @@ def bar_chart(buckets: Sequence[tuple[datetime, Sequence[int]]], *, series: Sequ
         '<line class="bw-axis-line" x1="{left}" x2="{right}" y1="{base}" y2="{base}"/>'
         '<line class="bw-axis-line" x1="{left}" x2="{left}" y1="{top}" y2="{base}"/>'
         "{bars}{x_labels}</svg>",
-        id=chart_id, w=WIDTH, h=HEIGHT, title=title, summary=summary, per=per, grid=mark_safe("".join(grid)),
-        left=LEFT, right=WIDTH - RIGHT, base=TOP + plot_h, top=TOP, bars=mark_safe("".join(bars)), x_labels=x_labels,
+        id=chart_id,
+        w=WIDTH,
+        h=HEIGHT,
+        title=title,
+        summary=summary,
+        per=per,
+        grid=mark_safe("".join(grid)),
+        left=LEFT,
+        right=WIDTH - RIGHT,
+        base=TOP + plot_h,
+        top=TOP,
+        bars=mark_safe("".join(bars)),
+        x_labels=x_labels,
     )

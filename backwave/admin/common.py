@@ -16,7 +16,6 @@ MAX_ROW_ID = 2**63 - 1  # Job.id and Schedule.id are bigints
 _ROW_ID_TEXT = re.compile(r"[0-9]{1,19}\Z")
 
 
-
 def parse_row_id(text) -> int | None:
     """The id that ``text`` spells in ASCII digits, or None when it names no possible row."""
     if not isinstance(text, str) or not _ROW_ID_TEXT.match(text):
@@ -52,7 +51,10 @@ def timestamp(moment):
     local = timezone.localtime(moment)
     return format_html(
         '<time datetime="{}" data-bw-time title="{} {}">{}</time>',
-        moment.isoformat(), local.strftime("%Y-%m-%d %H:%M:%S"), timezone.get_current_timezone_name(), local.strftime("%m-%d %H:%M:%S"),
+        moment.isoformat(),
+        local.strftime("%Y-%m-%d %H:%M:%S"),
+        timezone.get_current_timezone_name(),
+        local.strftime("%m-%d %H:%M:%S"),
     )
 
 

@@ -203,9 +203,17 @@ def summaries(rows) -> list[taskstats.TaskSummary]:
     for task, ok, retried, failed, quarantined, lapsed, cancelled, snoozed, reruns, timed, total, longest, histograms in rows:
         summary = taskstats.TaskSummary(task_path=task)
         summary.add(
-            succeeded=ok, retried=retried, failed=failed, quarantined=quarantined, lapsed=lapsed, cancelled=cancelled,
-            snoozed=snoozed, reruns=reruns,
-            timed=timed, duration_sum=total or 0.0, duration_max=longest or 0.0,
+            succeeded=ok,
+            retried=retried,
+            failed=failed,
+            quarantined=quarantined,
+            lapsed=lapsed,
+            cancelled=cancelled,
+            snoozed=snoozed,
+            reruns=reruns,
+            timed=timed,
+            duration_sum=total or 0.0,
+            duration_max=longest or 0.0,
             histogram=taskstats.merge_histograms(json.loads(h) if isinstance(h, str) else h for h in histograms or ()),
         )
         result.append(summary)
@@ -221,8 +229,17 @@ def build(range_name: str, using: str = "default", sections: frozenset[str] = AL
 
 def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
     seconds, resolution, label = RANGES[range_name]
-    board = Dashboard(range_name=range_name, range_label=label, sections=sections, health=None, chart=None,
-                      queues=[], running=0, stuck=[], failures=[])
+    board = Dashboard(
+        range_name=range_name,
+        range_label=label,
+        sections=sections,
+        health=None,
+        chart=None,
+        queues=[],
+        running=0,
+        stuck=[],
+        failures=[],
+    )
     pumps = []
     if "health" in sections:
         pumps = list(Pump.objects.using(using).with_shown_status().order_by("rank", "group", "worker_id"))
@@ -248,8 +265,13 @@ def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
             by_status[pump.shown_status] += 1
         processes = {(p.hostname, p.pid) for p in pumps if p.shown_status not in (ShownPumpStatus.LOST, ShownPumpStatus.HALTED)}
         board.health = Health(
-            pumps_by_status=by_status, pumps=pumps, worker_processes=len(processes), hint_sessions=listeners,
-            hint_since=listening_since, rolled_at=rolled_at, rolled_age=rolled_age,
+            pumps_by_status=by_status,
+            pumps=pumps,
+            worker_processes=len(processes),
+            hint_sessions=listeners,
+            hint_since=listening_since,
+            rolled_at=rolled_at,
+            rolled_age=rolled_age,
             behind=stats.Count(BEHIND_CAP, capped=True) if behind > BEHIND_CAP else stats.Count(behind),
             unserved=unserved,
         )
@@ -259,9 +281,17 @@ def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
         board.stuck = _stuck(running, usual)[:STUCK_SHOWN]
         board.failures = [
             Failure(
-                attempt_id=attempt_id, job_id=job_id, number=number, state=state, error_class=error_class,
-                message=error_message(error_class, traceback), finished_at=finished_at, worker_id=worker,
-                task_path=task, queue=queue, job_state=job_state,
+                attempt_id=attempt_id,
+                job_id=job_id,
+                number=number,
+                state=state,
+                error_class=error_class,
+                message=error_message(error_class, traceback),
+                finished_at=finished_at,
+                worker_id=worker,
+                task_path=task,
+                queue=queue,
+                job_state=job_state,
             )
             for attempt_id, job_id, number, state, error_class, traceback, finished_at, worker, task, queue, job_state in failures
         ]
@@ -274,8 +304,17 @@ def _stuck(running, usual: dict[str, float]) -> list[StuckJob]:
     for job_id, task, queue, worker, attempt, started, running_for, _expires, lapsed in running:
         threshold = max(STUCK_FACTOR * usual[task], STUCK_FLOOR) if task in usual else None
         if lapsed or (threshold is not None and running_for > threshold):
-            stuck.append(StuckJob(
-                id=job_id, task_path=task, queue=queue, worker_id=worker, attempt=attempt, started_at=started,
-                running_for=running_for, lease_lapsed=lapsed, usual=usual.get(task),
-            ))
+            stuck.append(
+                StuckJob(
+                    id=job_id,
+                    task_path=task,
+                    queue=queue,
+                    worker_id=worker,
+                    attempt=attempt,
+                    started_at=started,
+                    running_for=running_for,
+                    lease_lapsed=lapsed,
+                    usual=usual.get(task),
+                )
+            )
     return stuck

@@ -42,8 +42,14 @@ RUNNING_REFUSAL = "{n} job{s} {are} running under a worker's lease and {were} le
 
 def _plural(n: int) -> dict:
     one = n == 1
-    return {"n": n, "s": "" if one else "s", "are": "is" if one else "are", "were": "was" if one else "were",
-            "they": "it" if one else "they", "es": "es" if one else ""}
+    return {
+        "n": n,
+        "s": "" if one else "s",
+        "are": "is" if one else "are",
+        "were": "was" if one else "were",
+        "they": "it" if one else "they",
+        "es": "es" if one else "",
+    }
 
 
 def report_job_action(request, result: actions.JobActionResult, *, done: str, allowed: str) -> None:
@@ -58,9 +64,14 @@ def report_job_action(request, result: actions.JobActionResult, *, done: str, al
         listed = ", ".join(f"{n} {state}" for state, n in sorted(others.items()))
         messages.warning(request, f"Only {allowed} jobs can be {done}; left alone: {listed}.")
     if result.gone:
-        shown = ", ".join(map(str, result.gone[:GONE_SHOWN])) + (f" and {len(result.gone) - GONE_SHOWN} more" if len(result.gone) > GONE_SHOWN else "")
+        shown = ", ".join(map(str, result.gone[:GONE_SHOWN])) + (
+            f" and {len(result.gone) - GONE_SHOWN} more" if len(result.gone) > GONE_SHOWN else ""
+        )
         one = len(result.gone) == 1
-        messages.warning(request, f"Job{'' if one else 's'} {shown} no longer exist{'s' if one else ''} (deleted since the page was loaded, e.g. by the retention purge).")
+        messages.warning(
+            request,
+            f"Job{'' if one else 's'} {shown} no longer exist{'s' if one else ''} (deleted since the page was loaded, e.g. by the retention purge).",
+        )
     if not changed and not result.refused and not result.gone and not result.requested:
         messages.warning(request, "No such job.")
 
@@ -69,8 +80,12 @@ def _without_requests(result: actions.JobActionResult) -> actions.JobActionResul
     """The result with its cancel requests left out of ``changed``: they are reported on their own."""
     asked = set(result.requested)
     return actions.JobActionResult(
-        changed=tuple(i for i in result.changed if i not in asked), refused=result.refused, gone=result.gone,
-        changed_rows=result.changed_rows, batches=result.batches, requested=result.requested,
+        changed=tuple(i for i in result.changed if i not in asked),
+        refused=result.refused,
+        gone=result.gone,
+        changed_rows=result.changed_rows,
+        batches=result.batches,
+        requested=result.requested,
     )
 
 
@@ -92,7 +107,11 @@ class JobStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request, model_admin):
-        return [("ready", "Ready (due)"), ("scheduled", "Scheduled (later)"), *[(value, label) for value, label in JobState.choices if value != "ready"]]
+        return [
+            ("ready", "Ready (due)"),
+            ("scheduled", "Scheduled (later)"),
+            *[(value, label) for value, label in JobState.choices if value != "ready"],
+        ]
 
     def queryset(self, request, queryset):
         value = self.value()
@@ -247,8 +266,16 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         # Enqueued and run-at are on the job page (the id is in enqueue order; a scheduled job's
         # badge says when it is due): the list keeps to what says where a job stands, so it
         # fits a laptop's screen beside the filters.
-        "id", "task_name", "queue", "state_badge", "attempts_shown", "started_shown",
-        "duration_shown", "finished", "worker_shown", "error_shown",
+        "id",
+        "task_name",
+        "queue",
+        "state_badge",
+        "attempts_shown",
+        "started_shown",
+        "duration_shown",
+        "finished",
+        "worker_shown",
+        "error_shown",
     )
     list_display_links = ("id", "task_name")
     list_filter = (JobStateFilter, QueueFilter, TaskFilter, TagFilter, WorkerFilter)
@@ -266,16 +293,43 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     fieldsets = [
         (None, {"fields": [("task_path", "queue", "state"), ("priority", "backend", "tags", "schedule_link")]}),
         ("Timing", {"fields": [("enqueued", "run_at_shown", "started", "last_attempted", "finished")]}),
-        ("Retries and lease", {"fields": [("attempts", "max_attempts", "worker_link"), ("backoff_base", "backoff_max", "lease_id")]}),
+        (
+            "Retries and lease",
+            {"fields": [("attempts", "max_attempts", "worker_link"), ("backoff_base", "backoff_max", "lease_id")]},
+        ),
         ("Admission", {"fields": [("unique_key_shown", "unique_states_shown", "limit_key_shown")]}),
         ("Payload and result", {"fields": [("payload_json", "return_value_json"), "output_json"]}),
         ("Attempt control", {"fields": [("timeout", "cancel_request"), ("progress_json", "metadata_json")]}),
     ]
     readonly_fields = (
-        "task_path", "queue", "state", "priority", "tags", "backend", "schedule_link", "enqueued", "run_at_shown",
-        "started", "last_attempted", "finished", "attempts", "max_attempts", "backoff_base", "backoff_max",
-        "worker_link", "lease_id", "payload_json", "return_value_json", "output_json", "timeout", "cancel_request", "progress_json",
-        "metadata_json", "unique_key_shown", "unique_states_shown", "limit_key_shown",
+        "task_path",
+        "queue",
+        "state",
+        "priority",
+        "tags",
+        "backend",
+        "schedule_link",
+        "enqueued",
+        "run_at_shown",
+        "started",
+        "last_attempted",
+        "finished",
+        "attempts",
+        "max_attempts",
+        "backoff_base",
+        "backoff_max",
+        "worker_link",
+        "lease_id",
+        "payload_json",
+        "return_value_json",
+        "output_json",
+        "timeout",
+        "cancel_request",
+        "progress_json",
+        "metadata_json",
+        "unique_key_shown",
+        "unique_states_shown",
+        "limit_key_shown",
     )
 
     # --- permissions: the rows are the engine's; only the actions write -----------------------
@@ -336,7 +390,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         if job.state == "ready" and job.run_at and job.run_at > timezone.now():
             due = timezone.localtime(job.run_at)
             return format_html(
-                '<span class="bw-badge bw-scheduled" title="due {} {}">Scheduled</span>', f"{due:%Y-%m-%d %H:%M:%S}", timezone.get_current_timezone_name()
+                '<span class="bw-badge bw-scheduled" title="due {} {}">Scheduled</span>',
+                f"{due:%Y-%m-%d %H:%M:%S}",
+                timezone.get_current_timezone_name(),
             )
         if job.state == "running" and job.cancel_requested_at is not None:
             label = "Cancelling"
@@ -344,7 +400,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         if job.state == "running" and job.progress is not None:
             # What the handler last reported (context.set_progress), as of the last heartbeat.
             shown = json.dumps(redacted(job, "progress"), ensure_ascii=False)
-            badge = format_html('{} <span class="bw-note bw-progress">{}</span>', badge, shown if len(shown) <= 40 else shown[:39] + "…")
+            badge = format_html(
+                '{} <span class="bw-note bw-progress">{}</span>', badge, shown if len(shown) <= 40 else shown[:39] + "…"
+            )
         return badge
 
     @admin.display(description="attempts")
@@ -367,7 +425,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def duration_shown(self, job):
         running_for = getattr(job, "running_for", None)
         if job.state == "running" and running_for is not None:
-            return format_html('<span class="bw-running-for" title="running for this long so far">{} …</span>', duration_text(running_for))
+            return format_html(
+                '<span class="bw-running-for" title="running for this long so far">{} …</span>', duration_text(running_for)
+            )
         return duration_text(getattr(job, "last_duration", None))
 
     @admin.display(description="finished", ordering="finished_at")
@@ -395,7 +455,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         if pump_exists:
             url = reverse(f"{self.admin_site.name}:backwave_pump_change", args=[job.worker_id])
             return format_html('<a class="bw-worker" href="{}" title="the pump {}">{}</a>', url, job.worker_id, shown)
-        return format_html('<span class="bw-worker bw-muted" title="{}: this pump has stopped (no row left)">{}</span>', job.worker_id, shown)
+        return format_html(
+            '<span class="bw-worker bw-muted" title="{}: this pump has stopped (no row left)">{}</span>', job.worker_id, shown
+        )
 
     @admin.display(description="started (first attempt)")
     def started(self, job):
@@ -409,7 +471,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     @admin.display(description="worker")
     def worker_link(self, job):
-        return self._worker_html(job, Pump.objects.filter(worker_id=job.worker_id).exists() if job.worker_id else False, short=False)
+        return self._worker_html(
+            job, Pump.objects.filter(worker_id=job.worker_id).exists() if job.worker_id else False, short=False
+        )
 
     @admin.display(description="schedule")
     def schedule_link(self, job):
@@ -434,7 +498,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     @admin.display(description="payload")
     def payload_json(self, job):
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redacted(job, "payload"), indent=2, ensure_ascii=False))
+        return format_html('<pre class="bw-pre">{}</pre>', json.dumps(redacted(job, "payload"), indent=2, ensure_ascii=False))
 
     @admin.display(description="cancel requested")
     def cancel_request(self, job):
@@ -454,13 +518,15 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def _json_block(value):
         if value is None:
             return "-"
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+        return format_html('<pre class="bw-pre">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
 
     @admin.display(description="return value")
     def return_value_json(self, job):
         if job.return_value is None:
             return "-"
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redacted(job, "return_value"), indent=2, ensure_ascii=False))
+        return format_html(
+            '<pre class="bw-pre">{}</pre>', json.dumps(redacted(job, "return_value"), indent=2, ensure_ascii=False)
+        )
 
     def get_object(self, request, object_id, from_field=None):
         job = super().get_object(request, object_id, from_field)
@@ -480,7 +546,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def output_json(self, job):
         if not job.output:
             return "-"
-        return format_html("<pre class=\"bw-pre\">{}</pre>", json.dumps(redacted(job, "output"), indent=2, ensure_ascii=False))
+        return format_html('<pre class="bw-pre">{}</pre>', json.dumps(redacted(job, "output"), indent=2, ensure_ascii=False))
 
     def _workflow(self, request, job_id: int) -> dict:
         """The job's ancestors and dependents (links, states, policies), in one statement."""
@@ -489,8 +555,16 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         sides: dict[str, dict] = {"ancestor": {"rows": [], "total": 0}, "dependent": {"rows": [], "total": 0}}
         for side, linked_id, task_path, state, on_failure, total in rows:
             url = reverse("admin:backwave_job_change", args=[linked_id], current_app=self.admin_site.name)
-            sides[side]["rows"].append({"id": linked_id, "url": url, "task": task_path.rsplit(".", 1)[-1], "task_path": task_path,
-                                        "state": state, "on_failure": on_failure})
+            sides[side]["rows"].append(
+                {
+                    "id": linked_id,
+                    "url": url,
+                    "task": task_path.rsplit(".", 1)[-1],
+                    "task_path": task_path,
+                    "state": state,
+                    "on_failure": on_failure,
+                }
+            )
             sides[side]["total"] = total
         unfinished = [row for row in sides["ancestor"]["rows"] if row["state"] != "succeeded"]
         return {"ancestors": sides["ancestor"], "dependents": sides["dependent"], "unfinished_ancestors": unfinished}
@@ -534,16 +608,28 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     def retry_now(self, request, queryset):
         report_job_action(request, self._act(request, queryset, "retry"), done="retried", allowed="failed, quarantined or held")
 
-    @admin.action(description="Cancel (ready, scheduled, waiting or held jobs; running ones with its own permission)", permissions=["cancel"], location=BOTH_LOCATIONS)
+    @admin.action(
+        description="Cancel (ready, scheduled, waiting or held jobs; running ones with its own permission)",
+        permissions=["cancel"],
+        location=BOTH_LOCATIONS,
+    )
     def cancel(self, request, queryset):
         running = self.has_cancel_running_permission(request)
         result = self._act(request, queryset, "cancel", by=f"admin:{request.user.get_username()}", running=running)
         if result.requested:
             n = len(result.requested)
-            messages.success(request, f"Asked the worker{'' if n == 1 else 's'} of {n} running job{'' if n == 1 else 's'} to stop; "
-                             f"{'it ends' if n == 1 else 'they end'} cancelled.")
+            messages.success(
+                request,
+                f"Asked the worker{'' if n == 1 else 's'} of {n} running job{'' if n == 1 else 's'} to stop; "
+                f"{'it ends' if n == 1 else 'they end'} cancelled.",
+            )
             result = _without_requests(result)
-        report_job_action(request, result, done="cancelled", allowed="ready, scheduled, waiting, held or running" if running else "ready, scheduled, waiting or held")
+        report_job_action(
+            request,
+            result,
+            done="cancelled",
+            allowed="ready, scheduled, waiting, held or running" if running else "ready, scheduled, waiting or held",
+        )
 
     # --- retry all / cancel all matching the filters ------------------------------------------
 
@@ -582,12 +668,16 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
             described = describe_filters(query)
             note = f" by “{verb} all matching” ({described})" if described else f" by “{verb} all”"
             result = actions.act_on_matching(
-                changelist.queryset, action, on_batch=lambda batch: record_history(request.user, action, batch, note),
+                changelist.queryset,
+                action,
+                on_batch=lambda batch: record_history(request.user, action, batch, note),
                 **({"by": f"admin:{request.user.get_username()}"} if action == "cancel" else {}),
             )
             report_job_action(request, result, done=done, allowed=states)
             if result.batches > 1:
-                messages.info(request, f"Done in {result.batches} batches of up to {actions.BATCH_SIZE:,} jobs, each committed on its own.")
+                messages.info(
+                    request, f"Done in {result.batches} batches of up to {actions.BATCH_SIZE:,} jobs, each committed on its own."
+                )
             return HttpResponseRedirect(back)
         context = {
             **self.admin_site.each_context(request),

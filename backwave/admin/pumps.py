@@ -52,7 +52,19 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
     search_fields = ("worker_id", "hostname")
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    fields = ("worker_id", "status_badge", "reason_full", "group", "hostname", "pid", "in_flight_shown", "lease_duration", "started_at_shown", "last_heartbeat_at_shown", "heartbeat_age")
+    fields = (
+        "worker_id",
+        "status_badge",
+        "reason_full",
+        "group",
+        "hostname",
+        "pid",
+        "in_flight_shown",
+        "lease_duration",
+        "started_at_shown",
+        "last_heartbeat_at_shown",
+        "heartbeat_age",
+    )
     readonly_fields = fields
     started_at_shown = timestamp_column("started_at", "started at")
     last_heartbeat_at_shown = timestamp_column("last_heartbeat_at", "last heartbeat at")
@@ -77,7 +89,10 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         why = "no live lease" if shown == ShownPumpStatus.LOST else "no heartbeat for longer than its lease"
         return format_html(
             '<span class="bw-badge bw-{}" title="{}; it last reported {}">{}</span>',
-            shown.value, why, pump.get_status_display().lower(), shown.label,
+            shown.value,
+            why,
+            pump.get_status_display().lower(),
+            shown.label,
         )
 
     @admin.display(description="host:pid", ordering="hostname")
@@ -92,7 +107,9 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         # The count links to those jobs: the Jobs list filtered by this pump's worker id.
         url = reverse(f"{self.admin_site.name}:backwave_job_changelist")
         query = urlencode({"state": "running", "worker": pump.worker_id})
-        return format_html('<a href="{}?{}" class="bw-pump-jobs" title="this pump\'s running jobs">{}</a>', url, query, pump.live_in_flight)
+        return format_html(
+            '<a href="{}?{}" class="bw-pump-jobs" title="this pump\'s running jobs">{}</a>', url, query, pump.live_in_flight
+        )
 
     @admin.display(description="reason")
     def reason_shown(self, pump):
@@ -109,5 +126,9 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
         seconds = pump.age.total_seconds()
         # A halted pump stopped heartbeating on purpose and says why: it is never "stale".
         if pump.status != PumpStatus.HALTED and seconds > pump.lease_duration:
-            return format_html('<span class="bw-stale" title="older than its lease ({} s)">{} s ago · stale</span>', f"{pump.lease_duration:g}", f"{seconds:.0f}")
+            return format_html(
+                '<span class="bw-stale" title="older than its lease ({} s)">{} s ago · stale</span>',
+                f"{pump.lease_duration:g}",
+                f"{seconds:.0f}",
+            )
         return f"{seconds:.0f} s ago"

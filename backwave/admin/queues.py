@@ -14,6 +14,7 @@ from ..ops import actions, stats
 from ..queue_rules import parse_concurrency_limit
 from .common import EngineRows
 
+
 @admin.register(Queue)
 class QueueAdmin(EngineRows, admin.ModelAdmin):
     """The Queues page: one line per known queue, with or without a Queue row.

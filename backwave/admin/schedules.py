@@ -8,6 +8,7 @@ from ..models import Schedule
 from ..ops import actions
 from .common import BigintIds, EngineRows, RefuseUnpermittedActions, timestamp_column
 
+
 @admin.register(Schedule)
 class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Schedules"
@@ -18,7 +19,25 @@ class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Model
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     actions = ["enable", "disable"]
-    fields = ("name", "task_path", "cron", "enabled", "next_run_shown", "last_slot_shown", "queue", "priority", "args", "kwargs", "max_attempts", "backoff_base", "backoff_max", "backend", "tags", "created_at_shown", "updated_at_shown")
+    fields = (
+        "name",
+        "task_path",
+        "cron",
+        "enabled",
+        "next_run_shown",
+        "last_slot_shown",
+        "queue",
+        "priority",
+        "args",
+        "kwargs",
+        "max_attempts",
+        "backoff_base",
+        "backoff_max",
+        "backend",
+        "tags",
+        "created_at_shown",
+        "updated_at_shown",
+    )
     readonly_fields = fields
     next_run_shown = timestamp_column("next_run", "next run")
     last_slot_shown = timestamp_column("last_slot", "last slot")

@@ -54,8 +54,19 @@ def live_window() -> float:
 class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Transitions waiting for their observers (dead ones first)"
     list_display = (
-        "id", "state_shown", "kind", "job_link", "attempt_shown", "task_path", "queue", "waiting_shown", "deliveries", "failed_observer", "error_shown",
-        "due", "occurred",
+        "id",
+        "state_shown",
+        "kind",
+        "job_link",
+        "attempt_shown",
+        "task_path",
+        "queue",
+        "waiting_shown",
+        "deliveries",
+        "failed_observer",
+        "error_shown",
+        "due",
+        "occurred",
     )
     list_display_links = ("id",)
     list_filter = ("state", "kind", "queue")
@@ -64,8 +75,21 @@ class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Mod
     show_facets = admin.ShowFacets.NEVER
     actions = ["redeliver", "discard"]
     fields = (
-        "id", "state", "kind", "job_link", "attempt", "task_path", "queue", "occurred_at", "deliveries", "next_attempt_at",
-        "observers", "waiting_shown", "delivered_to", "failed_observer", "last_error",
+        "id",
+        "state",
+        "kind",
+        "job_link",
+        "attempt",
+        "task_path",
+        "queue",
+        "occurred_at",
+        "deliveries",
+        "next_attempt_at",
+        "observers",
+        "waiting_shown",
+        "delivered_to",
+        "failed_observer",
+        "last_error",
     )
     readonly_fields = fields
 
@@ -79,8 +103,12 @@ class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Mod
             return format_html('<span class="bw-muted">{}</span>', "any observer that watches it")
         unserved = set(getattr(obj, "unserved", ()))
         return format_html_join(
-            mark_safe("<br>"), "{}{}",
-            ((name, format_html(' <strong style="color:#ba2121">({})</strong>', NO_LIVE_WORKER) if name in unserved else "") for name in obj.waiting_for),
+            mark_safe("<br>"),
+            "{}{}",
+            (
+                (name, format_html(' <strong style="color:#ba2121">({})</strong>', NO_LIVE_WORKER) if name in unserved else "")
+                for name in obj.waiting_for
+            ),
         )
 
     def has_redeliver_permission(self, request, obj=None):
@@ -126,7 +154,8 @@ class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.Mod
         # A pending row is discarded only when every observer it waits for is registered by no
         # live worker (one removed from the code): any other is still on its way.
         stranded = RawSQL(
-            f"cardinality({UNSERVED}) > 0 AND cardinality({UNSERVED}) = cardinality({WAITING})", [live_window(), live_window()],
+            f"cardinality({UNSERVED}) > 0 AND cardinality({UNSERVED}) = cardinality({WAITING})",
+            [live_window(), live_window()],
             output_field=BooleanField(),
         )
         n, _ = queryset.alias(stranded=stranded).filter(Q(state=DeliveryState.DEAD) | Q(stranded=True)).delete()

@@ -41,7 +41,9 @@ class Claims:
         sent = self.ledger.sent(cmd.ClaimJobs)
         return sum(claim.limit for claim, _ in sent) if sent else 0
 
-    def send(self, now: float, limit: int, lease_id, held: Callable[[], set], skip: frozenset[str] = frozenset()) -> list[cmd.Command]:
+    def send(
+        self, now: float, limit: int, lease_id, held: Callable[[], set], skip: frozenset[str] = frozenset()
+    ) -> list[cmd.Command]:
         """One pass of the dispatch policy for ``limit`` slots, or the reconcile it must wait for."""
         if self.reconcile_needed:
             # No claim until the lease is reconciled: one that ran before it could add to jobs
@@ -122,8 +124,16 @@ class Claims:
 
 
 def refusal(
-    jobs: tuple[ClaimedJob, ...], asked: int, executing: dict, *, queued: set[int], unreported: int, obsolete: int, abandoned: int,
-    pool_size: int, ahead: int,
+    jobs: tuple[ClaimedJob, ...],
+    asked: int,
+    executing: dict,
+    *,
+    queued: set[int],
+    unreported: int,
+    obsolete: int,
+    abandoned: int,
+    pool_size: int,
+    ahead: int,
 ) -> str | None:
     """Why a claim's answer cannot be taken, or None. ``obsolete`` buffered outcomes are of jobs
     the claim returned again: they give their slots to the new attempts. ``ahead``: the most jobs

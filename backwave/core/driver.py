@@ -236,7 +236,9 @@ class NodeDriver:
         if not event.applied <= written:
             raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
         if event.released < 0 or (event.released and not event.applied):
-            raise InvalidEvent(event, self.state, f"released must be 0 or more, and only with applied outcomes; got {event.released}")
+            raise InvalidEvent(
+                event, self.state, f"released must be 0 or more, and only with applied outcomes; got {event.released}"
+            )
         self.stats.writes += 1
         self.stats.released += event.released
         self.stats.applied += len(event.applied)
@@ -261,7 +263,11 @@ class NodeDriver:
         if event.held:
             self._trust_lease_from(sent_at)
             # The safety net under the NOTIFY: each cancel as if it had been heard.
-            return [command for job_id, by in event.cancels for command in self._on_cancel_requested(ev.CancelRequested(now=event.now, job_id=job_id, by=by))]
+            return [
+                command
+                for job_id, by in event.cancels
+                for command in self._on_cancel_requested(ev.CancelRequested(now=event.now, job_id=job_id, by=by))
+            ]
         return self._lose_lease(event.now)
 
     def _on_nothing_to_do(self, event: ev.Event) -> list[cmd.Command]:
@@ -325,7 +331,7 @@ class NodeDriver:
             raise InvalidEvent(event, self.state, f"jitter must be in [0, 1), got {event.jitter}")
         self.stats.store_faults += 1
         retry_at = self._faults.retry_at(
-            now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=self.options.fault_backoff_cap,
+            now=event.now, jitter=event.jitter, base=self.options.poll_interval, cap=self.options.fault_backoff_cap
         )
         if isinstance(failed, (cmd.ReleaseLease, cmd.ReleaseJobs)):
             if self.state is State.DRAINING:

@@ -81,12 +81,19 @@ class Retention:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise WorkerGroupConfigError(f"Retention {name} must be a number of seconds >= 0 or None (keep for ever), got {value!r}.")
+                raise WorkerGroupConfigError(
+                    f"Retention {name} must be a number of seconds >= 0 or None (keep for ever), got {value!r}."
+                )
 
     @property
     def job_states(self) -> tuple[tuple[str, float], ...]:
         """(state, seconds) for every finished state that is purged at all, in a fixed order."""
-        pairs = (("succeeded", self.succeeded), ("failed", self.failed), ("cancelled", self.cancelled), ("quarantined", self.quarantined))
+        pairs = (
+            ("succeeded", self.succeeded),
+            ("failed", self.failed),
+            ("cancelled", self.cancelled),
+            ("quarantined", self.quarantined),
+        )
         return tuple((state, float(seconds)) for state, seconds in pairs if seconds is not None)
 
     @property
@@ -195,7 +202,14 @@ def _check_claim_ahead(group: WorkerGroupOptions) -> None:
 
 
 def _check_intervals(group: WorkerGroupOptions) -> None:
-    for name in ("poll_interval", "lease_duration", "heartbeat_interval", "maintenance_interval", "drain_timeout", "cancel_grace"):
+    for name in (
+        "poll_interval",
+        "lease_duration",
+        "heartbeat_interval",
+        "maintenance_interval",
+        "drain_timeout",
+        "cancel_grace",
+    ):
         value = getattr(group, name)
         if name == "heartbeat_interval" and value is None:
             continue
@@ -205,7 +219,12 @@ def _check_intervals(group: WorkerGroupOptions) -> None:
                 f"(a week), got {value!r}."
             )
     linger = group.outcome_linger
-    if isinstance(linger, bool) or not isinstance(linger, (int, float)) or not math.isfinite(linger) or not 0 <= linger <= MAX_OUTCOME_LINGER:
+    if (
+        isinstance(linger, bool)
+        or not isinstance(linger, (int, float))
+        or not math.isfinite(linger)
+        or not 0 <= linger <= MAX_OUTCOME_LINGER
+    ):
         raise WorkerGroupConfigError(
             f"Worker Group '{group.name}': outcome_linger must be a number of seconds from 0 (write each outcome at once) "
             f"to {MAX_OUTCOME_LINGER:g}, got {linger!r}."
@@ -240,7 +259,9 @@ def store_timeouts(
     """
     for setting, value in (("WORKER_STATEMENT_TIMEOUT", statement_timeout), ("WORKER_LOCK_TIMEOUT", lock_timeout)):
         if value is not None and not _is_seconds(value):
-            raise WorkerGroupConfigError(f"BACKWAVE[{setting!r}] must be a number of seconds above 0 or None (derived from the lease), got {value!r}.")
+            raise WorkerGroupConfigError(
+                f"BACKWAVE[{setting!r}] must be a number of seconds above 0 or None (derived from the lease), got {value!r}."
+            )
     shortest = min(groups, key=lambda group: group.lease_duration, default=None)
     if statement_timeout is None:
         lease = shortest.lease_duration if shortest is not None else DEFAULT_LEASE_DURATION

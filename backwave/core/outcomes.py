@@ -89,7 +89,12 @@ def timed_out(job: ClaimedJob) -> Outcome:
 
 def cancel_ignored(job: ClaimedJob, by: str) -> Outcome:
     """The outcome of a cancelled attempt whose handler did not return within cancel_grace."""
-    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(by) + " (its handler did not stop in time)")
+    return Outcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        kind=OutcomeKind.CANCELLED,
+        reason=cancel_reason(by) + " (its handler did not stop in time)",
+    )
 
 
 def cancelled_before_start(job: ClaimedJob, *, by: str | None = None) -> Outcome:
@@ -97,7 +102,12 @@ def cancelled_before_start(job: ClaimedJob, *, by: str | None = None) -> Outcome
     ran) before this attempt started: it waited for a thread, claimed ahead, or was cancelled
     before it was claimed again."""
     by = by if by is not None else job.cancel_requested_by
-    return Outcome(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.CANCELLED, reason=cancel_reason(by) + " (before this attempt started)")
+    return Outcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        kind=OutcomeKind.CANCELLED,
+        reason=cancel_reason(by) + " (before this attempt started)",
+    )
 
 
 def cancel_reason(by: str | None) -> str:

@@ -104,8 +104,15 @@ class Slots:
         # claim was sent (a job of a task not seen before started meanwhile), and the jobs
         # beyond the free threads then wait their turn.
         if reason := claims.refusal(
-            jobs, asked, self.executing, queued={job.id for job in self.queued}, unreported=self.unreported,
-            obsolete=obsolete, abandoned=len(self.abandoned), pool_size=self.options.pool_size, ahead=self.options.jobs_ahead,
+            jobs,
+            asked,
+            self.executing,
+            queued={job.id for job in self.queued},
+            unreported=self.unreported,
+            obsolete=obsolete,
+            abandoned=len(self.abandoned),
+            pool_size=self.options.pool_size,
+            ahead=self.options.jobs_ahead,
         ):
             raise ValueError(reason)
         if obsolete:

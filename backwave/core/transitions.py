@@ -195,11 +195,18 @@ class InvalidEvent(Exception):
 
 
 # Results of maintenance, which is not bound to the lease: they may land in any state but NEW.
-_MAINTENANCE_RESULTS = frozenset({ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp, ev.TablesAnalyzed, ev.TaskStatsPurged})
+_MAINTENANCE_RESULTS = frozenset(
+    {ev.LeasesExpired, ev.SchedulesMinted, ev.PumpsPurged, ev.JobsPurged, ev.StatsRolledUp, ev.TablesAnalyzed, ev.TaskStatsPurged}
+)
 # What every state but NEW takes: timers, hints, cancels, handlers returning, faults, maintenance, a drain.
-_LIVE = frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested}) | _MAINTENANCE_RESULTS
+_LIVE = (
+    frozenset({ev.Tick, ev.HintReceived, ev.CancelRequested, ev.JobFinished, ev.StoreFailed, ev.DrainRequested})
+    | _MAINTENANCE_RESULTS
+)
 # Answers to commands sent under a held lease.
-_UNDER_LEASE = frozenset({ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.JobsReleased, ev.LeaseReconciled, ev.OverrunsForgotten})
+_UNDER_LEASE = frozenset(
+    {ev.ClaimReturned, ev.OutcomesWritten, ev.LeaseRenewed, ev.JobsReleased, ev.LeaseReconciled, ev.OverrunsForgotten}
+)
 
 ACCEPTS: dict[State, frozenset[type[ev.Event]]] = {
     State.NEW: frozenset({ev.Started, ev.DrainRequested}),
@@ -233,11 +240,15 @@ STORE_RESULTS = frozenset(ANSWERS)
 # self-fence, a drain's end). Such a stale result, or its StoreFailed, is swallowed on arrival
 # in any state, before ACCEPTS is consulted, while no command of its kind is in flight: the
 # store's fence makes whatever it did a no-op.
-STALE_TOLERANT = frozenset({cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cmd.ReconcileLease, cmd.ReleaseLease, cmd.ForgetOverruns})
+STALE_TOLERANT = frozenset(
+    {cmd.ClaimJobs, cmd.WriteOutcomes, cmd.RenewLease, cmd.ReconcileLease, cmd.ReleaseLease, cmd.ForgetOverruns}
+)
 
 # Store commands the driver waits for none of: a StoreFailed of one is always accepted, and the
 # next maintenance run (or the lease's lapse) makes up for it.
-UNTRACKED = frozenset({cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgePumps, cmd.PurgeTaskStats, cmd.AnalyzeTables, cmd.ReleaseJobs})
+UNTRACKED = frozenset(
+    {cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgePumps, cmd.PurgeTaskStats, cmd.AnalyzeTables, cmd.ReleaseJobs}
+)
 
 # The results of the commands the driver waits for: each is refused while none of its kind is in flight.
 AWAITED: dict[type[ev.Event], type[cmd.Command]] = {result: sent for result, sent in ANSWERS.items() if sent not in UNTRACKED}

@@ -7,75 +7,165 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('task_path', models.CharField(help_text="Wire name: the task's import path, resolved only through the worker's registry.", max_length=255)),
-                ('queue', models.CharField(default='default', max_length=64)),
-                ('priority', models.SmallIntegerField(default=0, help_text='-100 to 100; higher runs first.')),
-                ('payload', models.JSONField(help_text='{"args": [...], "kwargs": {...}}')),
-                ('state', models.CharField(choices=[('ready', 'Ready'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('quarantined', 'Quarantined')], default='ready', max_length=16)),
-                ('backend', models.CharField(default='default', help_text='Alias of the TASKS backend that enqueued the job.', max_length=64)),
-                ('tags', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=64), blank=True, default=list)),
-                ('run_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='Not claimed before this moment (database clock).')),
-                ('enqueued_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('started_at', models.DateTimeField(blank=True, help_text='Start of the first attempt.', null=True)),
-                ('last_attempted_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('attempts', models.IntegerField(default=0, help_text='Counted when the job is claimed, so a job that kills its worker still runs out of attempts.')),
-                ('max_attempts', models.IntegerField(default=1)),
-                ('backoff_base', models.FloatField(default=1.0, help_text='Seconds before the first retry; doubles on each further attempt.')),
-                ('backoff_max', models.FloatField(default=3600.0)),
-                ('lease_id', models.UUIDField(blank=True, help_text='The lease the job runs under while running.', null=True)),
-                ('worker_id', models.CharField(blank=True, default='', help_text='Pump identity of the latest attempt.', max_length=255)),
-                ('return_value', models.JSONField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "task_path",
+                    models.CharField(
+                        help_text="Wire name: the task's import path, resolved only through the worker's registry.",
+                        max_length=255,
+                    ),
+                ),
+                ("queue", models.CharField(default="default", max_length=64)),
+                ("priority", models.SmallIntegerField(default=0, help_text="-100 to 100; higher runs first.")),
+                ("payload", models.JSONField(help_text='{"args": [...], "kwargs": {...}}')),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("ready", "Ready"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("quarantined", "Quarantined"),
+                        ],
+                        default="ready",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "backend",
+                    models.CharField(
+                        default="default", help_text="Alias of the TASKS backend that enqueued the job.", max_length=64
+                    ),
+                ),
+                (
+                    "tags",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.CharField(max_length=64), blank=True, default=list
+                    ),
+                ),
+                (
+                    "run_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="Not claimed before this moment (database clock).",
+                    ),
+                ),
+                ("enqueued_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("started_at", models.DateTimeField(blank=True, help_text="Start of the first attempt.", null=True)),
+                ("last_attempted_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "attempts",
+                    models.IntegerField(
+                        default=0,
+                        help_text="Counted when the job is claimed, so a job that kills its worker still runs out of attempts.",
+                    ),
+                ),
+                ("max_attempts", models.IntegerField(default=1)),
+                (
+                    "backoff_base",
+                    models.FloatField(default=1.0, help_text="Seconds before the first retry; doubles on each further attempt."),
+                ),
+                ("backoff_max", models.FloatField(default=3600.0)),
+                ("lease_id", models.UUIDField(blank=True, help_text="The lease the job runs under while running.", null=True)),
+                (
+                    "worker_id",
+                    models.CharField(blank=True, default="", help_text="Pump identity of the latest attempt.", max_length=255),
+                ),
+                ("return_value", models.JSONField(blank=True, null=True)),
             ],
             options={
-                'indexes': [models.Index(models.F('queue'), models.OrderBy(models.F('priority'), descending=True), models.F('run_at'), models.F('id'), condition=models.Q(('state', 'ready')), name='backwave_job_claim'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_id'], name='backwave_job_running_lease'), models.Index(condition=models.Q(('state__in', ['succeeded', 'failed', 'cancelled', 'quarantined'])), fields=['state', 'finished_at'], name='backwave_job_finished')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='backwave_job_priority_range'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1)), name='backwave_job_max_attempts_positive'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'running'), _negated=True), ('lease_id__isnull', False), _connector='OR'), name='backwave_job_running_has_lease')],
+                "indexes": [
+                    models.Index(
+                        models.F("queue"),
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("run_at"),
+                        models.F("id"),
+                        condition=models.Q(("state", "ready")),
+                        name="backwave_job_claim",
+                    ),
+                    models.Index(
+                        condition=models.Q(("state", "running")), fields=["lease_id"], name="backwave_job_running_lease"
+                    ),
+                    models.Index(
+                        condition=models.Q(("state__in", ["succeeded", "failed", "cancelled", "quarantined"])),
+                        fields=["state", "finished_at"],
+                        name="backwave_job_finished",
+                    ),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)), name="backwave_job_priority_range"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_attempts__gte", 1)), name="backwave_job_max_attempts_positive"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("state", "running"), _negated=True), ("lease_id__isnull", False), _connector="OR"
+                        ),
+                        name="backwave_job_running_has_lease",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Lease',
+            name="Lease",
             fields=[
-                ('id', models.UUIDField(primary_key=True, serialize=False)),
-                ('worker_id', models.CharField(help_text='Pump identity: host, pid, group and pump number.', max_length=255)),
-                ('group', models.CharField(max_length=64)),
-                ('hostname', models.CharField(max_length=255)),
-                ('pid', models.IntegerField()),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('renewed_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('expires_at', models.DateTimeField()),
+                ("id", models.UUIDField(primary_key=True, serialize=False)),
+                ("worker_id", models.CharField(help_text="Pump identity: host, pid, group and pump number.", max_length=255)),
+                ("group", models.CharField(max_length=64)),
+                ("hostname", models.CharField(max_length=255)),
+                ("pid", models.IntegerField()),
+                ("created_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("renewed_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("expires_at", models.DateTimeField()),
             ],
-            options={
-                'indexes': [models.Index(fields=['expires_at'], name='backwave_lease_expires')],
-            },
+            options={"indexes": [models.Index(fields=["expires_at"], name="backwave_lease_expires")]},
         ),
         migrations.CreateModel(
-            name='Attempt',
+            name="Attempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.IntegerField()),
-                ('state', models.CharField(choices=[('succeeded', 'Succeeded'), ('failed', 'Failed'), ('quarantined', 'Quarantined'), ('lapsed', 'Lease lapsed')], max_length=16)),
-                ('worker_id', models.CharField(max_length=255)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('error_class', models.CharField(blank=True, default='', max_length=255)),
-                ('traceback', models.TextField(blank=True, default='')),
-                ('return_value', models.JSONField(blank=True, null=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.DB_CASCADE, related_name='attempt_log', to='backwave.job')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.IntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("quarantined", "Quarantined"),
+                            ("lapsed", "Lease lapsed"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("worker_id", models.CharField(max_length=255)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("error_class", models.CharField(blank=True, default="", max_length=255)),
+                ("traceback", models.TextField(blank=True, default="")),
+                ("return_value", models.JSONField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.DB_CASCADE, related_name="attempt_log", to="backwave.job"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job_id', 'number'],
-                'constraints': [models.UniqueConstraint(fields=('job', 'number'), name='backwave_attempt_once')],
+                "ordering": ["job_id", "number"],
+                "constraints": [models.UniqueConstraint(fields=("job", "number"), name="backwave_attempt_once")],
             },
         ),
     ]

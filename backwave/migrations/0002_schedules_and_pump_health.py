@@ -7,69 +7,112 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0001_initial'),
-    ]
+    dependencies = [("backwave", "0001_initial")]
 
     operations = [
         migrations.CreateModel(
-            name='Pump',
+            name="Pump",
             fields=[
-                ('worker_id', models.CharField(help_text='Pump identity: host, pid, group, pump number and a nonce.', max_length=255, primary_key=True, serialize=False)),
-                ('group', models.CharField(max_length=64)),
-                ('hostname', models.CharField(max_length=255)),
-                ('pid', models.IntegerField()),
-                ('status', models.CharField(choices=[('healthy', 'Healthy'), ('degraded', 'Degraded'), ('halted', 'Halted')], max_length=16)),
-                ('reason', models.TextField(blank=True, default='', help_text='Why the pump is degraded or halted.')),
-                ('in_flight', models.IntegerField(default=0, help_text='Jobs claimed and not yet reported.')),
-                ('lease_duration', models.FloatField(help_text='Seconds; a heartbeat older than this is stale.')),
-                ('started_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('last_heartbeat_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "worker_id",
+                    models.CharField(
+                        help_text="Pump identity: host, pid, group, pump number and a nonce.",
+                        max_length=255,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("group", models.CharField(max_length=64)),
+                ("hostname", models.CharField(max_length=255)),
+                ("pid", models.IntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("healthy", "Healthy"), ("degraded", "Degraded"), ("halted", "Halted")], max_length=16
+                    ),
+                ),
+                ("reason", models.TextField(blank=True, default="", help_text="Why the pump is degraded or halted.")),
+                ("in_flight", models.IntegerField(default=0, help_text="Jobs claimed and not yet reported.")),
+                ("lease_duration", models.FloatField(help_text="Seconds; a heartbeat older than this is stale.")),
+                ("started_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("last_heartbeat_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
-            options={
-                'ordering': ['group', 'worker_id'],
-            },
+            options={"ordering": ["group", "worker_id"]},
         ),
         migrations.AddField(
-            model_name='job',
-            name='schedule_slot',
-            field=models.DateTimeField(blank=True, help_text='The schedule slot this job was minted for.', null=True),
+            model_name="job",
+            name="schedule_slot",
+            field=models.DateTimeField(blank=True, help_text="The schedule slot this job was minted for.", null=True),
         ),
         migrations.CreateModel(
-            name='Schedule',
+            name="Schedule",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('task_path', models.CharField(help_text='Wire name of a registered task.', max_length=255)),
-                ('cron', models.CharField(help_text='Cron expression (5 fields, or 6 with seconds last), evaluated in settings.TIME_ZONE against the database clock.', max_length=255)),
-                ('args', models.JSONField(blank=True, default=list)),
-                ('kwargs', models.JSONField(blank=True, default=dict)),
-                ('queue', models.CharField(default='default', max_length=64)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('max_attempts', models.IntegerField(default=3)),
-                ('backoff_base', models.FloatField(default=1.0)),
-                ('backoff_max', models.FloatField(default=3600.0)),
-                ('backend', models.CharField(default='default', max_length=64)),
-                ('tags', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=64), blank=True, default=list)),
-                ('enabled', models.BooleanField(default=True)),
-                ('last_slot', models.DateTimeField(blank=True, help_text='The latest slot minted as a job.', null=True)),
-                ('next_run', models.DateTimeField(blank=True, help_text='The next slot due (database clock); NULL until computed.', null=True)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("task_path", models.CharField(help_text="Wire name of a registered task.", max_length=255)),
+                (
+                    "cron",
+                    models.CharField(
+                        help_text="Cron expression (5 fields, or 6 with seconds last), evaluated in settings.TIME_ZONE against the database clock.",
+                        max_length=255,
+                    ),
+                ),
+                ("args", models.JSONField(blank=True, default=list)),
+                ("kwargs", models.JSONField(blank=True, default=dict)),
+                ("queue", models.CharField(default="default", max_length=64)),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("max_attempts", models.IntegerField(default=3)),
+                ("backoff_base", models.FloatField(default=1.0)),
+                ("backoff_max", models.FloatField(default=3600.0)),
+                ("backend", models.CharField(default="default", max_length=64)),
+                (
+                    "tags",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.CharField(max_length=64), blank=True, default=list
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
+                ("last_slot", models.DateTimeField(blank=True, help_text="The latest slot minted as a job.", null=True)),
+                (
+                    "next_run",
+                    models.DateTimeField(
+                        blank=True, help_text="The next slot due (database clock); NULL until computed.", null=True
+                    ),
+                ),
+                ("created_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("updated_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='backwave_schedule_priority_range'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1)), name='backwave_schedule_max_attempts_positive')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                        name="backwave_schedule_priority_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_attempts__gte", 1)), name="backwave_schedule_max_attempts_positive"
+                    ),
+                ],
             },
         ),
         migrations.AddField(
-            model_name='job',
-            name='schedule',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.DB_SET_NULL, related_name='jobs', to='backwave.schedule'),
+            model_name="job",
+            name="schedule",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.DB_SET_NULL,
+                related_name="jobs",
+                to="backwave.schedule",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.UniqueConstraint(condition=models.Q(('schedule__isnull', False)), fields=('schedule', 'schedule_slot'), name='backwave_job_schedule_slot_once'),
+            model_name="job",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("schedule__isnull", False)),
+                fields=("schedule", "schedule_slot"),
+                name="backwave_job_schedule_slot_once",
+            ),
         ),
     ]

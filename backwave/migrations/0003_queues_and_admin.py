@@ -6,43 +6,80 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0002_schedules_and_pump_health'),
-    ]
+    dependencies = [("backwave", "0002_schedules_and_pump_health")]
 
     operations = [
         migrations.CreateModel(
-            name='Queue',
+            name="Queue",
             fields=[
-                ('name', models.CharField(max_length=64, primary_key=True, serialize=False, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_.-]{1,64}\\Z', "Use 1 to 64 letters, digits, '_', '.' or '-'.")])),
-                ('concurrency_limit', models.PositiveIntegerField(blank=True, help_text="At most this many of the queue's jobs run at once across every worker; empty: unlimited.", null=True, validators=[django.core.validators.MinValueValidator(1)])),
-                ('paused', models.BooleanField(default=False, help_text='A paused queue is not claimed from; running jobs finish.')),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        primary_key=True,
+                        serialize=False,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9_.-]{1,64}\\Z", "Use 1 to 64 letters, digits, '_', '.' or '-'."
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "concurrency_limit",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="At most this many of the queue's jobs run at once across every worker; empty: unlimited.",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(1)],
+                    ),
+                ),
+                (
+                    "paused",
+                    models.BooleanField(default=False, help_text="A paused queue is not claimed from; running jobs finish."),
+                ),
+                ("updated_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
             options={
-                'ordering': ['name'],
-                'permissions': [('pause_queue', 'Can pause and resume queues'), ('limit_queue', "Can set a queue's concurrency limit")],
+                "ordering": ["name"],
+                "permissions": [
+                    ("pause_queue", "Can pause and resume queues"),
+                    ("limit_queue", "Can set a queue's concurrency limit"),
+                ],
             },
         ),
         migrations.AlterModelOptions(
-            name='job',
-            options={'permissions': [('retry_job', 'Can retry failed or quarantined jobs'), ('cancel_job', 'Can cancel ready or scheduled jobs')]},
+            name="job",
+            options={
+                "permissions": [
+                    ("retry_job", "Can retry failed or quarantined jobs"),
+                    ("cancel_job", "Can cancel ready or scheduled jobs"),
+                ]
+            },
         ),
         migrations.AlterModelOptions(
-            name='schedule',
-            options={'ordering': ['name'], 'permissions': [('toggle_schedule', 'Can enable and disable schedules')]},
+            name="schedule",
+            options={"ordering": ["name"], "permissions": [("toggle_schedule", "Can enable and disable schedules")]},
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('state__in', ['failed', 'quarantined'])), fields=['queue', 'state'], name='backwave_job_failed_queue'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("state__in", ["failed", "quarantined"])),
+                fields=["queue", "state"],
+                name="backwave_job_failed_queue",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='queue',
-            constraint=models.CheckConstraint(condition=models.Q(('name__regex', '^[A-Za-z0-9_.-]{1,64}$')), name='backwave_queue_name_valid'),
+            model_name="queue",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("name__regex", "^[A-Za-z0-9_.-]{1,64}$")), name="backwave_queue_name_valid"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='queue',
-            constraint=models.CheckConstraint(condition=models.Q(('concurrency_limit__isnull', True), ('concurrency_limit__gte', 1), _connector='OR'), name='backwave_queue_limit_positive'),
+            model_name="queue",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("concurrency_limit__isnull", True), ("concurrency_limit__gte", 1), _connector="OR"),
+                name="backwave_queue_limit_positive",
+            ),
         ),
     ]

@@ -4,14 +4,11 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0003_queues_and_admin'),
-    ]
+    dependencies = [("backwave", "0003_queues_and_admin")]
 
     operations = [
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('state', 'running')), fields=['queue'], name='backwave_job_running_queue'),
-        ),
+            model_name="job",
+            index=models.Index(condition=models.Q(("state", "running")), fields=["queue"], name="backwave_job_running_queue"),
+        )
     ]

@@ -4,33 +4,52 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0004_running_queue_index'),
-    ]
+    dependencies = [("backwave", "0004_running_queue_index")]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='forgiven_attempts',
-            field=models.IntegerField(db_default=0, default=0, help_text='Attempts that lapsed with their worker and were not counted against max_attempts.'),
+            model_name="job",
+            name="forgiven_attempts",
+            field=models.IntegerField(
+                db_default=0,
+                default=0,
+                help_text="Attempts that lapsed with their worker and were not counted against max_attempts.",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='suspect',
-            field=models.BooleanField(db_default=False, default=False, help_text='Its last attempt lapsed with its worker and no outcome came since: never claimed beside another suspect.'),
+            model_name="job",
+            name="suspect",
+            field=models.BooleanField(
+                db_default=False,
+                default=False,
+                help_text="Its last attempt lapsed with its worker and no outcome came since: never claimed beside another suspect.",
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='attempts',
-            field=models.IntegerField(default=0, help_text='Counted when the job is claimed, so a job that kills its worker still runs out of attempts (less forgiven_attempts: the limit is on attempts - forgiven_attempts).'),
+            model_name="job",
+            name="attempts",
+            field=models.IntegerField(
+                default=0,
+                help_text="Counted when the job is claimed, so a job that kills its worker still runs out of attempts (less forgiven_attempts: the limit is on attempts - forgiven_attempts).",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('queue'), models.OrderBy(models.F('priority'), descending=True), models.F('run_at'), models.F('id'), condition=models.Q(('state', 'ready'), ('suspect', True)), name='backwave_job_claim_suspect'),
+            model_name="job",
+            index=models.Index(
+                models.F("queue"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                models.F("id"),
+                condition=models.Q(("state", "ready"), ("suspect", True)),
+                name="backwave_job_claim_suspect",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('state', 'running'), ('suspect', True)), fields=['lease_id'], name='backwave_job_running_suspect'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("state", "running"), ("suspect", True)),
+                fields=["lease_id"],
+                name="backwave_job_running_suspect",
+            ),
         ),
     ]

@@ -5,44 +5,101 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0008_admission'),
-    ]
+    dependencies = [("backwave", "0008_admission")]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='output',
-            field=models.JSONField(blank=True, help_text='Job Output: what the handler recorded with context.output(name, value).', null=True),
+            model_name="job",
+            name="output",
+            field=models.JSONField(
+                blank=True, help_text="Job Output: what the handler recorded with context.output(name, value).", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='reason',
-            field=models.TextField(blank=True, db_default='', default='', help_text='Why BackWave cancelled or holds this job: the ancestor whose failure decided it.'),
+            model_name="job",
+            name="reason",
+            field=models.TextField(
+                blank=True,
+                db_default="",
+                default="",
+                help_text="Why BackWave cancelled or holds this job: the ancestor whose failure decided it.",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='waiting_on',
-            field=models.IntegerField(db_default=0, default=0, help_text='Ancestors this job still waits for.'),
+            model_name="job",
+            name="waiting_on",
+            field=models.IntegerField(db_default=0, default=0, help_text="Ancestors this job still waits for."),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='state',
-            field=models.CharField(choices=[('waiting', 'Waiting'), ('held', 'Held'), ('ready', 'Ready'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('quarantined', 'Quarantined')], default='ready', max_length=16),
+            model_name="job",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("waiting", "Waiting"),
+                    ("held", "Held"),
+                    ("ready", "Ready"),
+                    ("running", "Running"),
+                    ("succeeded", "Succeeded"),
+                    ("failed", "Failed"),
+                    ("cancelled", "Cancelled"),
+                    ("quarantined", "Quarantined"),
+                ],
+                default="ready",
+                max_length=16,
+            ),
         ),
         migrations.CreateModel(
-            name='Dependency',
+            name="Dependency",
             fields=[
-                ('pk', models.CompositePrimaryKey('job', 'ancestor', blank=True, editable=False, primary_key=True, serialize=False)),
-                ('on_failure', models.CharField(choices=[('cancel', 'Cancel the dependent'), ('run', 'Run the dependent anyway'), ('hold', 'Hold the dependent for an operator')], default='cancel', max_length=8)),
-                ('position', models.IntegerField(default=0, help_text="The ancestor's place in the after= list it was given in.")),
-                ('ancestor', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.DB_CASCADE, related_name='dependent_links', to='backwave.job')),
-                ('job', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.DB_CASCADE, related_name='ancestor_links', to='backwave.job')),
+                (
+                    "pk",
+                    models.CompositePrimaryKey("job", "ancestor", blank=True, editable=False, primary_key=True, serialize=False),
+                ),
+                (
+                    "on_failure",
+                    models.CharField(
+                        choices=[
+                            ("cancel", "Cancel the dependent"),
+                            ("run", "Run the dependent anyway"),
+                            ("hold", "Hold the dependent for an operator"),
+                        ],
+                        default="cancel",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "position",
+                    models.IntegerField(default=0, help_text="The ancestor's place in the after= list it was given in."),
+                ),
+                (
+                    "ancestor",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DB_CASCADE,
+                        related_name="dependent_links",
+                        to="backwave.job",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DB_CASCADE,
+                        related_name="ancestor_links",
+                        to="backwave.job",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['ancestor'], name='backwave_dependency_ancestor')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('job', models.F('ancestor')), _negated=True), name='backwave_dependency_not_self'), models.CheckConstraint(condition=models.Q(('on_failure__in', ['cancel', 'run', 'hold'])), name='backwave_dependency_policy_valid')],
+                "indexes": [models.Index(fields=["ancestor"], name="backwave_dependency_ancestor")],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("job", models.F("ancestor")), _negated=True), name="backwave_dependency_not_self"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("on_failure__in", ["cancel", "run", "hold"])), name="backwave_dependency_policy_valid"
+                    ),
+                ],
             },
         ),
     ]

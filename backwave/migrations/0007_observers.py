@@ -6,34 +6,74 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0009_attempt_control'),
-    ]
+    dependencies = [("backwave", "0009_attempt_control")]
 
     operations = [
         migrations.CreateModel(
-            name='Transition',
+            name="Transition",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('job_id', models.BigIntegerField()),
-                ('attempt', models.IntegerField(help_text="The attempt whose end this is (for a cancel, the job's attempts so far).")),
-                ('kind', models.CharField(choices=[('succeeded', 'Succeeded'), ('failed', 'Failed for good'), ('retried', 'Failed, will retry'), ('cancelled', 'Cancelled'), ('quarantined', 'Quarantined'), ('lapsed', 'Lease lapsed')], max_length=16)),
-                ('task_path', models.CharField(max_length=255)),
-                ('queue', models.CharField(max_length=64)),
-                ('occurred_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('dead', 'Dead (observer kept failing)')], db_default='pending', default='pending', max_length=16)),
-                ('deliveries', models.IntegerField(db_default=0, default=0, help_text='Delivery attempts so far.')),
-                ('next_attempt_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='When it is due for delivery; while a deliverer holds it, when that claim lapses.')),
-                ('claim_token', models.UUIDField(blank=True, null=True)),
-                ('delivered_to', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=255), blank=True, default=list, help_text='Observers that already ran for it (not run again on a retry).')),
-                ('failed_observer', models.CharField(blank=True, db_default='', default='', max_length=255)),
-                ('last_error', models.TextField(blank=True, db_default='', default='')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("job_id", models.BigIntegerField()),
+                (
+                    "attempt",
+                    models.IntegerField(help_text="The attempt whose end this is (for a cancel, the job's attempts so far)."),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed for good"),
+                            ("retried", "Failed, will retry"),
+                            ("cancelled", "Cancelled"),
+                            ("quarantined", "Quarantined"),
+                            ("lapsed", "Lease lapsed"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("task_path", models.CharField(max_length=255)),
+                ("queue", models.CharField(max_length=64)),
+                ("occurred_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("dead", "Dead (observer kept failing)")],
+                        db_default="pending",
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("deliveries", models.IntegerField(db_default=0, default=0, help_text="Delivery attempts so far.")),
+                (
+                    "next_attempt_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="When it is due for delivery; while a deliverer holds it, when that claim lapses.",
+                    ),
+                ),
+                ("claim_token", models.UUIDField(blank=True, null=True)),
+                (
+                    "delivered_to",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.CharField(max_length=255),
+                        blank=True,
+                        default=list,
+                        help_text="Observers that already ran for it (not run again on a retry).",
+                    ),
+                ),
+                ("failed_observer", models.CharField(blank=True, db_default="", default="", max_length=255)),
+                ("last_error", models.TextField(blank=True, db_default="", default="")),
             ],
             options={
-                'ordering': ['-id'],
-                'permissions': [('redeliver_transition', 'Can retry the delivery of a transition to its observers')],
-                'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['next_attempt_at', 'id'], name='backwave_transition_due'), models.Index(fields=['job_id'], name='backwave_transition_job')],
+                "ordering": ["-id"],
+                "permissions": [("redeliver_transition", "Can retry the delivery of a transition to its observers")],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("state", "pending")), fields=["next_attempt_at", "id"], name="backwave_transition_due"
+                    ),
+                    models.Index(fields=["job_id"], name="backwave_transition_job"),
+                ],
             },
-        ),
+        )
     ]

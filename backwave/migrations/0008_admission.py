@@ -5,102 +5,134 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0010_task_stats'),
-    ]
+    dependencies = [("backwave", "0010_task_stats")]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='limit_key',
-            field=models.CharField(blank=True, help_text="Key of the queue's per-key concurrency limit.", max_length=255, null=True),
+            model_name="job",
+            name="limit_key",
+            field=models.CharField(
+                blank=True, help_text="Key of the queue's per-key concurrency limit.", max_length=255, null=True
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='unique_key',
-            field=models.TextField(blank=True, help_text='Task, key and period window; while set, no other job has it.', null=True),
+            model_name="job",
+            name="unique_key",
+            field=models.TextField(
+                blank=True, help_text="Task, key and period window; while set, no other job has it.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='unique_replace',
-            field=django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=16), blank=True, help_text='What a duplicate enqueue replaces on this job while ready.', null=True),
+            model_name="job",
+            name="unique_replace",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.CharField(max_length=16),
+                blank=True,
+                help_text="What a duplicate enqueue replaces on this job while ready.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='unique_states',
-            field=django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=16), blank=True, help_text='States the uniqueness covers.', null=True),
+            model_name="job",
+            name="unique_states",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.CharField(max_length=16), blank=True, help_text="States the uniqueness covers.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='queue',
-            name='key_concurrency_limit',
-            field=models.PositiveIntegerField(blank=True, help_text="At most this many running jobs per limit key (the task's limit_by/limit_key) across every worker; empty: unlimited.", null=True),
+            model_name="queue",
+            name="key_concurrency_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="At most this many running jobs per limit key (the task's limit_by/limit_key) across every worker; empty: unlimited.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='queue',
-            name='rate_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='At most this many job starts per rate period across every worker; empty: unlimited.', null=True),
+            model_name="queue",
+            name="rate_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="At most this many job starts per rate period across every worker; empty: unlimited.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='queue',
-            name='rate_period',
-            field=models.FloatField(blank=True, help_text='Seconds of one rate window (windows are aligned to the database clock).', null=True),
+            model_name="queue",
+            name="rate_period",
+            field=models.FloatField(
+                blank=True, help_text="Seconds of one rate window (windows are aligned to the database clock).", null=True
+            ),
         ),
-        migrations.AddField(
-            model_name='queue',
-            name='rate_window_start',
-            field=models.DateTimeField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name='queue',
-            name='rate_window_used',
-            field=models.IntegerField(db_default=0, default=0),
-        ),
+        migrations.AddField(model_name="queue", name="rate_window_start", field=models.DateTimeField(blank=True, null=True)),
+        migrations.AddField(model_name="queue", name="rate_window_used", field=models.IntegerField(db_default=0, default=0)),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('limit_key__isnull', False), ('state', 'running')), fields=['queue', 'limit_key'], name='backwave_job_running_key'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("limit_key__isnull", False), ("state", "running")),
+                fields=["queue", "limit_key"],
+                name="backwave_job_running_key",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.UniqueConstraint(condition=models.Q(('unique_key__isnull', False)), fields=('unique_key',), name='backwave_job_unique_key'),
+            model_name="job",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("unique_key__isnull", False)), fields=("unique_key",), name="backwave_job_unique_key"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('unique_key__isnull', True), ('unique_states__contains', ['ready']), _connector='OR'), name='backwave_job_unique_covers_ready'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("unique_key__isnull", True), ("unique_states__contains", ["ready"]), _connector="OR"),
+                name="backwave_job_unique_covers_ready",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='queue',
-            constraint=models.CheckConstraint(condition=models.Q(('key_concurrency_limit__isnull', True), ('key_concurrency_limit__gte', 1), _connector='OR'), name='backwave_queue_key_limit_positive'),
+            model_name="queue",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("key_concurrency_limit__isnull", True), ("key_concurrency_limit__gte", 1), _connector="OR"),
+                name="backwave_queue_key_limit_positive",
+            ),
         ),
         migrations.AddField(
-            model_name='queue',
-            name='key_rate_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='At most this many job starts per rate period for each limit key; empty: unlimited.', null=True),
+            model_name="queue",
+            name="key_rate_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="At most this many job starts per rate period for each limit key; empty: unlimited.",
+                null=True,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='queue',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('key_rate_limit__isnull', True), ('rate_limit__isnull', True), ('rate_period__isnull', True)), models.Q(('rate_period__gt', 0), models.Q(('rate_limit__gte', 1), ('key_rate_limit__gte', 1), _connector='OR')), _connector='OR'), name='backwave_queue_rate_limit_valid'),
+            model_name="queue",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("key_rate_limit__isnull", True), ("rate_limit__isnull", True), ("rate_period__isnull", True)),
+                    models.Q(
+                        ("rate_period__gt", 0), models.Q(("rate_limit__gte", 1), ("key_rate_limit__gte", 1), _connector="OR")
+                    ),
+                    _connector="OR",
+                ),
+                name="backwave_queue_rate_limit_valid",
+            ),
         ),
         migrations.CreateModel(
-            name='KeyRateWindow',
+            name="KeyRateWindow",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('queue', models.CharField(max_length=64)),
-                ('limit_key', models.CharField(max_length=255)),
-                ('window_start', models.DateTimeField()),
-                ('used', models.IntegerField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("queue", models.CharField(max_length=64)),
+                ("limit_key", models.CharField(max_length=255)),
+                ("window_start", models.DateTimeField()),
+                ("used", models.IntegerField()),
             ],
-            options={
-                'db_table': 'backwave_key_rate_window',
-            },
+            options={"db_table": "backwave_key_rate_window"},
         ),
         migrations.AddIndex(
-            model_name='keyratewindow',
-            index=models.Index(fields=['queue', 'window_start'], name='backwave_key_rate_window_now'),
+            model_name="keyratewindow", index=models.Index(fields=["queue", "window_start"], name="backwave_key_rate_window_now")
         ),
         migrations.AddConstraint(
-            model_name='keyratewindow',
-            constraint=models.UniqueConstraint(fields=('queue', 'limit_key'), name='backwave_key_rate_window_key'),
+            model_name="keyratewindow",
+            constraint=models.UniqueConstraint(fields=("queue", "limit_key"), name="backwave_key_rate_window_key"),
         ),
         # A unique job's key holds only while its state is covered: moving to any other state clears
         # it for good (a later move back, a retry, must not collide with a newer job of that key).

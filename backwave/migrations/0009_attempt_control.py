@@ -4,54 +4,83 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0011_job_search'),
-    ]
+    dependencies = [("backwave", "0011_job_search")]
 
     operations = [
         migrations.AlterModelOptions(
-            name='job',
-            options={'permissions': [('retry_job', 'Can retry failed or quarantined jobs'), ('cancel_job', 'Can cancel ready or scheduled jobs'), ('cancel_running_job', 'Can cancel running jobs')]},
+            name="job",
+            options={
+                "permissions": [
+                    ("retry_job", "Can retry failed or quarantined jobs"),
+                    ("cancel_job", "Can cancel ready or scheduled jobs"),
+                    ("cancel_running_job", "Can cancel running jobs"),
+                ]
+            },
+        ),
+        migrations.AddField(model_name="job", name="cancel_requested_at", field=models.DateTimeField(blank=True, null=True)),
+        migrations.AddField(
+            model_name="job",
+            name="cancel_requested_by",
+            field=models.CharField(
+                blank=True,
+                db_default="",
+                default="",
+                help_text="Who cancelled the job: admin:<user>, api, or command.",
+                max_length=255,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='cancel_requested_at',
-            field=models.DateTimeField(blank=True, null=True),
+            model_name="job",
+            name="metadata",
+            field=models.JSONField(
+                blank=True, help_text="The handler's context.metadata, written with the heartbeat and the outcome.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='cancel_requested_by',
-            field=models.CharField(blank=True, db_default='', default='', help_text='Who cancelled the job: admin:<user>, api, or command.', max_length=255),
+            model_name="job",
+            name="progress",
+            field=models.JSONField(
+                blank=True, help_text="The handler's last context.set_progress(); written with the heartbeat.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='metadata',
-            field=models.JSONField(blank=True, help_text="The handler's context.metadata, written with the heartbeat and the outcome.", null=True),
+            model_name="job",
+            name="timeout",
+            field=models.FloatField(
+                blank=True,
+                help_text="Seconds one attempt may run; past it the attempt fails with backwave.TimeLimitExceeded (empty: no limit).",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='progress',
-            field=models.JSONField(blank=True, help_text="The handler's last context.set_progress(); written with the heartbeat.", null=True),
-        ),
-        migrations.AddField(
-            model_name='job',
-            name='timeout',
-            field=models.FloatField(blank=True, help_text='Seconds one attempt may run; past it the attempt fails with backwave.TimeLimitExceeded (empty: no limit).', null=True),
-        ),
-        migrations.AddField(
-            model_name='schedule',
-            name='timeout',
-            field=models.FloatField(blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).", null=True),
+            model_name="schedule",
+            name="timeout",
+            field=models.FloatField(
+                blank=True, help_text="Seconds each minted job's attempt may run (the task's time limit).", null=True
+            ),
         ),
         migrations.AlterField(
-            model_name='attempt',
-            name='state',
-            field=models.CharField(choices=[('succeeded', 'Succeeded'), ('failed', 'Failed'), ('quarantined', 'Quarantined'), ('lapsed', 'Lease lapsed'), ('cancelled', 'Cancelled'), ('snoozed', 'Snoozed')], max_length=16),
+            model_name="attempt",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("succeeded", "Succeeded"),
+                    ("failed", "Failed"),
+                    ("quarantined", "Quarantined"),
+                    ("lapsed", "Lease lapsed"),
+                    ("cancelled", "Cancelled"),
+                    ("snoozed", "Snoozed"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='forgiven_attempts',
-            field=models.IntegerField(db_default=0, default=0, help_text='Attempts not counted against max_attempts: lapsed with their worker, or snoozed.'),
+            model_name="job",
+            name="forgiven_attempts",
+            field=models.IntegerField(
+                db_default=0,
+                default=0,
+                help_text="Attempts not counted against max_attempts: lapsed with their worker, or snoozed.",
+            ),
         ),
     ]

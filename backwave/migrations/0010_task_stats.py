@@ -4,68 +4,69 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0007_observers'),
-    ]
+    dependencies = [("backwave", "0007_observers")]
 
     operations = [
         migrations.CreateModel(
-            name='StatsRollup',
+            name="StatsRollup",
             fields=[
-                ('id', models.SmallIntegerField(default=1, primary_key=True, serialize=False)),
-                ('watermark', models.BigIntegerField(default=0)),
-                ('horizon', models.BigIntegerField(default=0)),
-                ('horizon_xmax', models.BigIntegerField(default=0)),
-                ('horizon_at', models.DateTimeField(blank=True, help_text='When the horizon was taken.', null=True)),
-                ('rolled_up', models.BigIntegerField(default=0, help_text='Attempts folded in since the table was created.')),
-                ('rolled_at', models.DateTimeField(blank=True, help_text="The last rollup run (any node's).", null=True)),
+                ("id", models.SmallIntegerField(default=1, primary_key=True, serialize=False)),
+                ("watermark", models.BigIntegerField(default=0)),
+                ("horizon", models.BigIntegerField(default=0)),
+                ("horizon_xmax", models.BigIntegerField(default=0)),
+                ("horizon_at", models.DateTimeField(blank=True, help_text="When the horizon was taken.", null=True)),
+                ("rolled_up", models.BigIntegerField(default=0, help_text="Attempts folded in since the table was created.")),
+                ("rolled_at", models.DateTimeField(blank=True, help_text="The last rollup run (any node's).", null=True)),
             ],
-            options={
-                'db_table': 'backwave_stats_rollup',
-            },
+            options={"db_table": "backwave_stats_rollup"},
         ),
         migrations.CreateModel(
-            name='TaskStat',
+            name="TaskStat",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('task_path', models.CharField(max_length=255)),
-                ('resolution', models.IntegerField(help_text='Bucket width in seconds: 60 or 3600.')),
-                ('bucket', models.DateTimeField(help_text="Start of the bucket (by the attempt's finish time).")),
-                ('succeeded', models.IntegerField(default=0)),
-                ('retried', models.IntegerField(default=0, help_text='Failed attempts after which the job was to run again.')),
-                ('failed', models.IntegerField(default=0, help_text="Failed attempts that were their job's last.")),
-                ('quarantined', models.IntegerField(default=0)),
-                ('lapsed', models.IntegerField(default=0, help_text="Attempts whose worker's lease lapsed under them.")),
-                ('cancelled', models.IntegerField(default=0, help_text='Attempts stopped by a cancel.')),
-                ('snoozed', models.IntegerField(default=0, help_text='Attempts that asked to run again later (not failures).')),
-                ('reruns', models.IntegerField(default=0, help_text='Attempts after the first of their job (retries run).')),
-                ('timed', models.IntegerField(default=0, help_text='Attempts with a measured duration (all but lapsed ones).')),
-                ('duration_sum', models.FloatField(default=0.0)),
-                ('duration_max', models.FloatField(default=0.0)),
-                ('duration_histogram', models.JSONField(default=dict)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("task_path", models.CharField(max_length=255)),
+                ("resolution", models.IntegerField(help_text="Bucket width in seconds: 60 or 3600.")),
+                ("bucket", models.DateTimeField(help_text="Start of the bucket (by the attempt's finish time).")),
+                ("succeeded", models.IntegerField(default=0)),
+                ("retried", models.IntegerField(default=0, help_text="Failed attempts after which the job was to run again.")),
+                ("failed", models.IntegerField(default=0, help_text="Failed attempts that were their job's last.")),
+                ("quarantined", models.IntegerField(default=0)),
+                ("lapsed", models.IntegerField(default=0, help_text="Attempts whose worker's lease lapsed under them.")),
+                ("cancelled", models.IntegerField(default=0, help_text="Attempts stopped by a cancel.")),
+                ("snoozed", models.IntegerField(default=0, help_text="Attempts that asked to run again later (not failures).")),
+                ("reruns", models.IntegerField(default=0, help_text="Attempts after the first of their job (retries run).")),
+                ("timed", models.IntegerField(default=0, help_text="Attempts with a measured duration (all but lapsed ones).")),
+                ("duration_sum", models.FloatField(default=0.0)),
+                ("duration_max", models.FloatField(default=0.0)),
+                ("duration_histogram", models.JSONField(default=dict)),
             ],
             options={
-                'verbose_name': 'task statistics',
-                'verbose_name_plural': 'task statistics',
-                'db_table': 'backwave_task_stat',
+                "verbose_name": "task statistics",
+                "verbose_name_plural": "task statistics",
+                "db_table": "backwave_task_stat",
             },
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(condition=models.Q(('state__in', ['failed', 'quarantined', 'lapsed'])), fields=['id'], name='backwave_attempt_failing'),
+            model_name="attempt",
+            index=models.Index(
+                condition=models.Q(("state__in", ["failed", "quarantined", "lapsed"])),
+                fields=["id"],
+                name="backwave_attempt_failing",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='statsrollup',
-            constraint=models.CheckConstraint(condition=models.Q(('id', 1)), name='backwave_stats_rollup_single_row'),
+            model_name="statsrollup",
+            constraint=models.CheckConstraint(condition=models.Q(("id", 1)), name="backwave_stats_rollup_single_row"),
         ),
         migrations.AddConstraint(
-            model_name='taskstat',
-            constraint=models.UniqueConstraint(fields=('resolution', 'bucket', 'task_path'), name='backwave_task_stat_bucket'),
+            model_name="taskstat",
+            constraint=models.UniqueConstraint(fields=("resolution", "bucket", "task_path"), name="backwave_task_stat_bucket"),
         ),
         migrations.AddConstraint(
-            model_name='taskstat',
-            constraint=models.CheckConstraint(condition=models.Q(('resolution__in', [60, 3600])), name='backwave_task_stat_resolution'),
+            model_name="taskstat",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("resolution__in", [60, 3600])), name="backwave_task_stat_resolution"
+            ),
         ),
         # The rollup's one row. roll_up_task_stats writes it again should it be missing (a
         # flushed test database), but a run that has to do so rolls nothing up.

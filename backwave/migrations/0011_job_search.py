@@ -13,24 +13,31 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [
-        ("backwave", "0012_trace_context"),
-    ]
+    dependencies = [("backwave", "0012_trace_context")]
 
     operations = [
         migrations.AddField(
             model_name="attempt",
             name="lease_renewed_at",
-            field=models.DateTimeField(blank=True, help_text="Lapsed attempts: the last renewal of the lease they ran under (they were still running then).", null=True),
-        ),
-        AddIndexConcurrently(
-            model_name="job",
-            index=django.contrib.postgres.indexes.GinIndex(
-                fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"], condition=~models.Q(state="running"),
+            field=models.DateTimeField(
+                blank=True,
+                help_text="Lapsed attempts: the last renewal of the lease they ran under (they were still running then).",
+                null=True,
             ),
         ),
         AddIndexConcurrently(
             model_name="job",
-            index=django.contrib.postgres.indexes.GinIndex(fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running")),
+            index=django.contrib.postgres.indexes.GinIndex(
+                fields=["payload"],
+                name="backwave_job_payload",
+                opclasses=["jsonb_path_ops"],
+                condition=~models.Q(state="running"),
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="job",
+            index=django.contrib.postgres.indexes.GinIndex(
+                fields=["tags"], name="backwave_job_tags", condition=~models.Q(state="running")
+            ),
         ),
     ]

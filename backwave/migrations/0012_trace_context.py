@@ -11,8 +11,9 @@ class Migration(migrations.Migration):
             model_name="job",
             name="trace_context",
             field=models.JSONField(
-                blank=True, null=True,
+                blank=True,
+                null=True,
                 help_text="The W3C trace context of the enqueue (traceparent, tracestate): each attempt's span is its child.",
             ),
-        ),
+        )
     ]

@@ -15,9 +15,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [
-        ("backwave", "0006_workflows"),
-    ]
+    dependencies = [("backwave", "0006_workflows")]
 
     operations = [
         RemoveIndexConcurrently(model_name="job", name="backwave_job_payload"),
@@ -26,13 +24,15 @@ class Migration(migrations.Migration):
             model_name="job",
             index=django.contrib.postgres.indexes.GinIndex(
                 condition=~models.Q(state="running") & ~models.Q(payload={}),
-                fields=["payload"], name="backwave_job_payload", opclasses=["jsonb_path_ops"],
+                fields=["payload"],
+                name="backwave_job_payload",
+                opclasses=["jsonb_path_ops"],
             ),
         ),
         AddIndexConcurrently(
             model_name="job",
             index=django.contrib.postgres.indexes.GinIndex(
-                condition=~models.Q(state="running") & ~models.Q(tags=[]), fields=["tags"], name="backwave_job_tags",
+                condition=~models.Q(state="running") & ~models.Q(tags=[]), fields=["tags"], name="backwave_job_tags"
             ),
         ),
     ]

@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('backwave', '0013_search_indexes_out_of_reach'),
-    ]
+    dependencies = [("backwave", "0013_search_indexes_out_of_reach")]
 
     operations = [
         migrations.AddField(
-            model_name='schedule',
-            name='limit_key',
-            field=models.CharField(blank=True, help_text="The per-key concurrency key of each minted job (the task's limit_by or limit_key, from the schedule's arguments).", max_length=255, null=True),
-        ),
+            model_name="schedule",
+            name="limit_key",
+            field=models.CharField(
+                blank=True,
+                help_text="The per-key concurrency key of each minted job (the task's limit_by or limit_key, from the schedule's arguments).",
+                max_length=255,
+                null=True,
+            ),
+        )
     ]

@@ -10,16 +10,15 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [
-        ("backwave", "0014_schedule_limit_key"),
-    ]
+    dependencies = [("backwave", "0014_schedule_limit_key")]
 
     operations = [
         AddIndexConcurrently(
             model_name="job",
             index=models.Index(
-                condition=models.Q(state__in=["waiting", "held"]) & ~models.Q(queue=""), fields=["queue", "state"],
+                condition=models.Q(state__in=["waiting", "held"]) & ~models.Q(queue=""),
+                fields=["queue", "state"],
                 name="backwave_job_waiting_held",
             ),
-        ),
+        )
     ]

@@ -2,9 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("backwave", "0015_waiting_held_queue_index"),
-    ]
+    dependencies = [("backwave", "0015_waiting_held_queue_index")]
 
     operations = [
         # A constant default: PostgreSQL adds the column without rewriting the table.
@@ -15,8 +13,7 @@ class Migration(migrations.Migration):
         ),
         # Jobs that already have dependents (through the ancestor index).
         migrations.RunSQL(
-            "UPDATE backwave_job SET has_dependents = true"
-            " WHERE id IN (SELECT DISTINCT ancestor_id FROM backwave_dependency)",
+            "UPDATE backwave_job SET has_dependents = true WHERE id IN (SELECT DISTINCT ancestor_id FROM backwave_dependency)",
             migrations.RunSQL.noop,
         ),
     ]

@@ -43,10 +43,6 @@ $$
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("backwave", "0016_job_has_dependents"),
-    ]
+    dependencies = [("backwave", "0016_job_has_dependents")]
 
-    operations = [
-        migrations.RunSQL(_alter("NOT DEFERRABLE"), _alter("DEFERRABLE INITIALLY DEFERRED")),
-    ]
+    operations = [migrations.RunSQL(_alter("NOT DEFERRABLE"), _alter("DEFERRABLE INITIALLY DEFERRED"))]

@@ -20,9 +20,7 @@ INDEX = "backwave_attempt_job_id_7fabbaad"
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [
-        ("backwave", "0017_dependency_keys_not_deferrable"),
-    ]
+    dependencies = [("backwave", "0017_dependency_keys_not_deferrable")]
 
     operations = [
         migrations.SeparateDatabaseAndState(
@@ -31,15 +29,18 @@ class Migration(migrations.Migration):
                     model_name="attempt",
                     name="job",
                     field=models.ForeignKey(
-                        db_index=False, on_delete=django.db.models.deletion.DB_CASCADE, related_name="attempt_log", to="backwave.job"
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DB_CASCADE,
+                        related_name="attempt_log",
+                        to="backwave.job",
                     ),
-                ),
+                )
             ],
             database_operations=[
                 migrations.RunSQL(
                     sql=f'DROP INDEX CONCURRENTLY IF EXISTS "{INDEX}"',
                     reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{INDEX}" ON "backwave_attempt" ("job_id")',
-                ),
+                )
             ],
-        ),
+        )
     ]

@@ -15,8 +15,12 @@ class Migration(migrations.Migration):
             model_name="pump",
             name="queues",
             field=django.contrib.postgres.fields.ArrayField(
-                base_field=models.CharField(max_length=64), blank=True, default=list, db_default="{}",
-                help_text="The queues the pump claims.", size=None,
+                base_field=models.CharField(max_length=64),
+                blank=True,
+                default=list,
+                db_default="{}",
+                help_text="The queues the pump claims.",
+                size=None,
             ),
-        ),
+        )
     ]

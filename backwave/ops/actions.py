@@ -57,8 +57,11 @@ class JobActionResult:
 
     def __add__(self, other: JobActionResult) -> JobActionResult:
         return JobActionResult(
-            changed=self.changed + other.changed, refused=self.refused + other.refused, gone=self.gone + other.gone,
-            changed_rows=self.changed_rows + other.changed_rows, batches=self.batches + other.batches,
+            changed=self.changed + other.changed,
+            refused=self.refused + other.refused,
+            gone=self.gone + other.gone,
+            changed_rows=self.changed_rows + other.changed_rows,
+            batches=self.batches + other.batches,
             requested=self.requested + other.requested,
         )
 
@@ -85,7 +88,7 @@ def _allowed(action: str, running: bool) -> tuple[str, ...]:
 
 
 def _run(
-    using: str, action: str, selection, requested=(), on_batch: OnBatch | None = None, *, by: str = "admin", running: bool = False,
+    using: str, action: str, selection, requested=(), on_batch: OnBatch | None = None, *, by: str = "admin", running: bool = False
 ) -> tuple[JobActionResult, int]:
     """One statement of ``action`` on ``selection``, in its own transaction: (result, the
     last id it locked, 0 when none). A cancel names who cancels (``by``)."""
@@ -111,7 +114,13 @@ def _run(
 
 
 def act_on_matching(
-    queryset, action: str, *, batch_size: int | None = None, on_batch: OnBatch | None = None, by: str = "admin", running: bool = False,
+    queryset,
+    action: str,
+    *,
+    batch_size: int | None = None,
+    on_batch: OnBatch | None = None,
+    by: str = "admin",
+    running: bool = False,
 ) -> JobActionResult:
     """``action`` (retry, cancel, purge) on every job ``queryset`` matches that is in a state
     the action applies to, ``batch_size`` jobs per statement and transaction, in id order.
@@ -138,7 +147,7 @@ def act_on_matching(
 
 
 def act_on_ids(
-    ids, action: str, *, on_batch: OnBatch | None = None, by: str = "admin", running: bool = False, using: str | None = None,
+    ids, action: str, *, on_batch: OnBatch | None = None, by: str = "admin", running: bool = False, using: str | None = None
 ) -> JobActionResult:
     """``action`` on jobs by id (what an operator ticked): one statement; the result names the
     ids that no longer exist, and the state of each one it refused."""

@@ -38,11 +38,16 @@ def record_history(user, action: str, result: JobActionResult, note: str = "") -
 
     content_type = ContentType.objects.get_for_model(Job)
     flag_name, text = HISTORY[action]
-    admin_models.LogEntry.objects.bulk_create([
-        admin_models.LogEntry(
-            user_id=user.pk, content_type_id=content_type.pk, object_id=str(job_id),
-            object_repr=f"{task_path} #{job_id}"[:200], action_flag=getattr(admin_models, flag_name),
-            change_message=f"{text}{note} (was {state}).",
-        )
-        for job_id, state, task_path in result.changed_rows
-    ])
+    admin_models.LogEntry.objects.bulk_create(
+        [
+            admin_models.LogEntry(
+                user_id=user.pk,
+                content_type_id=content_type.pk,
+                object_id=str(job_id),
+                object_repr=f"{task_path} #{job_id}"[:200],
+                action_flag=getattr(admin_models, flag_name),
+                change_message=f"{text}{note} (was {state}).",
+            )
+            for job_id, state, task_path in result.changed_rows
+        ]
+    )

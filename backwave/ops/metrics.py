@@ -65,12 +65,17 @@ class DatabaseCollector:
             labels=("database", "queue"),
         )
         pumps = GaugeMetricFamily(
-            "backwave_pumps", "Pumps by the status the admin shows (lost: no live lease; stale: no heartbeat for a whole lease).",
+            "backwave_pumps",
+            "Pumps by the status the admin shows (lost: no live lease; stale: no heartbeat for a whole lease).",
             labels=("database", "group", "status"),
         )
-        lapsed = GaugeMetricFamily("backwave_leases_lapsed", "Leases past their expiry that maintenance has not released yet.", labels=("database",))
+        lapsed = GaugeMetricFamily(
+            "backwave_leases_lapsed", "Leases past their expiry that maintenance has not released yet.", labels=("database",)
+        )
         stranded = GaugeMetricFamily(
-            "backwave_jobs_under_lapsed_leases", "Running jobs under a lapsed lease: they run again once maintenance releases them.", labels=("database",)
+            "backwave_jobs_under_lapsed_leases",
+            "Running jobs under a lapsed lease: they run again once maintenance releases them.",
+            labels=("database",),
         )
         for alias in self._databases:
             self._collect_queues(alias, jobs, paused, latency)
@@ -117,13 +122,18 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         return _unauthorized(None)
     if user.is_active and user.is_staff and user.has_perm("backwave.view_job"):
         return None
-    return HttpResponse("Reading BackWave's metrics needs the backwave.view_job permission (and staff status).\n", status=403, content_type="text/plain")
+    return HttpResponse(
+        "Reading BackWave's metrics needs the backwave.view_job permission (and staff status).\n",
+        status=403,
+        content_type="text/plain",
+    )
 
 
 def _unauthorized(error: str | None) -> HttpResponse:
     response = HttpResponse(
         "BackWave's metrics need Authorization: Bearer <BACKWAVE['METRICS_TOKEN']>, or a staff user's session.\n",
-        status=401, content_type="text/plain",
+        status=401,
+        content_type="text/plain",
     )
     response["WWW-Authenticate"] = 'Bearer realm="backwave"' + (f', error="{error}"' if error else "")
     return response

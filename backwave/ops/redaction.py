@@ -56,7 +56,10 @@ def _redact(value: Any, pattern: re.Pattern) -> Any:
     # Iterative over a stack would be faster for huge values; an admin page shows one payload
     # (capped by MAX_PAYLOAD_BYTES), and JSON decoding already bounds the nesting depth.
     if isinstance(value, dict):
-        return {key: REDACTED if isinstance(key, str) and pattern.search(key) else _redact(item, pattern) for key, item in value.items()}
+        return {
+            key: REDACTED if isinstance(key, str) and pattern.search(key) else _redact(item, pattern)
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [_redact(item, pattern) for item in value]
     return value
@@ -83,7 +86,9 @@ def redacted(job, field: str) -> Any:
         return redact_unique_key(job.unique_key, job.task_path)
     if field == "limit_key":
         return redact_limit_key(job.limit_key, job.payload)
-    raise ValueError(f"{field!r} is not a field derived from a job's arguments; redacted() knows {sorted(JSON_FIELDS | KEY_FIELDS)}")
+    raise ValueError(
+        f"{field!r} is not a field derived from a job's arguments; redacted() knows {sorted(JSON_FIELDS | KEY_FIELDS)}"
+    )
 
 
 def redact_unique_key(key: str | None, task_path: str) -> str | None:
@@ -94,7 +99,7 @@ def redact_unique_key(key: str | None, task_path: str) -> str | None:
     prefix = f"{task_path}:"
     if key is None or pattern is None or not key.startswith(prefix):
         return key
-    rest = key[len(prefix):]
+    rest = key[len(prefix) :]
     try:
         arguments, end = json.JSONDecoder().raw_decode(rest)
     except ValueError:

@@ -79,10 +79,7 @@ class _Within(Func):
 
 # The predicates of the partial GIN indexes (Job.Meta.indexes), stated as they are so that
 # PostgreSQL can prove them: the second conjunct is what no other statement says.
-SEARCHABLE = {
-    "payload": ~Q(state="running") & ~Q(payload={}),
-    "tags": ~Q(state="running") & ~Q(tags=[]),
-}
+SEARCHABLE = {"payload": ~Q(state="running") & ~Q(payload={}), "tags": ~Q(state="running") & ~Q(tags=[])}
 
 
 def contains(column: str, value: Any) -> Q:
@@ -90,12 +87,16 @@ def contains(column: str, value: Any) -> Q:
     rows out (a claim then writes no GIN entry), so the rest is read through them, and running
     jobs, at most the jobs in flight, through the partial running-jobs index."""
     field = Job._meta.get_field(column)
-    within = _Within(Cast(Value(json.dumps(value) if column == "payload" else value), field.__class__(**_cast_options(field))), F(column))
+    within = _Within(
+        Cast(Value(json.dumps(value) if column == "payload" else value), field.__class__(**_cast_options(field))), F(column)
+    )
     return (Q(**{f"{column}__contains": value}) & SEARCHABLE[column]) | (Q(within) & Q(state="running"))
 
 
 def _cast_options(field) -> dict:
-    return {"base_field": field.base_field.__class__(max_length=field.base_field.max_length)} if hasattr(field, "base_field") else {}
+    return (
+        {"base_field": field.base_field.__class__(max_length=field.base_field.max_length)} if hasattr(field, "base_field") else {}
+    )
 
 
 def tags_condition(tags) -> Q:
@@ -227,5 +228,11 @@ def parse(text: str) -> JobSearch:
             task_parts.append(term)
         else:
             impossible = True  # "#" alone, or a digit int() reads but ASCII does not spell
-    return JobSearch(ids=tuple(ids), payload=tuple(payload), tags=tuple(tags), task_parts=tuple(task_parts),
-                     impossible=impossible, terms=tuple(terms))
+    return JobSearch(
+        ids=tuple(ids),
+        payload=tuple(payload),
+        tags=tuple(tags),
+        task_parts=tuple(task_parts),
+        impossible=impossible,
+        terms=tuple(terms),
+    )

@@ -185,11 +185,20 @@ def queue_lines(
                 counts[state] = Count(cap, capped=True, estimate=statistics.estimate(state=db_state, queue=name))
             else:
                 counts[state] = Count(number)
-        lines.append(QueueLine(
-            name=name, has_row=has_row, concurrency_limit=limit, paused=paused, counts=counts,
-            key_concurrency_limit=key_limit, rate_limit=rate_limit, rate_period=rate_period, key_rate_limit=key_rate_limit,
-            unserved=by_name.get(name),
-        ))
+        lines.append(
+            QueueLine(
+                name=name,
+                has_row=has_row,
+                concurrency_limit=limit,
+                paused=paused,
+                counts=counts,
+                key_concurrency_limit=key_limit,
+                rate_limit=rate_limit,
+                rate_period=rate_period,
+                key_rate_limit=key_rate_limit,
+                unserved=by_name.get(name),
+            )
+        )
     return lines
 
 
@@ -276,4 +285,3 @@ def humanize_estimate(number: int | None) -> str:
     if number >= 10_000:
         return f"{math.floor(number / 1000 + 0.5):,}k"
     return f"{number:,}"
-

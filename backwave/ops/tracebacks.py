@@ -40,7 +40,7 @@ def error_message(error_class: str, text: str, limit: int = MESSAGE_CHARS) -> st
     lines = text.rstrip("\n").split("\n")
     starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK_HEADER)]
     if starts:
-        body = lines[starts[-1] + 1:]
+        body = lines[starts[-1] + 1 :]
         # Frames and their source lines are indented; the exception's own text is not.
         first = next((i for i, line in enumerate(body) if line and not line[0].isspace()), len(body))
         lines = body[first:]
@@ -48,7 +48,7 @@ def error_message(error_class: str, text: str, limit: int = MESSAGE_CHARS) -> st
     short = error_class.rsplit(".", 1)[-1]
     for prefix in (f"{error_class}:", f"{short}:"):
         if error_class and message.startswith(prefix):
-            message = message[len(prefix):].strip()
+            message = message[len(prefix) :].strip()
             break
     else:
         if error_class and message in (error_class, short):
@@ -91,9 +91,13 @@ def render(text: str) -> RenderedTraceback:
             parts.append(format_html('<span class="bw-machinery">{}\n</span>', chunk))
             following = pieces[index + 1][0] if index + 1 < len(pieces) else "plain"
             if following != "machinery":
-                parts.append(format_html(
-                    '<span class="bw-machinery-note">  … {} frame{} of BackWave, Django or asgiref hidden\n</span>', run, "" if run == 1 else "s"
-                ))
+                parts.append(
+                    format_html(
+                        '<span class="bw-machinery-note">  … {} frame{} of BackWave, Django or asgiref hidden\n</span>',
+                        run,
+                        "" if run == 1 else "s",
+                    )
+                )
                 run = 0
         else:
             parts.append(format_html("{}\n", chunk))

@@ -91,11 +91,32 @@ class _Attempt:
     """One routed attempt between its start and its report: the parts sync and async share."""
 
     __slots__ = (
-        "job", "task", "args", "kwargs", "result", "sender", "started", "max_traceback_chars", "max_result_bytes", "control", "context",
+        "job",
+        "task",
+        "args",
+        "kwargs",
+        "result",
+        "sender",
+        "started",
+        "max_traceback_chars",
+        "max_result_bytes",
+        "control",
+        "context",
     )
 
     def __init__(
-        self, job, task, args, kwargs, *, sender, worker_id: str, started: float, max_traceback_chars: int, max_result_bytes: int, clock=time.monotonic,
+        self,
+        job,
+        task,
+        args,
+        kwargs,
+        *,
+        sender,
+        worker_id: str,
+        started: float,
+        max_traceback_chars: int,
+        max_result_bytes: int,
+        clock=time.monotonic,
         control: AttemptControl | None = None,
     ):
         self.job, self.task, self.args, self.kwargs = job, task, args, kwargs
@@ -104,15 +125,24 @@ class _Attempt:
         self.started = started
         self.max_traceback_chars = max_traceback_chars
         self.max_result_bytes = max_result_bytes
-        self.control = control if control is not None else AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout, clock=clock)
+        self.control = (
+            control
+            if control is not None
+            else AttemptControl(job_id=job.id, attempt=job.attempt, timeout=job.timeout, clock=clock)
+        )
         self.control.started_as = (self.result, sender, job.queue, job.task_path)
         # Made before the handler runs (and before its try), so whatever the handler recorded
         # through it is read back however the handler ends.
         self.context = (
             JobContext(
-                task_result=self.result, job_id=job.id, max_output_bytes=max_result_bytes, resolver=_resolver_for(job), control=self.control,
+                task_result=self.result,
+                job_id=job.id,
+                max_output_bytes=max_result_bytes,
+                resolver=_resolver_for(job),
+                control=self.control,
             )
-            if task.takes_context else None
+            if task.takes_context
+            else None
         )
 
     def announce(self) -> None:
@@ -157,9 +187,21 @@ class _Attempt:
             exception = error
         job = self.job
         return AttemptReport(
-            job_id=job.id, attempt=job.attempt, result=result, error_class=error_class, traceback=text, duration=duration, delay=delay,
-            progress=self.control.last_progress, metadata=self.control.last_metadata, queue=job.queue, task_path=job.task_path,
-            task_result=self.result, sender=self.sender, exception=exception, **self.side_channels(),
+            job_id=job.id,
+            attempt=job.attempt,
+            result=result,
+            error_class=error_class,
+            traceback=text,
+            duration=duration,
+            delay=delay,
+            progress=self.control.last_progress,
+            metadata=self.control.last_metadata,
+            queue=job.queue,
+            task_path=job.task_path,
+            task_result=self.result,
+            sender=self.sender,
+            exception=exception,
+            **self.side_channels(),
         )
 
     def succeeded(self, encoded) -> AttemptReport:
@@ -167,9 +209,18 @@ class _Attempt:
         object.__setattr__(self.result, "_return_value", encoded)
         job = self.job
         return AttemptReport(
-            job_id=job.id, attempt=job.attempt, result="cancelled" if self.control.cancelled else "succeeded", return_value=encoded,
-            duration=time.monotonic() - self.started, progress=self.control.last_progress, metadata=self.control.last_metadata,
-            queue=job.queue, task_path=job.task_path, task_result=self.result, sender=self.sender, **self.side_channels(),
+            job_id=job.id,
+            attempt=job.attempt,
+            result="cancelled" if self.control.cancelled else "succeeded",
+            return_value=encoded,
+            duration=time.monotonic() - self.started,
+            progress=self.control.last_progress,
+            metadata=self.control.last_metadata,
+            queue=job.queue,
+            task_path=job.task_path,
+            task_result=self.result,
+            sender=self.sender,
+            **self.side_channels(),
         )
 
     def _verdict(self, error: BaseException) -> tuple[JobResult, float | None]:
@@ -192,12 +243,20 @@ class _Attempt:
             return ("discarded", None) if delay is None else ("failed", seconds_of(delay, what="backoff()'s answer"))
         except BaseException:  # even a SystemExit: the attempt must still be reported
             # The task's own backoff is broken: the default backoff still retries the job.
-            logger.exception("backoff() of task %s failed for job %s; the default backoff applies", self.job.task_path, self.job.id)
+            logger.exception(
+                "backoff() of task %s failed for job %s; the default backoff applies", self.job.task_path, self.job.id
+            )
             return "failed", None
 
 
 def _begin(
-    job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int, backend_class, clock=time.monotonic,
+    job: ClaimedJob,
+    registry: TaskRegistry,
+    worker_id: str,
+    max_traceback_chars: int,
+    max_result_bytes: int,
+    backend_class,
+    clock=time.monotonic,
     control: AttemptControl | None = None,
 ) -> _Attempt | AttemptReport:
     """Route the job: an _Attempt ready to run, or the report of an unroutable (quarantined) one."""
@@ -218,14 +277,29 @@ def _begin(
         )
     sender = backend_class or registry.sender(task)
     return _Attempt(
-        job, task, args, kwargs, sender=sender, worker_id=worker_id, started=started,
-        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes, clock=clock, control=control,
+        job,
+        task,
+        args,
+        kwargs,
+        sender=sender,
+        worker_id=worker_id,
+        started=started,
+        max_traceback_chars=max_traceback_chars,
+        max_result_bytes=max_result_bytes,
+        clock=clock,
+        control=control,
     )
 
 
 def _begin_under(
-    controls: AttemptControls, job: ClaimedJob, registry: TaskRegistry, worker_id: str, max_traceback_chars: int, max_result_bytes: int,
-    backend_class, clock,
+    controls: AttemptControls,
+    job: ClaimedJob,
+    registry: TaskRegistry,
+    worker_id: str,
+    max_traceback_chars: int,
+    max_result_bytes: int,
+    backend_class,
+    clock,
 ) -> _Attempt | AttemptReport:
     """_begin with the control the pump registered for the job (one is made and added when it
     runs outside a pump); an unroutable job's control is dropped, as it never ran."""
@@ -400,14 +474,18 @@ def _run_atomic(attempt: _Attempt, args, kwargs, commit: Commit) -> AttemptRepor
         with transaction.atomic(using=commit.alias):
             encoded = attempt.storable(attempt.task.call(*args, **kwargs))
             report = attempt.succeeded(encoded)
-            record = OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=encoded, duration=report.duration)
+            record = OutcomeRecord(
+                job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=encoded, duration=report.duration
+            )
             django_connection = connections[commit.alias]
             django_connection.ensure_connection()
             applied = commit.write(django_connection.connection, record)
             if job.id not in applied or applied.replaced:
                 raise _NotCommitted
     except _NotCommitted:
-        logger.warning("Atomic job %s attempt %s: the lease fence refused its outcome; its writes were rolled back", job.id, job.attempt)
+        logger.warning(
+            "Atomic job %s attempt %s: the lease fence refused its outcome; its writes were rolled back", job.id, job.attempt
+        )
         return report
     committed = replace(report, result="committed")
     send_finished(committed)
@@ -459,7 +537,9 @@ def route(job: ClaimedJob, registry: TaskRegistry):
     args = payload.get("args", [])
     kwargs = payload.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise Unroutable(f"payload of job {job.id} has args of type {type(args).__name__} and kwargs of type {type(kwargs).__name__}")
+        raise Unroutable(
+            f"payload of job {job.id} has args of type {type(args).__name__} and kwargs of type {type(kwargs).__name__}"
+        )
     return task, args, kwargs
 
 

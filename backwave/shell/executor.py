@@ -95,16 +95,26 @@ def _driver_ended(outcome: Outcome, report) -> OutcomeRecord:
     """The record of an attempt the driver ended itself (a timeout, a cancel), saying why; the
     handler's own error, when it reported one, below that."""
     if outcome.reason == "timeout":
-        error_class, text = TIME_LIMIT_EXCEEDED, f"{TIME_LIMIT_EXCEEDED}: the attempt ran past its time limit and was ended without its handler."
+        error_class, text = (
+            TIME_LIMIT_EXCEEDED,
+            f"{TIME_LIMIT_EXCEEDED}: the attempt ran past its time limit and was ended without its handler.",
+        )
     else:
         error_class, text = CANCELLED, f"{CANCELLED}: {outcome.reason}."
     if report is not None and report.traceback:
         text += f"\n\nThe handler then ended with:\n{report.traceback}"
     return OutcomeRecord(
-        job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
-        error_class=error_class, traceback=text + "\n", duration=getattr(report, "duration", 0.0),
-        progress=getattr(report, "progress", None), metadata=getattr(report, "metadata", None),
-        output=getattr(report, "output", None), tags_added=getattr(report, "tags_added", ()),
+        job_id=outcome.job_id,
+        attempt=outcome.attempt,
+        kind=outcome.kind,
+        retry_delay=outcome.retry_delay,
+        error_class=error_class,
+        traceback=text + "\n",
+        duration=getattr(report, "duration", 0.0),
+        progress=getattr(report, "progress", None),
+        metadata=getattr(report, "metadata", None),
+        output=getattr(report, "output", None),
+        tags_added=getattr(report, "tags_added", ()),
         tags_removed=getattr(report, "tags_removed", ()),
     )
 
@@ -318,7 +328,10 @@ class Executor:
             applied, jobs = answer
             self._settled(first.outcomes, applied)
             now = self._clock()
-            return [ev.OutcomesWritten(now=now, applied=frozenset(applied), released=_released(applied)), ev.ClaimReturned(now=now, jobs=tuple(jobs))]
+            return [
+                ev.OutcomesWritten(now=now, applied=frozenset(applied), released=_released(applied)),
+                ev.ClaimReturned(now=now, jobs=tuple(jobs)),
+            ]
         if isinstance(first, cmd.ClaimJobs):
             return [ev.ClaimReturned(now=self._clock(), jobs=tuple(answer))]
         self._settled(first.outcomes, answer)
@@ -330,7 +343,11 @@ class Executor:
             case cmd.OpenLease():
                 lease_id = self._new_lease_id()
                 store.open_lease(
-                    lease_id=lease_id, worker_id=self.worker_id, group=options.name, hostname=self._hostname, pid=self._pid,
+                    lease_id=lease_id,
+                    worker_id=self.worker_id,
+                    group=options.name,
+                    hostname=self._hostname,
+                    pid=self._pid,
                     duration=options.lease_duration,
                 )
                 self._on_lease_held()
@@ -343,7 +360,12 @@ class Executor:
             case cmd.ReconcileLease():
                 released = store.reconcile_lease(lease_id=command.lease_id, known=command.known)
                 if released:
-                    self._log(logging.WARNING, "Pump %s gave back %d job(s) a lost claim answer had left under its lease", self.worker_id, len(released))
+                    self._log(
+                        logging.WARNING,
+                        "Pump %s gave back %d job(s) a lost claim answer had left under its lease",
+                        self.worker_id,
+                        len(released),
+                    )
                 return ev.LeaseReconciled(now=self._clock(), released=frozenset(released))
             case cmd.ForgetOverruns():
                 forgotten = store.forget_overruns(lease_id=command.lease_id, attempts=command.attempts)
@@ -404,7 +426,9 @@ class Executor:
             self._log(
                 logging.WARNING,
                 "Pump %s: the lease fence refused %d of %d outcome(s); those jobs were expired or re-claimed and run elsewhere",
-                self.worker_id, len(outcomes) - len(applied), len(outcomes),
+                self.worker_id,
+                len(outcomes) - len(applied),
+                len(outcomes),
             )
 
     def _log(self, level: int, message: str, *args) -> None:

@@ -113,11 +113,18 @@ class HealthServer:
     on ``listener``, a listening socket made elsewhere; and ``metrics`` (when given) on ``/metrics``."""
 
     def __init__(
-        self, snapshot: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1", port: int = 0, metrics: Metrics | None = None,
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        metrics: Metrics | None = None,
         listener: socket.socket | None = None,
     ):
         listener = listener if listener is not None else listening_socket(host, port)
-        self._server = _BoundedServer(listener, _handler_for(snapshot, metrics), timeout=REQUEST_TIMEOUT, max_connections=MAX_CONNECTIONS)
+        self._server = _BoundedServer(
+            listener, _handler_for(snapshot, metrics), timeout=REQUEST_TIMEOUT, max_connections=MAX_CONNECTIONS
+        )
         self.host, self.port = listener.getsockname()[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, name="backwave-health", daemon=True)
 
@@ -151,7 +158,11 @@ class _BoundedServer(ThreadingHTTPServer):
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False) and not self._evict_one():
-            logger.warning("Health endpoint: all %d connections are busy answering; one from %s closed unanswered", len(self._connections), client_address[0])
+            logger.warning(
+                "Health endpoint: all %d connections are busy answering; one from %s closed unanswered",
+                len(self._connections),
+                client_address[0],
+            )
             self.shutdown_request(request)
             return
         self._connections[request] = (time.monotonic() + self.request_timeout, True)

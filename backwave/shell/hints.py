@@ -62,7 +62,9 @@ class HintListener:
         cancel of a running job (cancel_jobs NOTIFYs ``cancel:<id>:<who>`` on the hint channel)."""
         self._cancel_subscribers.append(callback)
 
-    def subscribe(self, queues: Iterable[str], callback: Callable[[], None], *, own_session: Callable[[], int | None] = lambda: None) -> None:
+    def subscribe(
+        self, queues: Iterable[str], callback: Callable[[], None], *, own_session: Callable[[], int | None] = lambda: None
+    ) -> None:
         """Call ``callback`` (from the listener thread; it must not block) on a hint for any of
         ``queues``, but not on one sent by the server session whose process id ``own_session()``
         returns (a pump's own store: what its statements make ready, it claims itself)."""
@@ -123,9 +125,15 @@ class HintListener:
                     break
                 delay = backoff * (0.5 + self._random.random() / 2)
                 if isinstance(error, StoreError):
-                    logger.warning("Wake-up hint listener lost its connection (%s); polling covers until it reconnects in %.1fs", error, delay)
+                    logger.warning(
+                        "Wake-up hint listener lost its connection (%s); polling covers until it reconnects in %.1fs",
+                        error,
+                        delay,
+                    )
                 else:
-                    logger.error("Wake-up hint listener failed; polling covers until it reconnects in %.1fs", delay, exc_info=error)
+                    logger.error(
+                        "Wake-up hint listener failed; polling covers until it reconnects in %.1fs", delay, exc_info=error
+                    )
                 self._stop.wait(delay)
                 backoff = min(backoff * 2, self._max_backoff)
             finally:

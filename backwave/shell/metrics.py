@@ -112,36 +112,50 @@ class WorkerCollector:
 
         worker = self._worker
         finished = CounterMetricFamily(
-            "backwave_jobs_finished", "Attempts whose outcome this worker wrote, by the outcome stored.",
+            "backwave_jobs_finished",
+            "Attempts whose outcome this worker wrote, by the outcome stored.",
             labels=("database", "queue", "task", "outcome"),
         )
         durations = HistogramMetricFamily(
-            "backwave_job_duration_seconds", "How long attempts ran in this worker (quarantined jobs, which never run, left out).",
+            "backwave_job_duration_seconds",
+            "How long attempts ran in this worker (quarantined jobs, which never run, left out).",
             labels=("database", "queue", "task"),
         )
-        pumps = GaugeMetricFamily("backwave_worker_pumps", "This worker's pumps by status.", labels=("database", "group", "status"))
+        pumps = GaugeMetricFamily(
+            "backwave_worker_pumps", "This worker's pumps by status.", labels=("database", "group", "status")
+        )
         stalled = GaugeMetricFamily(
-            "backwave_worker_pumps_stalled", "This worker's pumps none of whose store calls completed for longer than their lease.",
+            "backwave_worker_pumps_stalled",
+            "This worker's pumps none of whose store calls completed for longer than their lease.",
             labels=("database", "group"),
         )
         running = GaugeMetricFamily("backwave_jobs_running", "Attempts running in this worker now.", labels=("database", "group"))
         claimed_ahead = GaugeMetricFamily(
-            "backwave_jobs_claimed_ahead", "Jobs this worker claimed ahead, waiting for a thread: running in the database, not started yet.",
+            "backwave_jobs_claimed_ahead",
+            "Jobs this worker claimed ahead, waiting for a thread: running in the database, not started yet.",
             labels=("database", "group"),
         )
         expired = CounterMetricFamily(
-            "backwave_lease_expired_jobs", "Jobs this worker's maintenance released from lapsed leases (any worker's).", labels=("database",)
+            "backwave_lease_expired_jobs",
+            "Jobs this worker's maintenance released from lapsed leases (any worker's).",
+            labels=("database",),
         )
         lost = CounterMetricFamily(
-            "backwave_leases_lost", "Times a pump of this worker gave its lease up (expired elsewhere, or not renewed in time).",
+            "backwave_leases_lost",
+            "Times a pump of this worker gave its lease up (expired elsewhere, or not renewed in time).",
             labels=("database", "group"),
         )
         abandoned = CounterMetricFamily(
-            "backwave_attempts_abandoned", "Attempts this worker gave up on (a lost lease, a drain deadline): they run again elsewhere.",
+            "backwave_attempts_abandoned",
+            "Attempts this worker gave up on (a lost lease, a drain deadline): they run again elsewhere.",
             labels=("database", "group"),
         )
-        round_trips = CounterMetricFamily("backwave_store_round_trips", "Store round-trips of this worker's pumps.", labels=("database", "group"))
-        hints = CounterMetricFamily("backwave_wake_up_hints_received", "Wake-up hints (NOTIFY) this worker received.", labels=("database",))
+        round_trips = CounterMetricFamily(
+            "backwave_store_round_trips", "Store round-trips of this worker's pumps.", labels=("database", "group")
+        )
+        hints = CounterMetricFamily(
+            "backwave_wake_up_hints_received", "Wake-up hints (NOTIFY) this worker received.", labels=("database",)
+        )
 
         totals: dict[tuple, int] = {}
         histograms: dict[tuple, list] = {}
@@ -158,7 +172,9 @@ class WorkerCollector:
                 into[0] = [a + b for a, b in zip(into[0], counts, strict=True)]
                 into[1] += seconds
             expired_by_database[database] = expired_by_database.get(database, 0) + tally.lease_expired_jobs
-            line = by_group.setdefault((database, group), dict.fromkeys((*PUMP_STATUSES, "stalled", "running", "ahead", "lost", "abandoned", "trips"), 0))
+            line = by_group.setdefault(
+                (database, group), dict.fromkeys((*PUMP_STATUSES, "stalled", "running", "ahead", "lost", "abandoned", "trips"), 0)
+            )
             line[pump.health] += 1
             line["stalled"] += pump.stalled
             line["running"] += snapshot.executing

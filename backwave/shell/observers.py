@@ -73,8 +73,14 @@ def deliver(
     results = []
     for record in records:
         transition = Transition(
-            id=record.id, job_id=record.job_id, attempt=record.attempt, kind=record.kind, task_path=record.task_path,
-            queue=record.queue, occurred_at=record.occurred_at, delivery=record.deliveries,
+            id=record.id,
+            job_id=record.job_id,
+            attempt=record.attempt,
+            kind=record.kind,
+            task_path=record.task_path,
+            queue=record.queue,
+            occurred_at=record.occurred_at,
+            delivery=record.deliveries,
         )
         done = set(record.delivered_to)
         delivered: list[str] = []
@@ -83,7 +89,13 @@ def deliver(
             if observer.name in done:
                 continue
             if record.observers and not observer.matches(transition.kind, transition.task_path, transition.queue):
-                logger.debug("Observer %s no longer watches transition %s (%s of %s): recorded as delivered", observer.name, record.id, record.kind, record.task_path)
+                logger.debug(
+                    "Observer %s no longer watches transition %s (%s of %s): recorded as delivered",
+                    observer.name,
+                    record.id,
+                    record.kind,
+                    record.task_path,
+                )
                 delivered.append(observer.name)
                 continue
             try:
@@ -103,10 +115,19 @@ def deliver(
         name, text = failure
         log = logger.error if dead else logger.warning
         log(
-            "Observer %s failed on transition %s (job %s %s, try %d)%s", name, record.id, record.job_id, record.kind, record.deliveries,
+            "Observer %s failed on transition %s (job %s %s, try %d)%s",
+            name,
+            record.id,
+            record.job_id,
+            record.kind,
+            record.deliveries,
             "; no tries left: the transition is dead (retry it in the admin)" if dead else f"; retried in {delay:.1f} s",
         )
-        results.append(DeliveryResult(id=record.id, delivered=tuple(delivered), failed_observer=name, error=text, retry_delay=delay, dead=dead))
+        results.append(
+            DeliveryResult(
+                id=record.id, delivered=tuple(delivered), failed_observer=name, error=text, retry_delay=delay, dead=dead
+            )
+        )
     return results
 
 
@@ -174,19 +195,28 @@ class ObserverLoop:
         store = self._connected()
         token = uuid.uuid4()
         records = store.claim_transitions(
-            token=token, limit=self.options.batch, lease=self.options.lease, observers=self.registry.names, deliverer=self.deliverer
+            token=token,
+            limit=self.options.batch,
+            lease=self.options.lease,
+            observers=self.registry.names,
+            deliverer=self.deliverer,
         )
         self.idle = not records
         if not records:
             return 0
-        results = deliver(records, self.registry, options=self.options, jitter=self._random.random, enter=self._enter, leave=self._leave)
+        results = deliver(
+            records, self.registry, options=self.options, jitter=self._random.random, enter=self._enter, leave=self._leave
+        )
         settled = store.settle_transitions(token=token, results=results)
         self.delivered += sum(1 for r in results if r.failed_observer is None and r.id in settled)
         self.failed += sum(1 for r in results if r.failed_observer is not None)
         if len(settled) < len(results):
             logger.warning(
                 "%d of %d transition(s) were claimed again before this pass ended (it took longer than OBSERVER_LEASE, %.0f s): "
-                "their observers run again", len(results) - len(settled), len(results), self.options.lease,
+                "their observers run again",
+                len(results) - len(settled),
+                len(results),
+                self.options.lease,
             )
         return len(records)
 
@@ -207,7 +237,9 @@ class ObserverLoop:
                     # Transient or not (a table not migrated yet), the rows stay where they are:
                     # try again after a backoff rather than leave this database's observers unfed.
                     streak += 1
-                    wait = fault_delay(streak=streak, base=self.options.poll_interval, cap=FAULT_BACKOFF_CAP, jitter=self._random.random())
+                    wait = fault_delay(
+                        streak=streak, base=self.options.poll_interval, cap=FAULT_BACKOFF_CAP, jitter=self._random.random()
+                    )
                     log = logger.warning if isinstance(error, TransientStoreError) else logger.error
                     log("Observer loop: store fault (%s); trying again in %.1f s", error, wait)
                     if not isinstance(error, TransientStoreError) and self._store is not None:

@@ -85,7 +85,18 @@ from backwave.core.options import WorkerGroupOptions
 from backwave.store.contract import NOTHING_OBSERVED, PumpHealth, Store, StoreError, TransientStoreError
 from backwave.store.in_transaction import prepares_atomic_writes, write_outcome
 
-from .execution import DEFAULT_MAX_RESULT_BYTES, AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished, send_finished_for
+from .execution import (
+    DEFAULT_MAX_RESULT_BYTES,
+    AttemptControls,
+    AttemptReport,
+    Commit,
+    is_async,
+    is_atomic,
+    run_attempt,
+    run_attempt_async,
+    send_finished,
+    send_finished_for,
+)
 from .executor import Executor
 from .metrics import PumpTally
 from backwave.core.health import DEGRADED, HALTED, HEALTHY
@@ -100,6 +111,7 @@ SNAPSHOT_EVERY = 64
 
 # How many stopped attempts a pump remembers for their task_finished (see Pump._stopped).
 _STOPPED_KEPT = 1000
+
 
 class PumpSnapshot(NamedTuple):
     """The driver's state as other threads may know it, published by the pump thread after each
@@ -117,7 +129,15 @@ class PumpSnapshot(NamedTuple):
     @classmethod
     def of(cls, driver: NodeDriver) -> PumpSnapshot:
         stats = driver.stats
-        return cls(driver.idle, driver.executing, driver.unreported, driver.claimed_ahead, driver.free_slots, stats.applied, stats.abandoned)
+        return cls(
+            driver.idle,
+            driver.executing,
+            driver.unreported,
+            driver.claimed_ahead,
+            driver.free_slots,
+            stats.applied,
+            stats.abandoned,
+        )
 
 
 class _HintFlag:
@@ -186,9 +206,13 @@ class WorkerPool:
         try:
             self._free.get_nowait()
         except queue.Empty:
-            raise PoolExhausted(f"job {job.id} was handed to a pool whose {self._size} thread(s) are all running handlers") from None
+            raise PoolExhausted(
+                f"job {job.id} was handed to a pool whose {self._size} thread(s) are all running handlers"
+            ) from None
         if not self._threads:
-            self._threads = [threading.Thread(target=self._work, name=f"{self._name}_{i}", daemon=True) for i in range(self._size)]
+            self._threads = [
+                threading.Thread(target=self._work, name=f"{self._name}_{i}", daemon=True) for i in range(self._size)
+            ]
             for thread in self._threads:
                 thread.start()
         self._queue.put((job, arguments))
@@ -339,7 +363,10 @@ class Pump:
         self._abandoned_before = 0
         # The same for every attempt of this pump (its worker id is fixed at birth).
         self._attempt_arguments = dict(
-            registry=registry, worker_id=self.worker_id, max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+            registry=registry,
+            worker_id=self.worker_id,
+            max_traceback_chars=max_traceback_chars,
+            max_result_bytes=max_result_bytes,
             controls=self.controls,
         )
         self._task_kinds: dict[str, tuple[bool, bool]] = {}
@@ -557,7 +584,12 @@ class Pump:
 
     def _process(self, event: ev.Event) -> None:
         self._executor.process(
-            self._handle, event, execute_job=self._submit, stop=self._stop_now.is_set, arrived=self._arrived, aside=self._aside,
+            self._handle,
+            event,
+            execute_job=self._submit,
+            stop=self._stop_now.is_set,
+            arrived=self._arrived,
+            aside=self._aside,
             due=self._due,
         )
 
@@ -647,7 +679,9 @@ class Pump:
 
     def _stop_attempt(self, command) -> None:
         if (control := self.controls.stop(command.job_id, command.attempt, command.reason)) is not None:
-            logger.warning("Pump %s: job %s attempt %s told to stop (%s)", self.worker_id, command.job_id, command.attempt, command.reason)
+            logger.warning(
+                "Pump %s: job %s attempt %s told to stop (%s)", self.worker_id, command.job_id, command.attempt, command.reason
+            )
             if len(self._stopped) >= _STOPPED_KEPT:
                 del self._stopped[next(iter(self._stopped))]
             self._stopped[(command.job_id, command.attempt)] = control
@@ -662,7 +696,12 @@ class Pump:
     def _finished(self, job, report: AttemptReport) -> None:
         self._channel.put(
             ev.JobFinished(
-                now=self._clock(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(), delay=report.delay,
+                now=self._clock(),
+                job_id=job.id,
+                attempt=job.attempt,
+                result=report.result,
+                jitter=self._random.random(),
+                delay=report.delay,
                 report=report,
             )
         )
@@ -672,7 +711,9 @@ class Pump:
         control = self._stopped.pop((outcome.job_id, outcome.attempt), None)
         if report is not None:
             # Counted as stored: an outcome the store could not write is stored as a failure.
-            self._tally.applied(report.queue, report.task_path, outcome.kind if written is None else written.kind, report.duration)
+            self._tally.applied(
+                report.queue, report.task_path, outcome.kind if written is None else written.kind, report.duration
+            )
             send_finished(report, written)
         elif control is not None and control.started_as is not None and written is not None:
             # Ended by the driver (a time limit) while its handler runs on: what was stored is

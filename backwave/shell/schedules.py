@@ -28,7 +28,9 @@ logger = logging.getLogger("backwave.schedules")
 MINT_BATCH = 100
 
 
-def sync_schedules(store: Store, schedules: Mapping[str, Mapping], registry: TaskRegistry, *, database: str | None = None) -> list[str]:
+def sync_schedules(
+    store: Store, schedules: Mapping[str, Mapping], registry: TaskRegistry, *, database: str | None = None
+) -> list[str]:
     """Write the declared schedules to the store; returns the names of rows no longer declared
     (now disabled). Raises ScheduleConfigError before writing anything when one is unusable.
 
@@ -75,7 +77,9 @@ def plan_slots(due: Sequence[DueSchedule], tz: tzinfo = UTC) -> list[ScheduleSlo
                 if slot < schedule.next_run:
                     slot = None  # next_run was not one of the expression's slots: just move on
         except Exception as error:  # croniter's errors have no common base worth naming
-            logger.error("Schedule %r has a cron expression that cannot be evaluated (%r): %s", schedule.name, schedule.cron, error)
+            logger.error(
+                "Schedule %r has a cron expression that cannot be evaluated (%r): %s", schedule.name, schedule.cron, error
+            )
             continue
         slots.append(
             ScheduleSlot(

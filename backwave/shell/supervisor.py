@@ -64,7 +64,13 @@ class Supervisor:
     """Keeps ``processes`` copies of ``command`` running until told to stop."""
 
     def __init__(
-        self, command: Sequence[str], processes: int, *, initial_backoff: float = 0.5, max_backoff: float = 30.0, tick: float = 0.2,
+        self,
+        command: Sequence[str],
+        processes: int,
+        *,
+        initial_backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        tick: float = 0.2,
         listener: socket.socket | None = None,
     ):
         if processes < 1:
@@ -118,12 +124,20 @@ class Supervisor:
         if code == REPLACE_ME:
             child.restart_at = now
             child.process = None
-            logger.warning("Worker process %d ended itself after %.1fs to stop a handler past its hard time limit; replacing it", child.index, lived)
+            logger.warning(
+                "Worker process %d ended itself after %.1fs to stop a handler past its hard time limit; replacing it",
+                child.index,
+                lived,
+            )
             return
-        child.backoff = self._initial_backoff if lived >= STABLE_AFTER or not child.backoff else min(child.backoff * 2, self._max_backoff)
+        child.backoff = (
+            self._initial_backoff if lived >= STABLE_AFTER or not child.backoff else min(child.backoff * 2, self._max_backoff)
+        )
         child.restart_at = now + child.backoff
         child.process = None
-        logger.warning("Worker process %d exited with %s after %.1fs; restarting in %.1fs", child.index, code, lived, child.backoff)
+        logger.warning(
+            "Worker process %d exited with %s after %.1fs; restarting in %.1fs", child.index, code, lived, child.backoff
+        )
 
     def _start(self, child: Child) -> None:
         # Its own session: a Ctrl-C in the terminal reaches only the supervisor, which forwards
@@ -133,7 +147,9 @@ class Supervisor:
         if self.listener is not None:
             env[LISTENER_FD_ENV] = str(self.listener.fileno())
             pass_fds = (self.listener.fileno(),)
-        child.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_drain_when_orphaned, env=env, pass_fds=pass_fds)
+        child.process = subprocess.Popen(
+            self.command, start_new_session=True, preexec_fn=_drain_when_orphaned, env=env, pass_fds=pass_fds
+        )
         child.started_at = time.monotonic()
         child.restarts += 1
         logger.info("Worker process %d started (pid %d)", child.index, child.process.pid)

@@ -53,7 +53,9 @@ def vacuum_due(now: TableChanges, baseline: Baseline, *, after: int, fraction: f
 class JobTableCleaner:
     """A daemon thread vacuuming the job table of one database (see the module's docstring)."""
 
-    def __init__(self, session: JobTableVacuum, *, after: int, check_every: float = 1.0, max_backoff: float = 30.0, name: str = "default"):
+    def __init__(
+        self, session: JobTableVacuum, *, after: int, check_every: float = 1.0, max_backoff: float = 30.0, name: str = "default"
+    ):
         if after < 1:
             raise ValueError("after must be at least 1 changed row")
         self._session = session

@@ -33,6 +33,7 @@ from backwave.tasking.registry import TaskRegistry
 
 logger = logging.getLogger("backwave.worker")
 
+
 def _observing(store_factory: Callable[[str], Store], observers: ObserverRegistry) -> Callable[[str], Store]:
     """``store_factory`` whose stores note the transitions ``observers`` watch."""
     if not len(observers):
@@ -82,15 +83,24 @@ class Worker:
         store_factory = _observing(store_factory, observers)
         for group in groups:
             if group.database is None:
-                raise WorkerGroupConfigError(f"Worker Group '{group.name}' names no database; place it first (backwave.databases.place_groups).")
+                raise WorkerGroupConfigError(
+                    f"Worker Group '{group.name}' names no database; place it first (backwave.databases.place_groups)."
+                )
         # Names are unique per database: a group placed on two databases is one group.
-        self.groups = [g for alias in dict.fromkeys(g.database for g in groups) for g in validate_groups(g for g in groups if g.database == alias)]
+        self.groups = [
+            g
+            for alias in dict.fromkeys(g.database for g in groups)
+            for g in validate_groups(g for g in groups if g.database == alias)
+        ]
         self.databases = list(dict.fromkeys(g.database for g in self.groups))
         # The endpoint binds first, so a port in use fails the command before any thread starts.
         # ``health_listener``: a listening socket made elsewhere (a supervisor's) to serve on instead.
         self.health_server = (
-            None if health_port is None and health_listener is None
-            else HealthServer(self.health_snapshot, host=health_host, port=health_port or 0, metrics=self.metrics, listener=health_listener)
+            None
+            if health_port is None and health_listener is None
+            else HealthServer(
+                self.health_snapshot, host=health_host, port=health_port or 0, metrics=self.metrics, listener=health_listener
+            )
         )
         self.pumps = []
         numbered: dict[str, int] = {}
@@ -100,8 +110,12 @@ class Worker:
                 index = numbered[group.name] = numbered.get(group.name, -1) + 1
                 self.pumps.append(
                     Pump(
-                        group, index, store_factory=partial(store_factory, group.database), registry=registry,
-                        max_traceback_chars=max_traceback_chars, max_result_bytes=max_result_bytes,
+                        group,
+                        index,
+                        store_factory=partial(store_factory, group.database),
+                        registry=registry,
+                        max_traceback_chars=max_traceback_chars,
+                        max_result_bytes=max_result_bytes,
                     )
                 )
         self._log_every = log_every
@@ -125,7 +139,12 @@ class Worker:
         self._unserved_logged: set[tuple[str, str]] = set()
         # One observer loop per database served, when there is anything to observe.
         self.observer_loops = [
-            ObserverLoop(store_factory=partial(store_factory, alias), registry=observers, options=delivery_options or DeliveryOptions(), name=alias)
+            ObserverLoop(
+                store_factory=partial(store_factory, alias),
+                registry=observers,
+                options=delivery_options or DeliveryOptions(),
+                name=alias,
+            )
             for alias in (self.databases if len(observers) else ())
         ]
 
@@ -157,10 +176,17 @@ class Worker:
             loop.start()
         from backwave import __version__
 
-        names = ", ".join(f"{g.name}[{', '.join(g.policy.queues)}]{self._on(g.database)} pool={g.pool_size} pumps={g.pumps}" for g in self.groups)
+        names = ", ".join(
+            f"{g.name}[{', '.join(g.policy.queues)}]{self._on(g.database)} pool={g.pool_size} pumps={g.pumps}"
+            for g in self.groups
+        )
         logger.info(
             "BackWave worker started (version %s, pid %d, database%s %s): %s",
-            __version__, os.getpid(), "s" if len(self.databases) > 1 else "", ", ".join(self.databases), names,
+            __version__,
+            os.getpid(),
+            "s" if len(self.databases) > 1 else "",
+            ", ".join(self.databases),
+            names,
         )
         try:
             return self._watch(until_idle)
@@ -236,7 +262,10 @@ class Worker:
             "BackWave worker stopped after %d job(s) and %d store round-trips%s",
             self.jobs_done,
             sum(p.round_trips for p in self.pumps),
-            "; wake-up hints received: " + ", ".join(f"{alias} {listener.hints_received}" for alias, listener in self.hints.items()) if self.hints else "",
+            "; wake-up hints received: "
+            + ", ".join(f"{alias} {listener.hints_received}" for alias, listener in self.hints.items())
+            if self.hints
+            else "",
         )
         return 1 if all(p.health == HALTED for p in self.pumps) else 0
 
@@ -249,24 +278,39 @@ class Worker:
         pumps = []
         for pump in self.pumps:
             row = pump.health_row()
-            pumps.append({
-                "worker_id": row.worker_id, "group": row.group, "database": pump.options.database, "status": row.status,
-                "reason": row.reason, "in_flight": row.in_flight, "alive": pump.alive, "stalled": pump.stalled,
-                "seconds_since_store_call": round(pump.seconds_since_store_call, 3),
-            })
+            pumps.append(
+                {
+                    "worker_id": row.worker_id,
+                    "group": row.group,
+                    "database": pump.options.database,
+                    "status": row.status,
+                    "reason": row.reason,
+                    "in_flight": row.in_flight,
+                    "alive": pump.alive,
+                    "stalled": pump.stalled,
+                    "seconds_since_store_call": round(pump.seconds_since_store_call, 3),
+                }
+            )
         # A group is halted on a database once its pumps there all are: its pumps elsewhere cannot
         # take those jobs over, so the group reads halted too.
         groups = {
             name: overall_status(
                 group_status(p["status"] for p in pumps if p["group"] == name and p["database"] == g.database)
-                for g in self.groups if g.name == name
+                for g in self.groups
+                if g.name == name
             )
             for name in dict.fromkeys(g.name for g in self.groups)
         }
         hints = {alias: listener.health() for alias, listener in self.hints.items()}
         hint_statuses = {each["status"] for each in hints.values()}
         queues = [
-            {"queue": queue.name, "database": queue.database, "status": queue.status, "due_for": round(queue.due_for, 1), "reason": queue.reason}
+            {
+                "queue": queue.name,
+                "database": queue.database,
+                "status": queue.status,
+                "due_for": round(queue.due_for, 1),
+                "reason": queue.reason,
+            }
             for queue in self.unserved_queues()
         ]
         return {
@@ -309,7 +353,9 @@ class Worker:
             names = {(alias, name) for name, _ in found}
             for name, due_for in found:
                 if (alias, name) not in self._unserved_logged:
-                    logger.warning("Queue %r%s is degraded: %s", name, self._on(alias), UnservedQueue(name, due_for, alias).reason)
+                    logger.warning(
+                        "Queue %r%s is degraded: %s", name, self._on(alias), UnservedQueue(name, due_for, alias).reason
+                    )
             self._unserved_logged = {key for key in self._unserved_logged if key[0] != alias} | names
 
     def _refresh_halted(self) -> None:
@@ -354,7 +400,11 @@ class Worker:
                     logger.critical(
                         "Job %s attempt %s was told to stop (%s) %.1fs ago and its handler still runs: this process drains and "
                         "ends itself (exit %d) for its supervisor to replace it",
-                        control.job_id, control.attempt, control.stop_reason, now - control.stopped_at, REPLACE_ME,
+                        control.job_id,
+                        control.attempt,
+                        control.stop_reason,
+                        now - control.stopped_at,
+                        REPLACE_ME,
                     )
                     self.replacing = True
                     self.drain()
@@ -366,7 +416,10 @@ class Worker:
             logger.info("Received %s: draining (a second signal stops at once)", signal.Signals(signum).name)
             self.drain()
         else:
-            logger.warning("Received %s again: stopping at once; unfinished jobs run again after their lease lapses", signal.Signals(signum).name)
+            logger.warning(
+                "Received %s again: stopping at once; unfinished jobs run again after their lease lapses",
+                signal.Signals(signum).name,
+            )
             self.stop_now()
             # Handler threads cannot be interrupted and the interpreter would wait for them at
             # exit: leave now, as the operator asked.

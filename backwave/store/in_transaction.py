@@ -41,6 +41,7 @@ from .contract import Applied, OutcomeRecord
 from .params import applied_from_rows, lock_params, outcome_batch
 from .queries import QUERIES, native_statement
 
+
 def _statement(name: str) -> tuple[bytes, tuple[str, ...]]:
     """The named statement with every now() read as statement_timestamp(), in native
     placeholders (see native_statement): psycopg would parse the outcome statements' 7,500

@@ -105,14 +105,23 @@ def upsert_queues(cursor, names: Iterable[str], *, paused: bool = UNSET, concurr
 
 
 def set_queue_admission(
-    cursor, name: str, *, key_concurrency_limit: int | None, rate_limit: int | None, key_rate_limit: int | None, rate_period: float | None
+    cursor,
+    name: str,
+    *,
+    key_concurrency_limit: int | None,
+    rate_limit: int | None,
+    key_rate_limit: int | None,
+    rate_period: float | None,
 ) -> None:
     """Write a queue's admission limits (BACKWAVE["QUEUES"], validated by conf), creating its row."""
     cursor.execute(
         QUERIES["set_queue_admission"],
         {
-            "name": validate_queue_name(name), "key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit,
-            "key_rate_limit": key_rate_limit, "rate_period": rate_period,
+            "name": validate_queue_name(name),
+            "key_concurrency_limit": key_concurrency_limit,
+            "rate_limit": rate_limit,
+            "key_rate_limit": key_rate_limit,
+            "rate_period": rate_period,
         },
     )
 
@@ -199,7 +208,10 @@ def task_stats(cursor, *, seconds: int, resolution: int, tasks: Sequence[str] | 
     """Per task over the last ``seconds`` (buckets of ``resolution``): (task, succeeded, retried,
     failed, quarantined, lapsed, cancelled, snoozed, reruns, timed, duration sum, duration max,
     [histograms])."""
-    cursor.execute(QUERIES["admin_task_stats"], {"seconds": seconds, "resolution": resolution, "tasks": None if tasks is None else list(tasks)})
+    cursor.execute(
+        QUERIES["admin_task_stats"],
+        {"seconds": seconds, "resolution": resolution, "tasks": None if tasks is None else list(tasks)},
+    )
     return cursor.fetchall()
 
 
@@ -233,6 +245,8 @@ def hint_sessions(cursor) -> tuple:
     """(sessions named backwave-hints on this database, the oldest's start, the newest's)."""
     cursor.execute(QUERIES["admin_hint_sessions"])
     return cursor.fetchone()
+
+
 def metrics_without_jit(cursor) -> None:
     """No JIT compilation for the rest of the caller's transaction (see queries.sql)."""
     cursor.execute(QUERIES["metrics_without_jit"])

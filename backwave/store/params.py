@@ -23,8 +23,19 @@ from typing import Any
 from backwave.core.jobs import ClaimedJob, OutcomeKind
 
 from .contract import (
-    NOTHING_OBSERVED, Applied, DeliveryResult, DependencyRefused, Heartbeat, Inserted, NewJob, OutcomeRecord, ProgressReport, Store,
-    StoreError, TransientStoreError, TransitionRecord,
+    NOTHING_OBSERVED,
+    Applied,
+    DeliveryResult,
+    DependencyRefused,
+    Heartbeat,
+    Inserted,
+    NewJob,
+    OutcomeRecord,
+    ProgressReport,
+    Store,
+    StoreError,
+    TransientStoreError,
+    TransitionRecord,
 )
 from .storable import UNSTORABLE_RESULT, ascii_text, clean_text, error_class_text, result_problem
 
@@ -120,7 +131,9 @@ def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[s
 MAX_UNIQUE_ROUNDS = 16
 
 
-def run_enqueue(execute: Callable[[str, dict[str, Any]], list[tuple]], jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, list[tuple]]:
+def run_enqueue(
+    execute: Callable[[str, dict[str, Any]], list[tuple]], jobs: Sequence[NewJob], *, hint: bool
+) -> tuple[str, list[tuple]]:
     """Run the enqueue statement for ``jobs`` through ``execute(name, params) -> rows``: one
     statement, and for a unique batch one more for each round of keys the last one could not
     settle (their rows replace the unsettled ones). The statement's name and rows, in input order."""
@@ -214,8 +227,16 @@ def transition_record(row: tuple) -> TransitionRecord:
     """A row of claim_transitions."""
     transition_id, job_id, attempt, kind, task_path, queue, occurred_at, deliveries, delivered_to, observers = row
     return TransitionRecord(
-        id=transition_id, job_id=job_id, attempt=attempt, kind=kind, task_path=task_path, queue=queue,
-        occurred_at=occurred_at, deliveries=deliveries, delivered_to=tuple(delivered_to or ()), observers=tuple(observers or ()),
+        id=transition_id,
+        job_id=job_id,
+        attempt=attempt,
+        kind=kind,
+        task_path=task_path,
+        queue=queue,
+        occurred_at=occurred_at,
+        deliveries=deliveries,
+        delivered_to=tuple(delivered_to or ()),
+        observers=tuple(observers or ()),
     )
 
 
@@ -223,9 +244,12 @@ def delivery_params(token: uuid.UUID, results: Sequence[DeliveryResult]) -> dict
     """settle_transitions' parameters: the pass's results as one JSON array, texts cleaned."""
     rows = [
         {
-            "id": r.id, "delivered": list(r.delivered),
+            "id": r.id,
+            "delivered": list(r.delivered),
             "failed_observer": None if r.failed_observer is None else clean_text(r.failed_observer)[:255],
-            "error": clean_text(r.error), "retry_delay": float(r.retry_delay), "dead": bool(r.dead),
+            "error": clean_text(r.error),
+            "retry_delay": float(r.retry_delay),
+            "dead": bool(r.dead),
         }
         for r in results
     ]
@@ -251,8 +275,17 @@ def inserted_from_rows(name: str, rows: list[tuple]) -> list[Inserted]:
         inserted_ids(name, rows)  # DependencyRefused when an ancestor was refused
         return [Inserted(row[0], state=row[4], enqueued_at=row[5]) for row in rows]
     return [
-        Inserted(id=row[0], duplicate=row[1], state=row[2], payload=row[3], enqueued_at=row[4],
-                 started_at=row[5], last_attempted_at=row[6], finished_at=row[7], reason=row[9])
+        Inserted(
+            id=row[0],
+            duplicate=row[1],
+            state=row[2],
+            payload=row[3],
+            enqueued_at=row[4],
+            started_at=row[5],
+            last_attempted_at=row[6],
+            finished_at=row[7],
+            reason=row[9],
+        )
         for row in rows
     ]
 
@@ -366,7 +399,6 @@ def has_json_nul(encoded: str) -> bool:
     return "\\u0000" in encoded and _JSON_NUL.search(encoded) is not None
 
 
-
 def applied_from_rows(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) -> Applied:
     """The ids a write's RETURNING gave back, with the replacements among them."""
     ids = {row[0] for row in rows}
@@ -402,7 +434,11 @@ def write_then_claim(
     write_outcomes_many isolates a refused row (``write``: one statement), then the claim,
     which still sees every outcome written."""
     claim = claim_statement(
-        lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit, admitted=getattr(store, "admitted_queues", frozenset())
+        lease_id=lease_id,
+        worker_id=worker_id,
+        queues=queues,
+        limit=limit,
+        admitted=getattr(store, "admitted_queues", frozenset()),
     )
     if not outcomes:
         return Applied(), store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
@@ -417,12 +453,14 @@ def write_then_claim(
         return applied, store.claim_jobs(lease_id=lease_id, worker_id=worker_id, queues=queues, limit=limit)
 
 
-
-
 def is_refused_data(error: StoreError) -> bool:
     """Whether the outcome write was refused for the data it carried (SQLSTATE class 22: a
     jsonb escape, a number or a timestamp out of range, a character the encoding lacks)."""
-    return bool(error.sqlstate) and error.sqlstate.startswith("22") and error.statement in ("write_outcomes_many", "write_outcomes_plain")
+    return (
+        bool(error.sqlstate)
+        and error.sqlstate.startswith("22")
+        and error.statement in ("write_outcomes_many", "write_outcomes_plain")
+    )
 
 
 def write_isolating(
@@ -450,7 +488,9 @@ def write_isolating(
     return Applied(first | second, {**first.replaced, **second.replaced}, released=first.released + second.released)
 
 
-def _write_replacement(write: Callable[[Sequence[OutcomeRecord]], Applied], outcome: OutcomeRecord, refused: StoreError) -> Applied:
+def _write_replacement(
+    write: Callable[[Sequence[OutcomeRecord]], Applied], outcome: OutcomeRecord, refused: StoreError
+) -> Applied:
     reason = f"PostgreSQL refused it [{refused.sqlstate}]: {_server_reason(refused)}"
     replacement = unstorable_replacement(outcome, reason)
     for keep_decision in (True, False):
@@ -477,17 +517,31 @@ def unstorable_replacement(outcome: OutcomeRecord, reason: str, *, keep_decision
     job with the reason alone. The error class is always backwave.UnstorableResult.
     """
     if outcome.kind is OutcomeKind.SUCCEEDED or not keep_decision:
-        what = "the task returned, but" if outcome.kind is OutcomeKind.SUCCEEDED else f"the attempt ended ({outcome.kind.value}), but"
+        what = (
+            "the task returned, but"
+            if outcome.kind is OutcomeKind.SUCCEEDED
+            else f"the attempt ended ({outcome.kind.value}), but"
+        )
         text = f"{UNSTORABLE_RESULT}: {what} {ascii_text(reason)}. The job is failed without another attempt; retry it from the admin once that is fixed.\n"
         return OutcomeRecord(
-            job_id=outcome.job_id, attempt=outcome.attempt, kind=OutcomeKind.FAILED, error_class=UNSTORABLE_RESULT, traceback=text,
+            job_id=outcome.job_id,
+            attempt=outcome.attempt,
+            kind=OutcomeKind.FAILED,
+            error_class=UNSTORABLE_RESULT,
+            traceback=text,
             overrun=outcome.overrun,
         )
     own = "\n".join(part for part in (ascii_text(outcome.error_class), ascii_text(outcome.traceback)) if part)
     text = f"{UNSTORABLE_RESULT}: this attempt's outcome could not be stored as it was: {ascii_text(reason)}.\n\nIts own error, escaped:\n{own}\n"
     return OutcomeRecord(
-        job_id=outcome.job_id, attempt=outcome.attempt, kind=outcome.kind, retry_delay=outcome.retry_delay,
-        error_class=UNSTORABLE_RESULT, traceback=text, duration=outcome.duration, overrun=outcome.overrun,
+        job_id=outcome.job_id,
+        attempt=outcome.attempt,
+        kind=outcome.kind,
+        retry_delay=outcome.retry_delay,
+        error_class=UNSTORABLE_RESULT,
+        traceback=text,
+        duration=outcome.duration,
+        overrun=outcome.overrun,
     )
 
 

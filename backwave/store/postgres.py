@@ -52,12 +52,40 @@ from backwave.core.jobs import ClaimedJob
 from backwave.core.options import store_timeouts
 
 from .contract import (
-    ANALYZED_TABLES, NOTHING_OBSERVED, ROLLUP_SETTLE, STALE_STATISTICS, Applied, DeliveryResult, DueSchedule, Heartbeat, NewJob, OutcomeRecord, ProgressReport, PumpHealth,
-    ScheduleDefinition, ScheduleSlot, StoreError, TransientStoreError, TransitionRecord,
+    ANALYZED_TABLES,
+    NOTHING_OBSERVED,
+    ROLLUP_SETTLE,
+    STALE_STATISTICS,
+    Applied,
+    DeliveryResult,
+    DueSchedule,
+    Heartbeat,
+    NewJob,
+    OutcomeRecord,
+    ProgressReport,
+    PumpHealth,
+    ScheduleDefinition,
+    ScheduleSlot,
+    StoreError,
+    TransientStoreError,
+    TransitionRecord,
 )
 from .params import (
-    applied_from_rows, claim_statement, delivery_params, heartbeat_from_row, heartbeat_params, inserted_ids,
-    is_refused_heartbeat, known_params, lease_seconds, lock_params, outcome_batch, run_enqueue, transition_record, write_isolating, write_then_claim,
+    applied_from_rows,
+    claim_statement,
+    delivery_params,
+    heartbeat_from_row,
+    heartbeat_params,
+    inserted_ids,
+    is_refused_heartbeat,
+    known_params,
+    lease_seconds,
+    lock_params,
+    outcome_batch,
+    run_enqueue,
+    transition_record,
+    write_isolating,
+    write_then_claim,
 )
 from .queries import QUERIES, native_statement
 from .storable import clean_text
@@ -90,15 +118,17 @@ _ANCESTORS_KEPT = 10_000
 
 # SQLSTATEs worth a retry on a later tick; class 08 (connection exception) and class 53
 # (insufficient resources: too many connections, out of memory) are transient as a whole.
-TRANSIENT_SQLSTATES = frozenset({
-    "40001",  # serialization_failure
-    "40P01",  # deadlock_detected
-    "55P03",  # lock_not_available (lock_timeout)
-    "57014",  # query_canceled (statement_timeout)
-    "57P01",  # admin_shutdown
-    "57P02",  # crash_shutdown
-    "57P03",  # cannot_connect_now (starting up, shutting down, in recovery)
-})
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "55P03",  # lock_not_available (lock_timeout)
+        "57014",  # query_canceled (statement_timeout)
+        "57P01",  # admin_shutdown
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (starting up, shutting down, in recovery)
+    }
+)
 TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53"})
 
 # A connection attempt the server refuses gives psycopg no SQLSTATE (libpq hands back the
@@ -261,7 +291,9 @@ class PostgresStore:
         kwargs.setdefault("admitted_queues", conf.admitted_queue_names())
         if "statement_timeout" not in kwargs or "lock_timeout" not in kwargs:
             timeouts = store_timeouts(
-                (), statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
+                (),
+                statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"),
+                lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT"),
             )
             kwargs.setdefault("statement_timeout", timeouts.statement)
             kwargs.setdefault("lock_timeout", timeouts.lock)
@@ -271,7 +303,14 @@ class PostgresStore:
 
     def open_lease(self, *, lease_id: uuid.UUID, worker_id: str, group: str, hostname: str, pid: int, duration: float) -> None:
         """Create the pump's lease, expiring ``duration`` seconds from now by the database clock."""
-        params = {"lease_id": lease_id, "worker_id": worker_id, "group": group, "hostname": hostname, "pid": pid, "duration": lease_seconds(duration)}
+        params = {
+            "lease_id": lease_id,
+            "worker_id": worker_id,
+            "group": group,
+            "hostname": hostname,
+            "pid": pid,
+            "duration": lease_seconds(duration),
+        }
         self._execute("open_lease", params)
 
     def renew_lease(self, *, lease_id: uuid.UUID, duration: float) -> bool:
@@ -349,8 +388,14 @@ class PostgresStore:
             return applied, self._claimed(claimed)
 
         return write_then_claim(
-            self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
-            together=together, write=lambda records: self._write_outcomes(lease_id, records),
+            self,
+            lease_id=lease_id,
+            worker_id=worker_id,
+            outcomes=outcomes,
+            queues=queues,
+            limit=limit,
+            together=together,
+            write=lambda records: self._write_outcomes(lease_id, records),
         )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], *, settling: bool = False) -> Applied:
@@ -476,10 +521,18 @@ class PostgresStore:
         for ``lease`` seconds, recording ``deliverer`` (this process) and those observers."""
         if limit <= 0:
             return []
-        rows = self._execute("claim_transitions", {
-            "token": token, "limit": limit, "lease": lease_seconds(lease), "registered": sorted(set(observers)),
-            "deliverer": deliverer, "hostname": socket.gethostname(), "pid": os.getpid(),
-        })
+        rows = self._execute(
+            "claim_transitions",
+            {
+                "token": token,
+                "limit": limit,
+                "lease": lease_seconds(lease),
+                "registered": sorted(set(observers)),
+                "deliverer": deliverer,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+            },
+        )
         return sorted((transition_record(row) for row in rows), key=lambda t: t.id)
 
     def settle_transitions(self, *, token: uuid.UUID, results: Sequence[DeliveryResult]) -> set[int]:
@@ -494,10 +547,21 @@ class PostgresStore:
         """Write the declared schedules and disable the undeclared; returns the names disabled."""
         rows = [
             {
-                "name": d.name, "task_path": d.task_path, "cron": d.cron, "args": list(d.args), "kwargs": dict(d.kwargs),
-                "queue": d.queue, "priority": d.priority, "max_attempts": d.max_attempts, "backoff_base": d.backoff_base,
-                "backoff_max": d.backoff_max, "backend": d.backend, "tags": list(d.tags), "enabled": d.enabled,
-                "timeout": d.timeout, "limit_key": d.limit_key,
+                "name": d.name,
+                "task_path": d.task_path,
+                "cron": d.cron,
+                "args": list(d.args),
+                "kwargs": dict(d.kwargs),
+                "queue": d.queue,
+                "priority": d.priority,
+                "max_attempts": d.max_attempts,
+                "backoff_base": d.backoff_base,
+                "backoff_max": d.backoff_max,
+                "backend": d.backend,
+                "tags": list(d.tags),
+                "enabled": d.enabled,
+                "timeout": d.timeout,
+                "limit_key": d.limit_key,
             }
             for d in schedules
         ]
@@ -514,8 +578,10 @@ class PostgresStore:
             return []
         rows = [
             {
-                "schedule_id": s.schedule_id, "cron": s.cron,
-                "slot": s.slot.isoformat() if s.slot is not None else None, "next_run": s.next_run.isoformat(),
+                "schedule_id": s.schedule_id,
+                "cron": s.cron,
+                "slot": s.slot.isoformat() if s.slot is not None else None,
+                "next_run": s.next_run.isoformat(),
             }
             for s in slots
         ]
@@ -541,8 +607,15 @@ class PostgresStore:
             return
         rows = [
             {
-                "worker_id": p.worker_id, "group": p.group, "hostname": p.hostname, "pid": p.pid, "status": p.status,
-                "reason": clean_text(p.reason), "in_flight": p.in_flight, "queues": list(p.queues), "lease_duration": float(p.lease_duration),
+                "worker_id": p.worker_id,
+                "group": p.group,
+                "hostname": p.hostname,
+                "pid": p.pid,
+                "status": p.status,
+                "reason": clean_text(p.reason),
+                "in_flight": p.in_flight,
+                "queues": list(p.queues),
+                "lease_duration": float(p.lease_duration),
             }
             for p in pumps
         ]
@@ -563,7 +636,10 @@ class PostgresStore:
         so a table another session is vacuuming or analyzing is left to it. Two round-trips when
         something is stale (ANALYZE is a utility statement, chosen after the check), one when not."""
         base, fraction = STALE_STATISTICS
-        stale = [row[0] for row in self._execute("stale_statistics", {"tables": list(ANALYZED_TABLES), "base": base, "fraction": fraction})]
+        stale = [
+            row[0]
+            for row in self._execute("stale_statistics", {"tables": list(ANALYZED_TABLES), "base": base, "fraction": fraction})
+        ]
         if stale:
             self._pipeline("refresh_statistics", [(f"analyze_{table}", {}) for table in stale])
         return stale
@@ -576,7 +652,11 @@ class PostgresStore:
         """Delete up to ``limit`` statistics buckets past their resolution's retention."""
         if not older_than or limit < 1:
             return 0
-        params = {"resolutions": [int(r) for r, _ in older_than], "seconds": [float(s) for _, s in older_than], "limit": int(limit)}
+        params = {
+            "resolutions": [int(r) for r, _ in older_than],
+            "seconds": [float(s) for _, s in older_than],
+            "limit": int(limit),
+        }
         return self._execute("purge_task_stats", params)[0][0]
 
     # -- connection ----------------------------------------------------------------------------
@@ -613,7 +693,9 @@ class PostgresStore:
             if broken:
                 self._conn = None  # the next call reconnects
             detail = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-            raise store_error(exc, f"{operation} failed{detail}: {exc}".strip(), statement=operation, connection_broken=broken) from exc
+            raise store_error(
+                exc, f"{operation} failed{detail}: {exc}".strip(), statement=operation, connection_broken=broken
+            ) from exc
 
     def _cursors_for(self, conn: psycopg.Connection, count: int) -> list[psycopg.RawCursor]:
         """``count`` cursors on ``conn`` for the statements of one round-trip, the same ones
@@ -684,7 +766,9 @@ def _milliseconds(name: str, seconds: float | None) -> str | None:
     if seconds is None:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds above 0, or None to leave the session's value; got {seconds!r}")
+        raise ValueError(
+            f"{name} must be a finite number of seconds above 0, or None to leave the session's value; got {seconds!r}"
+        )
     return f"{max(1, round(seconds * 1000))}ms"
 
 
@@ -696,14 +780,45 @@ def _lock_statement(claim: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, A
 
 
 def _claimed_job(row: tuple) -> ClaimedJob:
-    (job_id, task_path, queue, priority, payload, attempt, max_attempts, backoff_base, backoff_max,
-     backend, enqueued_at, started_at, attempted_at, previous_worker_ids, forgiven_attempts, suspect, trace_context, timeout,
-     cancel_requested_by) = row
+    (
+        job_id,
+        task_path,
+        queue,
+        priority,
+        payload,
+        attempt,
+        max_attempts,
+        backoff_base,
+        backoff_max,
+        backend,
+        enqueued_at,
+        started_at,
+        attempted_at,
+        previous_worker_ids,
+        forgiven_attempts,
+        suspect,
+        trace_context,
+        timeout,
+        cancel_requested_by,
+    ) = row
     return ClaimedJob(
-        id=job_id, task_path=task_path, queue=queue, priority=priority, payload=payload, attempt=attempt,
-        max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max, backend=backend,
-        enqueued_at=enqueued_at, started_at=started_at, attempted_at=attempted_at,
+        id=job_id,
+        task_path=task_path,
+        queue=queue,
+        priority=priority,
+        payload=payload,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        backoff_base=backoff_base,
+        backoff_max=backoff_max,
+        backend=backend,
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        attempted_at=attempted_at,
         previous_worker_ids=tuple(previous_worker_ids) if previous_worker_ids else (),
-        forgiven_attempts=forgiven_attempts, suspect=suspect, trace_context=trace_context, timeout=timeout,
+        forgiven_attempts=forgiven_attempts,
+        suspect=suspect,
+        trace_context=trace_context,
+        timeout=timeout,
         cancel_requested_by=cancel_requested_by,
     )

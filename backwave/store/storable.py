@@ -119,7 +119,9 @@ def _first_problem(value: Any) -> tuple[str, type | None] | None:
                     elif isinstance(key, float) and not math.isfinite(key):
                         return _where(path, f"the key {key!r}", ", which JSON cannot represent", key=True), None
                     elif key is not None and not isinstance(key, (int, float, bool)):
-                        return _where(path, f"a key of type {_type_name(key)}", "; JSON object keys are strings", key=True), type(key)
+                        return _where(path, f"a key of type {_type_name(key)}", "; JSON object keys are strings", key=True), type(
+                            key
+                        )
                     children.append((child, (*path, key)))
                 stack.extend(reversed(children))
             else:

@@ -50,7 +50,14 @@ from ..tracing import enqueue_trace_context
 from .payload import encode_payload
 from .results import STATUS_BY_STATE, BackWaveTaskResult
 from .task import (
-    MAX_JOB_ID, BackWaveTask, TaskCall, coerce_calls, limit_key, unique_key, validate_backwave_options, validate_django_options,
+    MAX_JOB_ID,
+    BackWaveTask,
+    TaskCall,
+    coerce_calls,
+    limit_key,
+    unique_key,
+    validate_backwave_options,
+    validate_django_options,
 )
 
 MAX_BACKEND_ALIAS_LENGTH = 64  # Job.backend
@@ -86,7 +93,9 @@ class BackWaveBackend(BaseTaskBackend):
         """Django's checks plus BackWave's (queue name shape, retry options, tags), each error
         naming the option, the value and what is allowed."""
         if not is_module_level_function(task.func):
-            raise InvalidTask(f"Task function must be defined at a module level. {task.func!r} is not: it is nested, a lambda or a partial.")
+            raise InvalidTask(
+                f"Task function must be defined at a module level. {task.func!r} is not: it is nested, a lambda or a partial."
+            )
         validate_django_options(task, queues=self.queues, alias=self.alias)
         super().validate_task(task)
         validate_backwave_options(task)
@@ -103,7 +112,8 @@ class BackWaveBackend(BaseTaskBackend):
         base_note = "" if given_base is not None else ", DEFAULT_BACKOFF_BASE"
         cap_note = "" if given_cap is not None else ", DEFAULT_BACKOFF_MAX"
         problem = conf.backoff_problem(
-            base, cap,
+            base,
+            cap,
             base_label=f"its backoff_base ({base:g} s{base_note})",
             cap_label=f"backoff_max of task {task.module_path!r} ({cap:g} s{cap_note})",
         )
@@ -185,16 +195,37 @@ class BackWaveBackend(BaseTaskBackend):
             if row.duplicate:
                 payload = json.loads(row.payload) if isinstance(row.payload, str) else row.payload
                 result = BackWaveTaskResult(
-                    task=call.task, id=str(row.id), status=STATUS_BY_STATE[row.state], enqueued_at=row.enqueued_at,
-                    started_at=row.started_at, last_attempted_at=row.last_attempted_at, finished_at=row.finished_at,
-                    args=payload["args"], kwargs=payload["kwargs"], backend=self.alias, errors=[], worker_ids=[],
-                    state=row.state, reason=row.reason, duplicate=True,
+                    task=call.task,
+                    id=str(row.id),
+                    status=STATUS_BY_STATE[row.state],
+                    enqueued_at=row.enqueued_at,
+                    started_at=row.started_at,
+                    last_attempted_at=row.last_attempted_at,
+                    finished_at=row.finished_at,
+                    args=payload["args"],
+                    kwargs=payload["kwargs"],
+                    backend=self.alias,
+                    errors=[],
+                    worker_ids=[],
+                    state=row.state,
+                    reason=row.reason,
+                    duplicate=True,
                 )
             else:
                 result = BackWaveTaskResult(
-                    task=call.task, id=str(row.id), status=STATUS_BY_STATE[row.state], enqueued_at=row.enqueued_at,
-                    started_at=None, last_attempted_at=None, finished_at=None, args=job.payload["args"],
-                    kwargs=job.payload["kwargs"], backend=self.alias, errors=[], worker_ids=[], state=row.state,
+                    task=call.task,
+                    id=str(row.id),
+                    status=STATUS_BY_STATE[row.state],
+                    enqueued_at=row.enqueued_at,
+                    started_at=None,
+                    last_attempted_at=None,
+                    finished_at=None,
+                    args=job.payload["args"],
+                    kwargs=job.payload["kwargs"],
+                    backend=self.alias,
+                    errors=[],
+                    worker_ids=[],
+                    state=row.state,
                 )
                 # Django's signal means "a job was enqueued": a duplicate enqueued nothing.
                 task_enqueued.send(type(self), task_result=result)
@@ -240,13 +271,26 @@ class BackWaveBackend(BaseTaskBackend):
         if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_JOB_ID:
             raise TaskResultDoesNotExist(result_id)
         attempts = (
-            Attempt.objects.using(self.database).filter(job=OuterRef("pk")).order_by("number")
-            .values(row=JSONObject(number="number", state="state", worker_id="worker_id", error_class="error_class", traceback="traceback"))
+            Attempt.objects.using(self.database)
+            .filter(job=OuterRef("pk"))
+            .order_by("number")
+            .values(
+                row=JSONObject(
+                    number="number", state="state", worker_id="worker_id", error_class="error_class", traceback="traceback"
+                )
+            )
         )
-        job = Job.objects.using(self.database).filter(pk=int(text), backend=self.alias).annotate(attempt_rows=ArraySubquery(attempts)).first()
+        job = (
+            Job.objects.using(self.database)
+            .filter(pk=int(text), backend=self.alias)
+            .annotate(attempt_rows=ArraySubquery(attempts))
+            .first()
+        )
         if job is None:
             raise TaskResultDoesNotExist(result_id)
-        return task_result_from_job(job, [Attempt(job_id=job.pk, **row) for row in job.attempt_rows], defaults=self._task_defaults())
+        return task_result_from_job(
+            job, [Attempt(job_id=job.pk, **row) for row in job.attempt_rows], defaults=self._task_defaults()
+        )
 
     def _task_defaults(self) -> dict | None:
         """The DEFAULT_* values a task's None options stand for, by option name; None when the
@@ -268,7 +312,12 @@ class BackWaveBackend(BaseTaskBackend):
         yield from super().check(**kwargs)
         where = self._options_where
         if not apps.is_installed("backwave"):
-            yield checks.Error(f"{type(self).__name__} is configured as TASKS[{self.alias!r}] but 'backwave' is not in INSTALLED_APPS.", hint="Add 'backwave' to INSTALLED_APPS.", obj=self.alias, id="backwave.E106")
+            yield checks.Error(
+                f"{type(self).__name__} is configured as TASKS[{self.alias!r}] but 'backwave' is not in INSTALLED_APPS.",
+                hint="Add 'backwave' to INSTALLED_APPS.",
+                obj=self.alias,
+                id="backwave.E106",
+            )
         for problem in conf.options_problems(self.options, where):
             problem_id = "backwave.E104" if "unknown key" in problem else "backwave.E105"
             yield checks.Error(problem, obj=self.alias, id=problem_id)
@@ -278,7 +327,9 @@ class BackWaveBackend(BaseTaskBackend):
                 obj=self.alias,
                 id="backwave.E101",
             )
-        elif isinstance(self.database, str) and _engine_vendor(settings.DATABASES[self.database].get("ENGINE", "")) != "postgresql":
+        elif (
+            isinstance(self.database, str) and _engine_vendor(settings.DATABASES[self.database].get("ENGINE", "")) != "postgresql"
+        ):
             yield checks.Error(
                 f"BackWave needs PostgreSQL, but database {self.database!r} uses {settings.DATABASES[self.database].get('ENGINE')!r}.",
                 hint="Use ENGINE 'django.db.backends.postgresql' (or a backend built on it).",
@@ -293,7 +344,11 @@ class BackWaveBackend(BaseTaskBackend):
                     id="backwave.E103",
                 )
         if len(self.alias) > MAX_BACKEND_ALIAS_LENGTH:
-            yield checks.Error(f"TASKS alias {self.alias!r} is longer than {MAX_BACKEND_ALIAS_LENGTH} characters.", obj=self.alias, id="backwave.E107")
+            yield checks.Error(
+                f"TASKS alias {self.alias!r} is longer than {MAX_BACKEND_ALIAS_LENGTH} characters.",
+                obj=self.alias,
+                id="backwave.E107",
+            )
 
 
 def _engine_vendor(engine: str) -> str | None:

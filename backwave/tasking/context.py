@@ -65,8 +65,19 @@ class AttemptControl:
 
     # One is built per attempt, on the pump's thread.
     __slots__ = (
-        "job_id", "attempt", "_clock", "started", "deadline", "stop_reason", "stopped_at", "_lock", "_progress", "_metadata",
-        "last_progress", "last_metadata", "started_as",
+        "job_id",
+        "attempt",
+        "_clock",
+        "started",
+        "deadline",
+        "stop_reason",
+        "stopped_at",
+        "_lock",
+        "_progress",
+        "_metadata",
+        "last_progress",
+        "last_metadata",
+        "started_as",
     )
 
     def __init__(self, *, job_id: int, attempt: int, timeout: float | None, clock=time.monotonic):
@@ -154,7 +165,11 @@ class JobContext(TaskContext):
     # registered. None (a context built outside a worker): one without a time limit.
     control: AttemptControl = field(default=None, repr=False, compare=False)
     metadata: dict = field(default_factory=dict, compare=False)
-    _buffer: dict[str, Any] = field(default_factory=lambda: {"output": {}, "sizes": {}, "added": {}, "removed": {}, "ancestors": None, "over": False}, repr=False, compare=False)
+    _buffer: dict[str, Any] = field(
+        default_factory=lambda: {"output": {}, "sizes": {}, "added": {}, "removed": {}, "ancestors": None, "over": False},
+        repr=False,
+        compare=False,
+    )
 
     def output(self, name: str, value: Any) -> None:
         """Record ``value`` (JSON) under ``name`` in this job's Job Output; a name recorded again
@@ -162,7 +177,9 @@ class JobContext(TaskContext):
         a value PostgreSQL cannot store, or one past the cap, raises UnstorableResult here."""
         self._open()
         if not isinstance(name, str) or not 1 <= len(name) <= MAX_OUTPUT_NAME_LENGTH or text_problem(name):
-            raise ValueError(f"an output name is a string of 1 to {MAX_OUTPUT_NAME_LENGTH} characters without NUL or lone surrogates, got {name!r:.100}")
+            raise ValueError(
+                f"an output name is a string of 1 to {MAX_OUTPUT_NAME_LENGTH} characters without NUL or lone surrogates, got {name!r:.100}"
+            )
         buffer = self._buffer
         try:
             text = encode_result(value, max_bytes=self.max_output_bytes)
@@ -218,7 +235,9 @@ class JobContext(TaskContext):
         none did, ValueError when several did (read ``ancestors`` then)."""
         found = [(a.job_id, a.output[name]) for a in self.ancestors if name in (a.output or {})]
         if len(found) > 1:
-            raise ValueError(f"ancestors {[job_id for job_id, _ in found]} all recorded output {name!r}; read context.ancestors to choose")
+            raise ValueError(
+                f"ancestors {[job_id for job_id, _ in found]} all recorded output {name!r}; read context.ancestors to choose"
+            )
         if found:
             return found[0][1]
         if default is _MISSING:
@@ -283,7 +302,9 @@ class JobContext(TaskContext):
 
 def _check_tag(tag: Any) -> None:
     if not isinstance(tag, str) or not 1 <= len(tag) <= MAX_TAG_LENGTH or text_problem(tag):
-        raise ValueError(f"a tag is a string of 1 to {MAX_TAG_LENGTH} characters without NUL or lone surrogates, got {tag!r:.100}")
+        raise ValueError(
+            f"a tag is a string of 1 to {MAX_TAG_LENGTH} characters without NUL or lone surrogates, got {tag!r:.100}"
+        )
 
 
 def database_resolver(database: str) -> Callable[[int], list[Ancestor]]:

@@ -216,8 +216,25 @@ def task_error(*, state: str, error_class: str, traceback: str) -> TaskError:
 
 
 def _build(
-    *, task, job_id, status, args, kwargs, backend, enqueued_at, started_at, last_attempted_at, finished_at, errors, worker_ids, return_value,
-    progress=None, metadata=None, state=None, reason="", duplicate=False,
+    *,
+    task,
+    job_id,
+    status,
+    args,
+    kwargs,
+    backend,
+    enqueued_at,
+    started_at,
+    last_attempted_at,
+    finished_at,
+    errors,
+    worker_ids,
+    return_value,
+    progress=None,
+    metadata=None,
+    state=None,
+    reason="",
+    duplicate=False,
 ) -> TaskResult:
     result = BackWaveTaskResult(
         task=task,
@@ -243,7 +260,9 @@ def _build(
     return result
 
 
-def task_result_from_job(job, attempts: Iterable, task: Task | None = None, defaults: Mapping[str, Any] | None = None) -> TaskResult:
+def task_result_from_job(
+    job, attempts: Iterable, task: Task | None = None, defaults: Mapping[str, Any] | None = None
+) -> TaskResult:
     """The TaskResult of a Job row and its Attempt rows (in number order). ``task=None`` resolves
     the task from the row (web side only), with the backend's ``defaults`` (see resolve_task)."""
     attempts = list(attempts)
@@ -266,7 +285,8 @@ def task_result_from_job(job, attempts: Iterable, task: Task | None = None, defa
             task_error(state=attempt.state, error_class=attempt.error_class, traceback=attempt.traceback)
             for attempt in attempts
             if attempt.state in ERROR_ATTEMPT_STATES
-        ] + _cancel_before_start(job, attempts),
+        ]
+        + _cancel_before_start(job, attempts),
         worker_ids=worker_ids,
         return_value=job.return_value,
         progress=getattr(job, "progress", None),
@@ -283,7 +303,9 @@ def _cancel_before_start(job, attempts: list) -> list[TaskError]:
         return []
     if reason := getattr(job, "reason", ""):
         because = reason.removeprefix("Cancelled: ")
-        return [TaskError(exception_class_path=CANCELLED_ERROR, traceback=f"{CANCELLED_ERROR}: cancelled before it ran: {because}\n")]
+        return [
+            TaskError(exception_class_path=CANCELLED_ERROR, traceback=f"{CANCELLED_ERROR}: cancelled before it ran: {because}\n")
+        ]
     who = getattr(job, "cancel_requested_by", "") or "an operator"
     return [TaskError(exception_class_path=CANCELLED_ERROR, traceback=f"{CANCELLED_ERROR}: cancelled by {who} before it ran.\n")]
 

@@ -210,7 +210,9 @@ def validate_django_options(task, *, queues: Iterable[str], alias: str) -> None:
         )
     queue = task.queue_name
     if not is_queue_name(queue):
-        raise InvalidTask(f"Queue {queue!r} is not valid for backend. The queue_name of task {path!r} must be {QUEUE_NAME_RULE}, got {queue!r}.")
+        raise InvalidTask(
+            f"Queue {queue!r} is not valid for backend. The queue_name of task {path!r} must be {QUEUE_NAME_RULE}, got {queue!r}."
+        )
     queues = sorted(queues, key=str)
     if queues and queue not in queues:
         from difflib import get_close_matches
@@ -230,11 +232,15 @@ def validate_backwave_options(task) -> None:
     path = task.module_path
     max_attempts = getattr(task, "max_attempts", None)
     if max_attempts is not None and (not _is_int(max_attempts) or max_attempts < 1):
-        raise InvalidTask(f"max_attempts of task {path!r} must be an integer >= 1 (or None for the default), got {max_attempts!r}.")
+        raise InvalidTask(
+            f"max_attempts of task {path!r} must be an integer >= 1 (or None for the default), got {max_attempts!r}."
+        )
     for name in ("backoff_base", "backoff_max"):
         value = getattr(task, name, None)
         if value is not None and not (_is_seconds(value) and value <= MAX_DELAY):
-            raise InvalidTask(f"{name} of task {path!r} must be a finite number of seconds >= 0 and at most {MAX_DELAY:,.0f} (a year), or None for the default, got {value!r}.")
+            raise InvalidTask(
+                f"{name} of task {path!r} must be a finite number of seconds >= 0 and at most {MAX_DELAY:,.0f} (a year), or None for the default, got {value!r}."
+            )
     validate_control_options(task)
     atomic = getattr(task, "atomic", False)
     if not isinstance(atomic, bool):
@@ -246,12 +252,17 @@ def validate_backwave_options(task) -> None:
         )
     tags = getattr(task, "tags", ())
     if isinstance(tags, str) or not isinstance(tags, tuple):
-        raise InvalidTask(f"tags of task {path!r} must be a list or tuple of strings, got {tags!r}" + (f"; did you mean ({tags!r},)?" if isinstance(tags, str) else "."))
+        raise InvalidTask(
+            f"tags of task {path!r} must be a list or tuple of strings, got {tags!r}"
+            + (f"; did you mean ({tags!r},)?" if isinstance(tags, str) else ".")
+        )
     if len(tags) > MAX_TAGS:
         raise InvalidTask(f"task {path!r} has {len(tags)} tags; at most {MAX_TAGS} are allowed.")
     for tag in tags:
         if not _is_key_text(tag, MAX_TAG_LENGTH):
-            raise InvalidTask(f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters without a NUL or a lone surrogate, got {tag!r}.")
+            raise InvalidTask(
+                f"each tag of task {path!r} must be a string of 1 to {MAX_TAG_LENGTH} characters without a NUL or a lone surrogate, got {tag!r}."
+            )
     _validate_unique(task)
     _validate_limit_key(task)
 
@@ -269,7 +280,9 @@ def _check_argument_names(task, option: str, names: Sequence[str]) -> None:
     context = _context_parameter(task)
     for name in names:
         if not isinstance(name, str) or not name:
-            raise InvalidTask(f"{option} of task {task.module_path!r} names arguments by their parameter names (strings), got {name!r}.")
+            raise InvalidTask(
+                f"{option} of task {task.module_path!r} names arguments by their parameter names (strings), got {name!r}."
+            )
         if name == context:
             raise InvalidTask(
                 f"{option} of task {task.module_path!r} names {name!r}: that is the context BackWave passes, not an argument of the call, "
@@ -280,7 +293,9 @@ def _check_argument_names(task, option: str, names: Sequence[str]) -> None:
 
             close = get_close_matches(name, known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise InvalidTask(f"{option} of task {task.module_path!r} names {name!r}, which is not a parameter of {task.func.__name__}({', '.join(known)}).{hint}")
+            raise InvalidTask(
+                f"{option} of task {task.module_path!r} names {name!r}, which is not a parameter of {task.func.__name__}({', '.join(known)}).{hint}"
+            )
 
 
 def _is_key_text(value, max_length: int) -> bool:
@@ -303,10 +318,15 @@ def _validate_unique(task) -> None:
         raise InvalidTask(f"unique of task {path!r} must be a backwave.Unique(...), got {unique!r}.")
     if unique.by is not None:
         if isinstance(unique.by, str) or not isinstance(unique.by, tuple) or not unique.by:
-            raise InvalidTask(f"Unique.by of task {path!r} must be a non-empty tuple of parameter names (or None for all arguments), got {unique.by!r}" + (f"; did you mean ({unique.by!r},)?" if isinstance(unique.by, str) else "."))
+            raise InvalidTask(
+                f"Unique.by of task {path!r} must be a non-empty tuple of parameter names (or None for all arguments), got {unique.by!r}"
+                + (f"; did you mean ({unique.by!r},)?" if isinstance(unique.by, str) else ".")
+            )
         _check_argument_names(task, "Unique.by", unique.by)
     if unique.key is not None and not _is_key_text(unique.key, MAX_KEY_LENGTH):
-        raise InvalidTask(f"Unique.key of task {path!r} must be a string of 1 to {MAX_KEY_LENGTH} characters, got {unique.key!r}.")
+        raise InvalidTask(
+            f"Unique.key of task {path!r} must be a string of 1 to {MAX_KEY_LENGTH} characters, got {unique.key!r}."
+        )
     if unique.period is not None and not (_is_seconds(unique.period) and MIN_UNIQUE_PERIOD <= unique.period <= MAX_UNIQUE_PERIOD):
         raise InvalidTask(
             f"Unique.period of task {path!r} must be a number of seconds from {MIN_UNIQUE_PERIOD:g} to {MAX_UNIQUE_PERIOD:,.0f} "
@@ -316,7 +336,9 @@ def _validate_unique(task) -> None:
     if isinstance(states, str) or not isinstance(states, tuple) or any(state not in UNIQUE_STATES for state in states):
         raise InvalidTask(f"Unique.states of task {path!r} must be a tuple of {', '.join(UNIQUE_STATES)}, got {states!r}.")
     if "ready" not in states:
-        raise InvalidTask(f"Unique.states of task {path!r} must include 'ready' (a waiting job is what a duplicate would join), got {states!r}.")
+        raise InvalidTask(
+            f"Unique.states of task {path!r} must include 'ready' (a waiting job is what a duplicate would join), got {states!r}."
+        )
     # A job lets go of its key for good when it first leaves the covered states (the trigger of
     # migration 0008), and it reaches a finished state by running (or, cancelled, straight from
     # ready): a finished state covered without 'running' would find the key already gone.
@@ -336,11 +358,15 @@ def _validate_limit_key(task) -> None:
     path = task.module_path
     limit_by, limit_key = getattr(task, "limit_by", None), getattr(task, "limit_key", None)
     if limit_by is not None and limit_key is not None:
-        raise InvalidTask(f"task {path!r} sets both limit_by ({limit_by!r}) and limit_key ({limit_key!r}); the key comes from one of them.")
+        raise InvalidTask(
+            f"task {path!r} sets both limit_by ({limit_by!r}) and limit_key ({limit_key!r}); the key comes from one of them."
+        )
     if limit_by is not None:
         _check_argument_names(task, "limit_by", [limit_by])
     if limit_key is not None and not _is_key_text(limit_key, MAX_LIMIT_KEY_LENGTH):
-        raise InvalidTask(f"limit_key of task {path!r} must be a string of 1 to {MAX_LIMIT_KEY_LENGTH} characters, got {limit_key!r}.")
+        raise InvalidTask(
+            f"limit_key of task {path!r} must be a string of 1 to {MAX_LIMIT_KEY_LENGTH} characters, got {limit_key!r}."
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -375,7 +401,9 @@ def _bound_arguments(task, args, kwargs) -> dict[str, Any]:
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:
-        raise InvalidTask(f"the arguments of task {task.module_path!r} do not fit {task.func.__name__}{signature}: {error}.") from None
+        raise InvalidTask(
+            f"the arguments of task {task.module_path!r} do not fit {task.func.__name__}{signature}: {error}."
+        ) from None
     bound.apply_defaults()
     named: dict[str, Any] = {}
     for name, value in bound.arguments.items():
@@ -424,10 +452,14 @@ def limit_key(task, args, kwargs) -> str | None:
         raise InvalidTask(f"limit_by of task {task.module_path!r} names {name!r}, which this call does not pass.")
     value = named[name]
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise InvalidTask(f"limit_by of task {task.module_path!r}: argument {name!r} must be a string or an integer to key a limit by, got {value!r:.100}.")
+        raise InvalidTask(
+            f"limit_by of task {task.module_path!r}: argument {name!r} must be a string or an integer to key a limit by, got {value!r:.100}."
+        )
     text = str(value)
     if not _is_key_text(text, MAX_LIMIT_KEY_LENGTH):
-        raise InvalidTask(f"limit_by of task {task.module_path!r}: argument {name!r} gives the key {text!r:.100}; a key is 1 to {MAX_LIMIT_KEY_LENGTH} characters without NUL.")
+        raise InvalidTask(
+            f"limit_by of task {task.module_path!r}: argument {name!r} gives the key {text!r:.100}; a key is 1 to {MAX_LIMIT_KEY_LENGTH} characters without NUL."
+        )
     return text
 
 
@@ -439,14 +471,18 @@ def validate_control_options(task) -> None:
     path = task.module_path
     timeout = getattr(task, "timeout", None)
     if timeout is not None and not (_is_seconds(timeout) and 0 < timeout <= MAX_TIMEOUT):
-        raise InvalidTask(f"timeout of task {path!r} must be a number of seconds above 0 and at most {MAX_TIMEOUT:,.0f} (a week), or None for no limit, got {timeout!r}.")
+        raise InvalidTask(
+            f"timeout of task {path!r} must be a number of seconds above 0 and at most {MAX_TIMEOUT:,.0f} (a week), or None for no limit, got {timeout!r}."
+        )
     for name in ("retry_on", "discard_on"):
         kinds = getattr(task, name, ())
         if not isinstance(kinds, tuple) or not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in kinds):
             raise InvalidTask(f"{name} of task {path!r} must be an exception class or a tuple of them, got {kinds!r}.")
     backoff = getattr(task, "backoff", None)
     if backoff is not None and not callable(backoff):
-        raise InvalidTask(f"backoff of task {path!r} must be a callable backoff(attempt, exception) returning seconds or None, got {backoff!r}.")
+        raise InvalidTask(
+            f"backoff of task {path!r} must be a callable backoff(attempt, exception) returning seconds or None, got {backoff!r}."
+        )
 
 
 # --- many at once -----------------------------------------------------------------------------
@@ -457,7 +493,9 @@ def coerce_calls(calls: Iterable[TaskCall | tuple]) -> list[TaskCall]:
     coerced = []
     for position, call in enumerate(calls):
         if not isinstance(call, tuple) or not 1 <= len(call) <= 3 or not isinstance(call[0], Task):
-            raise InvalidTask(f"enqueue_many: call #{position} must be a (task, args, kwargs) tuple whose task is a django.tasks.Task (a function decorated with @task), got {call!r:.200}.")
+            raise InvalidTask(
+                f"enqueue_many: call #{position} must be a (task, args, kwargs) tuple whose task is a django.tasks.Task (a function decorated with @task), got {call!r:.200}."
+            )
         coerced.append(TaskCall(*call))
     return coerced
 
@@ -472,7 +510,9 @@ def enqueue_many(calls: Iterable[TaskCall | tuple]) -> list[TaskResult]:
         return []
     aliases = sorted({call.task.backend for call in calls})
     if len(aliases) != 1:
-        raise InvalidTask(f"enqueue_many writes one statement on one backend, but the tasks use backends {aliases}; call it once per backend.")
+        raise InvalidTask(
+            f"enqueue_many writes one statement on one backend, but the tasks use backends {aliases}; call it once per backend."
+        )
     backend = task_backends[aliases[0]]
     if not hasattr(backend, "enqueue_many"):
         raise InvalidTask(f"Backend {aliases[0]!r} ({type(backend).__name__}) cannot enqueue many tasks in one statement.")

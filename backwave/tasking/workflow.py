@@ -61,7 +61,9 @@ class Dependency:
 
     def __post_init__(self):
         if self.on_failure not in DEPENDENCY_POLICIES:
-            raise InvalidDependency(f"on_failure must be one of {', '.join(map(repr, DEPENDENCY_POLICIES))}, got {self.on_failure!r}.")
+            raise InvalidDependency(
+                f"on_failure must be one of {', '.join(map(repr, DEPENDENCY_POLICIES))}, got {self.on_failure!r}."
+            )
 
 
 class Workflow:
@@ -85,7 +87,9 @@ class Workflow:
     def __len__(self) -> int:
         return len(self._steps)
 
-    def add(self, task: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, after: Iterable[Any] = ()) -> Step:
+    def add(
+        self, task: Task, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, after: Iterable[Any] = ()
+    ) -> Step:
         """Add one job; it runs once every ``after`` ancestor has succeeded."""
         if self.results is not None:
             raise InvalidDependency("this Workflow was enqueued already; build a new one")
@@ -111,7 +115,9 @@ class Workflow:
             raise InvalidDependency(f"a Workflow is one statement on one backend, but its tasks use backends {aliases}.")
         backend = task_backends[aliases[0]]
         if not hasattr(backend, "enqueue_dependent"):
-            raise InvalidDependency(f"Backend {aliases[0]!r} ({type(backend).__name__}) cannot enqueue jobs that wait for others.")
+            raise InvalidDependency(
+                f"Backend {aliases[0]!r} ({type(backend).__name__}) cannot enqueue jobs that wait for others."
+            )
         edges = [self._edges(step, after, backend) for step, after in zip(self._steps, self._after, strict=True)]
         _refuse_cycles(edges)
         self.results = backend.enqueue_dependent([step.call for step in self._steps], edges)
@@ -123,7 +129,9 @@ class Workflow:
             edge = _edge(self, step, item, backend)
             key = ("position", edge.position) if edge.job_id is None else ("job", edge.job_id)
             if key in edges and edges[key].on_failure != edge.on_failure:
-                raise InvalidDependency(f"step {step.index} ({step.call.task.module_path}) names the same ancestor twice with different on_failure.")
+                raise InvalidDependency(
+                    f"step {step.index} ({step.call.task.module_path}) names the same ancestor twice with different on_failure."
+                )
             edges.setdefault(key, edge)
         if len(edges) > MAX_ANCESTORS:
             raise InvalidDependency(f"step {step.index} has {len(edges):,} ancestors; at most {MAX_ANCESTORS:,} are allowed.")
@@ -136,7 +144,9 @@ def _edge(workflow: Workflow, step: Step, item: Any, backend) -> After:
         item, on_failure = item.ancestor, item.on_failure
     if isinstance(item, Step):
         if item.workflow is not workflow:
-            raise InvalidDependency(f"step {step.index} names a step of another Workflow; pass its TaskResult once that one is enqueued.")
+            raise InvalidDependency(
+                f"step {step.index} names a step of another Workflow; pass its TaskResult once that one is enqueued."
+            )
         if item.index == step.index:
             raise InvalidDependency(f"step {step.index} ({step.call.task.module_path}) cannot wait for itself.")
         return After(position=item.index, on_failure=on_failure)
@@ -188,8 +198,13 @@ def chain(*calls: TaskCall | tuple, after: Iterable[Any] = ()) -> list[TaskResul
     return flow.enqueue()
 
 
-def group(calls: Iterable[TaskCall | tuple], *, then: TaskCall | tuple | None = None, after: Iterable[Any] = (),
-          on_failure: str = "cancel") -> tuple[list[TaskResult], TaskResult | None]:
+def group(
+    calls: Iterable[TaskCall | tuple],
+    *,
+    then: TaskCall | tuple | None = None,
+    after: Iterable[Any] = (),
+    on_failure: str = "cancel",
+) -> tuple[list[TaskResult], TaskResult | None]:
     """Fan out: the ``calls`` (each after ``after``), and fan in: ``then``, which runs once all
     of them succeeded (its dependencies on them under ``on_failure``). One statement; returns
     (the calls' results, then's result or None)."""
@@ -209,7 +224,9 @@ def dag(steps: Mapping[str, TaskCall | tuple], after: Mapping[str, Iterable[Any]
     TaskResults or integer ids, or Dependency of any of these. A cycle or an unknown name is
     refused before anything is written; one statement; results by name."""
     if not_text := [name for name in steps if not isinstance(name, str)]:
-        raise InvalidDependency(f"the step names of a DAG are strings, got {not_text[0]!r} ({type(not_text[0]).__name__}); an existing job goes in after= as its TaskResult or int(id).")
+        raise InvalidDependency(
+            f"the step names of a DAG are strings, got {not_text[0]!r} ({type(not_text[0]).__name__}); an existing job goes in after= as its TaskResult or int(id)."
+        )
     after = dict(after or {})
     if unknown := sorted(set(after) - set(steps), key=str):
         raise InvalidDependency(f"after= names steps that are not in the DAG: {unknown}.")
@@ -229,7 +246,9 @@ def dag(steps: Mapping[str, TaskCall | tuple], after: Mapping[str, Iterable[Any]
     try:
         order = list(TopologicalSorter(graph).static_order())
     except CycleError as error:
-        raise InvalidDependency(f"the DAG has a cycle ({' -> '.join(map(repr, error.args[1]))}): none of those jobs could ever run.") from None
+        raise InvalidDependency(
+            f"the DAG has a cycle ({' -> '.join(map(repr, error.args[1]))}): none of those jobs could ever run."
+        ) from None
     flow = Workflow()
     added: dict[str, Step] = {}
     calls = dict(zip(steps, coerce_calls(steps.values()), strict=True))

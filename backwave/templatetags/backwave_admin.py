@@ -57,7 +57,11 @@ def backwave_sparkline(values, width=120, height=24):
         "<title>{label}</title>"
         '<line x1="0" y1="{base}" x2="{w}" y2="{base}" class="bw-spark-base"/>'
         '<polyline fill="none" points="{points}"/></svg>',
-        w=width, h=height, base=height - 0.5, points=points, label=label,
+        w=width,
+        h=height,
+        base=height - 0.5,
+        points=points,
+        label=label,
     )
 
 
@@ -82,7 +86,10 @@ def bw_time(moment):
     shown = local.strftime("%Y-%m-%d %H:%M:%S.") + f"{local.microsecond // 1000:03d}"
     return format_html(
         '<time datetime="{}" data-bw-time data-bw-precise title="{} {}">{}</time>',
-        moment.isoformat(), local.strftime("%Y-%m-%d %H:%M:%S"), timezone.get_current_timezone_name(), shown,
+        moment.isoformat(),
+        local.strftime("%Y-%m-%d %H:%M:%S"),
+        timezone.get_current_timezone_name(),
+        shown,
     )
 
 
@@ -118,12 +125,18 @@ def backwave_dashboard(context):
     if board.chart is not None:
         drawn = {
             "throughput_chart": charts.bar_chart(
-                [(start, (ok, bad)) for start, ok, bad in buckets], series=[("succeeded", "bw-ok"), ("not succeeded", "bw-bad")],
-                resolution=board.chart.resolution, title="Finished attempts", chart_id="bw-chart-throughput",
+                [(start, (ok, bad)) for start, ok, bad in buckets],
+                series=[("succeeded", "bw-ok"), ("not succeeded", "bw-bad")],
+                resolution=board.chart.resolution,
+                title="Finished attempts",
+                chart_id="bw-chart-throughput",
             ),
             "failure_chart": charts.bar_chart(
-                [(start, (bad,)) for start, _ok, bad in buckets], series=[("failed, retried, quarantined or lapsed", "bw-bad")],
-                resolution=board.chart.resolution, title="Attempts that did not succeed", chart_id="bw-chart-failures",
+                [(start, (bad,)) for start, _ok, bad in buckets],
+                series=[("failed, retried, quarantined or lapsed", "bw-bad")],
+                resolution=board.chart.resolution,
+                title="Attempts that did not succeed",
+                chart_id="bw-chart-failures",
             ),
         }
     return {

@@ -162,9 +162,18 @@ def _query(task, *, queue, priority, state, database) -> list[EnqueuedJob]:
 def _enqueued(row) -> EnqueuedJob:
     payload = row.payload if isinstance(row.payload, dict) else {}
     return EnqueuedJob(
-        id=row.pk, task_path=row.task_path, args=payload.get("args", []), kwargs=payload.get("kwargs", {}), queue=row.queue,
-        priority=row.priority, state=row.state, run_at=row.run_at, attempts=row.attempts, max_attempts=row.max_attempts,
-        tags=tuple(row.tags), backend=row.backend,
+        id=row.pk,
+        task_path=row.task_path,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        queue=row.queue,
+        priority=row.priority,
+        state=row.state,
+        run_at=row.run_at,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        tags=tuple(row.tags),
+        backend=row.backend,
     )
 
 

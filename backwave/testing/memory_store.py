@@ -38,22 +38,53 @@ from backwave import taskstats
 from backwave.core.jobs import ClaimedJob
 
 from backwave.store.contract import (
-    NOTHING_OBSERVED, ROLLUP_SETTLE, Applied, DeliveryResult, DependencyRefused, DueSchedule, Heartbeat, NewJob, OutcomeRecord,
-    ProgressReport, PumpHealth,
-    ScheduleDefinition, ScheduleSlot, StoreError, TransitionRecord,
+    NOTHING_OBSERVED,
+    ROLLUP_SETTLE,
+    Applied,
+    DeliveryResult,
+    DependencyRefused,
+    DueSchedule,
+    Heartbeat,
+    NewJob,
+    OutcomeRecord,
+    ProgressReport,
+    PumpHealth,
+    ScheduleDefinition,
+    ScheduleSlot,
+    StoreError,
+    TransitionRecord,
 )
 from backwave.store.params import (
-    applied_from_rows, claim_statement, delivery_params, dependency_refusal, heartbeat_params, insert_statement, known_params,
-    lease_seconds, outcome_batch, write_isolating, write_then_claim,
+    applied_from_rows,
+    claim_statement,
+    delivery_params,
+    dependency_refusal,
+    heartbeat_params,
+    insert_statement,
+    known_params,
+    lease_seconds,
+    outcome_batch,
+    write_isolating,
+    write_then_claim,
 )
 from backwave.store.storable import NUMERIC_MAX_DIGITS, clean_text, text_problem
 from backwave.taskstats import TaskSummary
 
 _TERMINAL_STATE = {
-    "succeeded": "succeeded", "retry": "ready", "snoozed": "ready", "failed": "failed", "cancelled": "cancelled", "quarantined": "quarantined",
+    "succeeded": "succeeded",
+    "retry": "ready",
+    "snoozed": "ready",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "quarantined": "quarantined",
 }
 _ATTEMPT_STATE = {
-    "succeeded": "succeeded", "quarantined": "quarantined", "retry": "failed", "failed": "failed", "cancelled": "cancelled", "snoozed": "snoozed",
+    "succeeded": "succeeded",
+    "quarantined": "quarantined",
+    "retry": "failed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "snoozed": "snoozed",
 }
 _AGAIN = ("retry", "snoozed")  # the kinds that make the job ready again
 _MAX_PRIORITY = 100
@@ -296,8 +327,15 @@ def _note(db: MemoryDatabase, now: datetime, observed: str, job: JobRow, attempt
     if observers is not None:
         db.last_transition_id += 1
         db.transitions[db.last_transition_id] = TransitionRow(
-            id=db.last_transition_id, job_id=job.id, attempt=attempt, kind=kind, task_path=job.task_path, queue=job.queue,
-            occurred_at=now, next_attempt_at=now, observers=observers,
+            id=db.last_transition_id,
+            job_id=job.id,
+            attempt=attempt,
+            kind=kind,
+            task_path=job.task_path,
+            queue=job.queue,
+            occurred_at=now,
+            next_attempt_at=now,
+            observers=observers,
         )
 
 
@@ -451,7 +489,11 @@ class InMemoryStore:
     """The Storage Contract over a MemoryDatabase (a fresh one unless ``database`` is given)."""
 
     def __init__(
-        self, database: MemoryDatabase | None = None, *, now: Callable[[], datetime] | None = None, admitted_queues: Iterable[str] = ()
+        self,
+        database: MemoryDatabase | None = None,
+        *,
+        now: Callable[[], datetime] | None = None,
+        admitted_queues: Iterable[str] = (),
     ):
         self.admitted_queues = frozenset(admitted_queues)
         if database is None:
@@ -470,10 +512,18 @@ class InMemoryStore:
         duration = lease_seconds(duration)
         with self._operation() as (db, now):
             if lease_id in db.leases:
-                raise StoreError('open_lease failed [23505]: duplicate key value violates unique constraint "backwave_lease_pkey"')
+                raise StoreError(
+                    'open_lease failed [23505]: duplicate key value violates unique constraint "backwave_lease_pkey"'
+                )
             db.leases[lease_id] = LeaseRow(
-                id=lease_id, worker_id=worker_id, group=group, hostname=hostname, pid=pid,
-                created_at=now, renewed_at=now, expires_at=now + timedelta(seconds=duration),
+                id=lease_id,
+                worker_id=worker_id,
+                group=group,
+                hostname=hostname,
+                pid=pid,
+                created_at=now,
+                renewed_at=now,
+                expires_at=now + timedelta(seconds=duration),
             )
 
     def renew_lease(self, *, lease_id: uuid.UUID, duration: float) -> bool:
@@ -509,7 +559,8 @@ class InMemoryStore:
                 if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == report["attempt"]:
                     _report(job, report)
             cancels = {
-                job.id: job.cancel_requested_by for job in db.jobs.values()
+                job.id: job.cancel_requested_by
+                for job in db.jobs.values()
                 if job.lease_id == lease_id and job.state == "running" and job.cancel_requested_at is not None
             }
             return Heartbeat(held=True, cancels=cancels)
@@ -528,12 +579,16 @@ class InMemoryStore:
         if limit <= 0:
             return 0
         with self._operation() as (db, now):
-            lapsed = sorted((lease for lease in db.leases.values() if lease.expires_at < now), key=lambda lease: lease.expires_at)[:limit]
+            lapsed = sorted(
+                (lease for lease in db.leases.values() if lease.expires_at < now), key=lambda lease: lease.expires_at
+            )[:limit]
             gone = {lease.id: lease for lease in lapsed}
             # "j.state = 'running'": never resurrects a finished job.
             released = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
             if any((job.id, job.attempts) in db.attempts for job in released):
-                raise StoreError('expire_leases failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"')
+                raise StoreError(
+                    'expire_leases failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"'
+                )
             db.forget_leases(gone)
             failed_for_good: dict[int, str] = {}
             for job in released:
@@ -552,10 +607,16 @@ class InMemoryStore:
                 if not again:
                     failed_for_good[job.id] = "failed"
                 db.attempts[(job.id, job.attempts)] = AttemptRow(
-                    id=db.next_attempt_id(), job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
-                    started_at=job.last_attempted_at, finished_at=now,
+                    id=db.next_attempt_id(),
+                    job_id=job.id,
+                    number=job.attempts,
+                    state="lapsed",
+                    worker_id=job.worker_id,
+                    started_at=job.last_attempted_at,
+                    finished_at=now,
                     lease_renewed_at=max(lease.renewed_at, job.last_attempted_at) if job.last_attempted_at else lease.renewed_at,
-                    error_class="backwave.results.LeaseLapsed", traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
+                    error_class="backwave.results.LeaseLapsed",
+                    traceback=_lapsed_text(job, lease, was_suspect=was_suspect),
                 )
                 _note(db, now, self.observed, job, job.attempts, "lapsed")  # the "noted" CTE
             settle_dependents(db, now, failed_for_good, self.observed)
@@ -591,8 +652,14 @@ class InMemoryStore:
                 return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim)
 
         return write_then_claim(
-            self, lease_id=lease_id, worker_id=worker_id, outcomes=outcomes, queues=queues, limit=limit,
-            together=together, write=lambda records: self._write_outcomes(lease_id, records),
+            self,
+            lease_id=lease_id,
+            worker_id=worker_id,
+            outcomes=outcomes,
+            queues=queues,
+            limit=limit,
+            together=together,
+            write=lambda records: self._write_outcomes(lease_id, records),
         )
 
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
@@ -624,7 +691,11 @@ class InMemoryStore:
             if deliverer is not None:
                 self._record_deliverer(db, now, deliverer, sorted(registered))
             due = sorted(
-                (t for t in db.transitions.values() if t.state == "pending" and t.next_attempt_at <= now and _waits_for_one_of(t, registered)),
+                (
+                    t
+                    for t in db.transitions.values()
+                    if t.state == "pending" and t.next_attempt_at <= now and _waits_for_one_of(t, registered)
+                ),
                 key=lambda t: (t.next_attempt_at, t.id),
             )[:limit]
             claimed = []
@@ -632,11 +703,20 @@ class InMemoryStore:
                 row.claim_token = token
                 row.deliveries += 1
                 row.next_attempt_at = now + timedelta(seconds=lease)
-                claimed.append(TransitionRecord(
-                    id=row.id, job_id=row.job_id, attempt=row.attempt, kind=row.kind, task_path=row.task_path, queue=row.queue,
-                    occurred_at=row.occurred_at, deliveries=row.deliveries, delivered_to=tuple(row.delivered_to),
-                    observers=tuple(row.observers),
-                ))
+                claimed.append(
+                    TransitionRecord(
+                        id=row.id,
+                        job_id=row.job_id,
+                        attempt=row.attempt,
+                        kind=row.kind,
+                        task_path=row.task_path,
+                        queue=row.queue,
+                        occurred_at=row.occurred_at,
+                        deliveries=row.deliveries,
+                        delivered_to=tuple(row.delivered_to),
+                        observers=tuple(row.observers),
+                    )
+                )
             return sorted(claimed, key=lambda t: t.id)
 
     @staticmethod
@@ -644,7 +724,9 @@ class InMemoryStore:
         """claim_transitions' "seen" and "forgotten" CTEs."""
         row = db.deliverers.get(deliverer)
         if row is None or row.seen_at < now - timedelta(seconds=10) or row.observers != observers:
-            db.deliverers[deliverer] = DelivererRow(id=deliverer, hostname=socket.gethostname(), pid=os.getpid(), observers=observers, seen_at=now)
+            db.deliverers[deliverer] = DelivererRow(
+                id=deliverer, hostname=socket.gethostname(), pid=os.getpid(), observers=observers, seen_at=now
+            )
         for silent in [key for key, seen in db.deliverers.items() if seen.seen_at < now - timedelta(days=1)]:
             del db.deliverers[silent]
 
@@ -680,8 +762,11 @@ class InMemoryStore:
         if not attempts:
             return 0
         with self._operation() as (db, _now):
-            forgotten = [key for key in dict.fromkeys((int(job_id), int(number)) for job_id, number in attempts)
-                         if (row := db.overruns.get(key)) is not None and row.lease_id == lease_id]
+            forgotten = [
+                key
+                for key in dict.fromkeys((int(job_id), int(number)) for job_id, number in attempts)
+                if (row := db.overruns.get(key)) is not None and row.lease_id == lease_id
+            ]
             for key in forgotten:
                 del db.overruns[key]
             return len(forgotten)
@@ -725,17 +810,18 @@ class InMemoryStore:
             if not -_MAX_PRIORITY <= row["priority"] <= _MAX_PRIORITY:
                 raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_priority_range"')
             if row["max_attempts"] < 1:
-                raise StoreError('enqueue_many failed [23514]: new row violates check constraint "backwave_job_max_attempts_positive"')
+                raise StoreError(
+                    'enqueue_many failed [23514]: new row violates check constraint "backwave_job_max_attempts_positive"'
+                )
         with self._operation() as (db, now):
             # enqueue_with_dependencies' "refused": an ancestor missing, or ended badly under a
             # policy other than run. Nothing is inserted then.
             refused = {
                 edge["job"]: (db.jobs[edge["job"]].state if edge["job"] in db.jobs else None)
-                for row in rows for edge in row.get("after", ())
-                if edge["job"] is not None and (
-                    edge["job"] not in db.jobs
-                    or (db.jobs[edge["job"]].state in _ENDED_BADLY and edge["on_failure"] != "run")
-                )
+                for row in rows
+                for edge in row.get("after", ())
+                if edge["job"] is not None
+                and (edge["job"] not in db.jobs or (db.jobs[edge["job"]].state in _ENDED_BADLY and edge["on_failure"] != "run"))
             }
             if refused:
                 raise DependencyRefused(dependency_refusal(refused), refused)
@@ -755,16 +841,27 @@ class InMemoryStore:
                     ids.append(held.id)
                     continue
                 waits = sum(
-                    1 for edge in row.get("after", ())
-                    if edge["pos"] is not None or db.jobs[edge["job"]].state not in _FINISHED
+                    1 for edge in row.get("after", ()) if edge["pos"] is not None or db.jobs[edge["job"]].state not in _FINISHED
                 )
                 db.last_id += 1
                 job = db.jobs[db.last_id] = JobRow(
-                    id=db.last_id, task_path=row["task_path"], queue=row["queue"], priority=row["priority"],
-                    payload_json=json.dumps(row["payload"]), state="waiting" if waits else "ready", backend=row["backend"],
-                    tags=list(row["tags"]), run_at=run_at, enqueued_at=now, max_attempts=row["max_attempts"],
-                    backoff_base=row["backoff_base"], backoff_max=row["backoff_max"], waiting_on=waits, timeout=row["timeout"],
-                    limit_key=row.get("limit_key"), trace_context=row["trace_context"],
+                    id=db.last_id,
+                    task_path=row["task_path"],
+                    queue=row["queue"],
+                    priority=row["priority"],
+                    payload_json=json.dumps(row["payload"]),
+                    state="waiting" if waits else "ready",
+                    backend=row["backend"],
+                    tags=list(row["tags"]),
+                    run_at=run_at,
+                    enqueued_at=now,
+                    max_attempts=row["max_attempts"],
+                    backoff_base=row["backoff_base"],
+                    backoff_max=row["backoff_max"],
+                    waiting_on=waits,
+                    timeout=row["timeout"],
+                    limit_key=row.get("limit_key"),
+                    trace_context=row["trace_context"],
                     unique_states=list(row["unique_states"]) if key is not None else None,
                     unique_replace=list(row["unique_replace"]) if key is not None else None,
                     unique_key=key,
@@ -792,15 +889,27 @@ class InMemoryStore:
             by_name = {row.name: row for row in db.schedules.values()}
             for d in schedules:
                 fields = dict(
-                    task_path=d.task_path, cron=d.cron, args=json.loads(json.dumps(list(d.args))), kwargs=json.loads(json.dumps(dict(d.kwargs))),
-                    queue=d.queue, priority=d.priority, max_attempts=d.max_attempts, backoff_base=d.backoff_base,
-                    backoff_max=d.backoff_max, backend=d.backend, tags=list(d.tags), enabled=d.enabled, timeout=d.timeout,
+                    task_path=d.task_path,
+                    cron=d.cron,
+                    args=json.loads(json.dumps(list(d.args))),
+                    kwargs=json.loads(json.dumps(dict(d.kwargs))),
+                    queue=d.queue,
+                    priority=d.priority,
+                    max_attempts=d.max_attempts,
+                    backoff_base=d.backoff_base,
+                    backoff_max=d.backoff_max,
+                    backend=d.backend,
+                    tags=list(d.tags),
+                    enabled=d.enabled,
+                    timeout=d.timeout,
                     limit_key=d.limit_key,
                 )
                 row = by_name.get(d.name)
                 if row is None:
                     db.last_schedule_id += 1
-                    db.schedules[db.last_schedule_id] = ScheduleRow(id=db.last_schedule_id, name=d.name, created_at=now, updated_at=now, **fields)
+                    db.schedules[db.last_schedule_id] = ScheduleRow(
+                        id=db.last_schedule_id, name=d.name, created_at=now, updated_at=now, **fields
+                    )
                     continue
                 # A changed expression, or a schedule disabled before or now: start afresh.
                 keep = row.cron == d.cron and row.enabled and d.enabled
@@ -819,7 +928,10 @@ class InMemoryStore:
         with self._operation() as (db, now):
             due = [row for row in db.schedules.values() if row.enabled and (row.next_run is None or row.next_run <= now)]
             due.sort(key=lambda row: (row.next_run is not None, row.next_run or now, row.id))  # NULLS FIRST
-            return [DueSchedule(id=row.id, name=row.name, cron=row.cron, next_run=row.next_run, db_now=now) for row in due[:max(limit, 0)]]
+            return [
+                DueSchedule(id=row.id, name=row.name, cron=row.cron, next_run=row.next_run, db_now=now)
+                for row in due[: max(limit, 0)]
+            ]
 
     def mint_schedules_many(self, *, slots: Sequence[ScheduleSlot]) -> list[int]:
         """Mint each still-due slot as one job and move next_run on; returns the minted job ids."""
@@ -828,9 +940,11 @@ class InMemoryStore:
         with self._operation() as (db, now):
             taken = {(job.schedule_id, job.schedule_slot) for job in db.jobs.values() if job.schedule_id is not None}
             locked = [
-                (db.schedules[s.schedule_id], s) for s in slots
+                (db.schedules[s.schedule_id], s)
+                for s in slots
                 if s.schedule_id in db.schedules
-                and (row := db.schedules[s.schedule_id]).enabled and row.cron == s.cron
+                and (row := db.schedules[s.schedule_id]).enabled
+                and row.cron == s.cron
                 and (row.next_run is None or row.next_run <= now)
             ]
             minted = []
@@ -839,10 +953,22 @@ class InMemoryStore:
                     continue  # nothing to mint, an older slot, or ON CONFLICT DO NOTHING
                 db.last_id += 1
                 db.jobs[db.last_id] = JobRow(
-                    id=db.last_id, task_path=row.task_path, queue=row.queue, priority=row.priority,
-                    payload_json=json.dumps({"args": row.args, "kwargs": row.kwargs}), state="ready", backend=row.backend,
-                    tags=list(row.tags), run_at=s.slot, enqueued_at=now, max_attempts=row.max_attempts,
-                    backoff_base=row.backoff_base, backoff_max=row.backoff_max, schedule_id=row.id, schedule_slot=s.slot, timeout=row.timeout,
+                    id=db.last_id,
+                    task_path=row.task_path,
+                    queue=row.queue,
+                    priority=row.priority,
+                    payload_json=json.dumps({"args": row.args, "kwargs": row.kwargs}),
+                    state="ready",
+                    backend=row.backend,
+                    tags=list(row.tags),
+                    run_at=s.slot,
+                    enqueued_at=now,
+                    max_attempts=row.max_attempts,
+                    backoff_base=row.backoff_base,
+                    backoff_max=row.backoff_max,
+                    schedule_id=row.id,
+                    schedule_slot=s.slot,
+                    timeout=row.timeout,
                     limit_key=row.limit_key,
                 )
                 taken.add((row.id, s.slot))
@@ -863,13 +989,20 @@ class InMemoryStore:
             doomed: list[int] = []
             unfinished = ("waiting", "held", "ready", "running")
             # An ancestor stays while a dependent of it may still run (the NOT EXISTS).
-            kept = {ancestor for (job_id, ancestor) in db.dependencies if job_id in db.jobs and db.jobs[job_id].state in unfinished}
+            kept = {
+                ancestor for (job_id, ancestor) in db.dependencies if job_id in db.jobs and db.jobs[job_id].state in unfinished
+            }
             for state, seconds in older_than:  # one ordered scan per state, oldest first
                 cutoff = now - timedelta(seconds=float(seconds))
                 old = [
-                    j for j in db.jobs.values()
-                    if j.state == state and state in _FINISHED and j.finished_at is not None and j.finished_at < cutoff
-                    and j.id not in unrolled and j.id not in kept
+                    j
+                    for j in db.jobs.values()
+                    if j.state == state
+                    and state in _FINISHED
+                    and j.finished_at is not None
+                    and j.finished_at < cutoff
+                    and j.id not in unrolled
+                    and j.id not in kept
                 ]
                 doomed += [j.id for j in sorted(old, key=lambda j: j.finished_at)[:limit]]
             doomed = doomed[:limit]
@@ -904,8 +1037,11 @@ class InMemoryStore:
                     bucket = datetime.fromtimestamp(math.floor(epoch / resolution) * resolution, UTC)
                     summary = db.task_stats.setdefault((resolution, bucket, job.task_path), TaskSummary(task_path=job.task_path))
                     summary.add(
-                        **{outcome: 1}, reruns=int(row.number > 1), timed=int(duration is not None),
-                        duration_sum=duration or 0.0, duration_max=duration or 0.0,
+                        **{outcome: 1},
+                        reruns=int(row.number > 1),
+                        timed=int(duration is not None),
+                        duration_sum=duration or 0.0,
+                        duration_max=duration or 0.0,
                         histogram={taskstats.bin_of(duration): 1} if duration is not None else None,
                     )
             if len(page) == limit:
@@ -925,12 +1061,25 @@ class InMemoryStore:
                 row = db.pumps.get(p.worker_id)
                 if row is None:
                     db.pumps[p.worker_id] = PumpRow(
-                        worker_id=p.worker_id, group=p.group, hostname=p.hostname, pid=p.pid, status=p.status, reason=clean_text(p.reason),
-                        in_flight=p.in_flight, lease_duration=float(p.lease_duration), started_at=now, last_heartbeat_at=now,
+                        worker_id=p.worker_id,
+                        group=p.group,
+                        hostname=p.hostname,
+                        pid=p.pid,
+                        status=p.status,
+                        reason=clean_text(p.reason),
+                        in_flight=p.in_flight,
+                        lease_duration=float(p.lease_duration),
+                        started_at=now,
+                        last_heartbeat_at=now,
                         queues=list(p.queues),
                     )
                 else:
-                    row.status, row.reason, row.in_flight, row.queues = p.status, clean_text(p.reason), p.in_flight, list(p.queues)
+                    row.status, row.reason, row.in_flight, row.queues = (
+                        p.status,
+                        clean_text(p.reason),
+                        p.in_flight,
+                        list(p.queues),
+                    )
                     row.lease_duration, row.last_heartbeat_at = float(p.lease_duration), now
 
     def forget_pumps_many(self, *, worker_ids: Sequence[str]) -> int:
@@ -947,10 +1096,17 @@ class InMemoryStore:
         """Queues with a due ready job that no live pump serves, and how long it waited (see the contract)."""
         with self._operation() as (db, now):
             live = {lease.worker_id for lease in db.leases.values() if lease.expires_at > now}
-            served = {queue for pump in db.pumps.values() if pump.status != "halted" and pump.worker_id in live for queue in pump.queues}
+            served = {
+                queue for pump in db.pumps.values() if pump.status != "halted" and pump.worker_id in live for queue in pump.queues
+            }
             oldest: dict[str, datetime] = {}
             for job in db.jobs.values():
-                if job.state == "ready" and job.run_at <= now and job.queue not in served and not db.queues.get(job.queue, (None, False))[1]:
+                if (
+                    job.state == "ready"
+                    and job.run_at <= now
+                    and job.queue not in served
+                    and not db.queues.get(job.queue, (None, False))[1]
+                ):
                     oldest[job.queue] = min(oldest.get(job.queue, job.run_at), job.run_at)
             return [(queue, (now - oldest[queue]).total_seconds()) for queue in sorted(oldest)]
 
@@ -1019,7 +1175,9 @@ class InMemoryStore:
             if row.limit_key is not None:
                 running_keys[row.queue, row.limit_key] = running_keys.get((row.queue, row.limit_key), 0) + 1
         windows = {
-            queue: rate_window_start(now, admission.rate_period) for queue, admission in admissions.items() if admission.rate_period is not None
+            queue: rate_window_start(now, admission.rate_period)
+            for queue, admission in admissions.items()
+            if admission.rate_period is not None
         }
 
         def key_room(queue: str, key: str) -> int | None:
@@ -1040,7 +1198,8 @@ class InMemoryStore:
             return room is not None and room <= 0
 
         due = [
-            job for job in db.jobs.values()
+            job
+            for job in db.jobs.values()
             if job.state == "ready" and job.queue in position and job.run_at <= now and not saturated(job)
         ]
 
@@ -1050,7 +1209,9 @@ class InMemoryStore:
         # The suspect CTE: at most one suspect (the best of each queue's first, in claim order),
         # none while this lease already runs one, and only from a queue with room.
         runs_a_suspect = any(job.lease_id == lease_id and job.state == "running" and job.suspect for job in db.jobs.values())
-        suspects = [] if runs_a_suspect else sorted((job for job in due if job.suspect and room[job.queue] > 0), key=claim_order)[:1]
+        suspects = (
+            [] if runs_a_suspect else sorted((job for job in due if job.suspect and room[job.queue] > 0), key=claim_order)[:1]
+        )
         # Queue order first (a Strict policy's), then priority, run_at, id; each queue up to its
         # room (paused: none; limited: the limit less what runs), the suspect merged into its
         # queue's pick before the cut; handed back best first.
@@ -1062,7 +1223,9 @@ class InMemoryStore:
             fetched: dict[str, int] = {}
             window = []
             for job in ordinary:
-                keyed = admissions[job.queue].key_concurrency_limit is not None or admissions[job.queue].key_rate_limit is not None
+                keyed = (
+                    admissions[job.queue].key_concurrency_limit is not None or admissions[job.queue].key_rate_limit is not None
+                )
                 cap = room[job.queue] * (4 if keyed else 1)
                 if fetched.get(job.queue, 0) < cap:
                     fetched[job.queue] = fetched.get(job.queue, 0) + 1
@@ -1094,7 +1257,10 @@ class InMemoryStore:
                 if admissions[queue].rate_limit is not None:
                     start = windows[queue]
                     held, used = db.rate_windows.get(queue, (None, 0))
-                    db.rate_windows[queue] = (start, (used if held == start else 0) + sum(1 for job in picked if job.queue == queue))
+                    db.rate_windows[queue] = (
+                        start,
+                        (used if held == start else 0) + sum(1 for job in picked if job.queue == queue),
+                    )
             for queue in order:
                 if admissions[queue].key_rate_limit is None:
                     continue
@@ -1119,18 +1285,35 @@ class InMemoryStore:
             earlier = ()
             if job.attempts > 1:  # a first attempt has no history
                 earlier = tuple(row.worker_id for key, row in sorted(db.attempts.items()) if key[0] == job.id)
-            claimed.append(ClaimedJob(
-                id=job.id, task_path=job.task_path, queue=job.queue, priority=job.priority, payload=job.payload,
-                attempt=job.attempts, max_attempts=job.max_attempts, backoff_base=job.backoff_base,
-                backoff_max=job.backoff_max, backend=job.backend, enqueued_at=job.enqueued_at,
-                started_at=job.started_at, attempted_at=job.last_attempted_at, previous_worker_ids=earlier,
-                forgiven_attempts=job.forgiven_attempts, suspect=job.suspect, trace_context=job.trace_context, timeout=job.timeout,
-                cancel_requested_by=job.cancel_requested_by if job.cancel_requested_at is not None else None,
-            ))
+            claimed.append(
+                ClaimedJob(
+                    id=job.id,
+                    task_path=job.task_path,
+                    queue=job.queue,
+                    priority=job.priority,
+                    payload=job.payload,
+                    attempt=job.attempts,
+                    max_attempts=job.max_attempts,
+                    backoff_base=job.backoff_base,
+                    backoff_max=job.backoff_max,
+                    backend=job.backend,
+                    enqueued_at=job.enqueued_at,
+                    started_at=job.started_at,
+                    attempted_at=job.last_attempted_at,
+                    previous_worker_ids=earlier,
+                    forgiven_attempts=job.forgiven_attempts,
+                    suspect=job.suspect,
+                    trace_context=job.trace_context,
+                    timeout=job.timeout,
+                    cancel_requested_by=job.cancel_requested_by if job.cancel_requested_at is not None else None,
+                )
+            )
         return claimed
 
     @staticmethod
-    def _write(db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]], observed: str) -> tuple[set[int], int]:
+    def _write(
+        db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]], observed: str
+    ) -> tuple[set[int], int]:
         """The applied ids, and how many dependents were made ready."""
         # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
         for row in rows:
@@ -1149,7 +1332,8 @@ class InMemoryStore:
                 if (job.id, row["attempt"]) in db.attempts:
                     raise StoreError(
                         'write_outcomes_many failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"',
-                        sqlstate="23505", statement="write_outcomes_many",
+                        sqlstate="23505",
+                        statement="write_outcomes_many",
                     )
                 kind = row["kind"]
                 run_at = _later(now, row["retry_delay"]) if kind in _AGAIN else job.run_at
@@ -1172,12 +1356,21 @@ class InMemoryStore:
                 removed = set(row.get("tag_remove") or ())
                 job.tags = [tag for tag in dict.fromkeys([*job.tags, *(row.get("tag_add") or ())]) if tag not in removed]
             db.attempts[(job.id, row["attempt"])] = AttemptRow(
-                id=db.next_attempt_id(), job_id=job.id, number=row["attempt"], state=_ATTEMPT_STATE[kind], worker_id=job.worker_id,
-                started_at=job.last_attempted_at, finished_at=finished_at,
-                error_class=row["error_class"], traceback=row["traceback"], return_value_json=value,
+                id=db.next_attempt_id(),
+                job_id=job.id,
+                number=row["attempt"],
+                state=_ATTEMPT_STATE[kind],
+                worker_id=job.worker_id,
+                started_at=job.last_attempted_at,
+                finished_at=finished_at,
+                error_class=row["error_class"],
+                traceback=row["traceback"],
+                return_value_json=value,
             )
             if row.get("overrun"):  # the "overran" CTE
-                db.overruns[(job.id, row["attempt"])] = OverrunRow(lease_id=lease_id, queue=job.queue, limit_key=job.limit_key, since=now)
+                db.overruns[(job.id, row["attempt"])] = OverrunRow(
+                    lease_id=lease_id, queue=job.queue, limit_key=job.limit_key, since=now
+                )
         settling = {job.id: _ATTEMPT_STATE[row["kind"]] for job, row, *_ in applied if row["kind"] not in _AGAIN}
         return {job.id for job, *_ in applied}, settle_dependents(db, now, settling, observed)
 
@@ -1293,7 +1486,9 @@ def _refund(job: JobRow, now: datetime) -> None:
         job.started_at = None
 
 
-def _outcome_rows(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> tuple[list[dict[str, Any]], dict[int, OutcomeRecord]]:
+def _outcome_rows(
+    lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]
+) -> tuple[list[dict[str, Any]], dict[int, OutcomeRecord]]:
     """The batch exactly as write_outcomes_many's SQL receives it (validated, and its unencodable
     records replaced, the same way), and those replacements."""
     params, replaced = outcome_batch(lease_id, outcomes)
@@ -1351,12 +1546,20 @@ def jsonb_input(document: str, operation: str) -> Any:
     except json.JSONDecodeError as error:
         raise _refused_input(operation, "22P02", f"invalid input syntax for type json\nDETAIL:  {error.msg}.") from None
     except _RefusedToken as token:
-        raise _refused_input(operation, "22P02", f'invalid input syntax for type json\nDETAIL:  Token "{token}" is invalid.') from None
+        raise _refused_input(
+            operation, "22P02", f'invalid input syntax for type json\nDETAIL:  Token "{token}" is invalid.'
+        ) from None
     for text in _strings(value):
         if problem := text_problem(text):  # json.loads joins an escaped pair: a surrogate left was alone
             if "surrogate" in problem:
-                raise _refused_input(operation, "22P02", "invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate.")
-            raise _refused_input(operation, "22P05", "unsupported Unicode escape sequence\nDETAIL:  \\u0000 cannot be converted to text.")
+                raise _refused_input(
+                    operation,
+                    "22P02",
+                    "invalid input syntax for type json\nDETAIL:  Unicode low surrogate must follow a high surrogate.",
+                )
+            raise _refused_input(
+                operation, "22P05", "unsupported Unicode escape sequence\nDETAIL:  \\u0000 cannot be converted to text."
+            )
     return value
 
 

@@ -48,7 +48,16 @@ from backwave.core.jobs import OutcomeKind
 from backwave.core.options import Retention, WorkerGroupOptions, validate_groups
 from backwave.core.policy import Strict
 from backwave.observers import Observer, ObserverRegistry
-from backwave.shell.execution import AttemptControls, AttemptReport, Commit, is_async, is_atomic, run_attempt, run_attempt_async, send_finished
+from backwave.shell.execution import (
+    AttemptControls,
+    AttemptReport,
+    Commit,
+    is_async,
+    is_atomic,
+    run_attempt,
+    run_attempt_async,
+    send_finished,
+)
 from backwave.shell.executor import Executor, lease_ids_from
 from backwave.shell.observers import deliver
 from backwave.tasking.registry import TaskRegistry
@@ -123,7 +132,9 @@ class DeterministicPump:
     ):
         self.registry = _registry(tasks)
         self.observers = _observers(observers)
-        self.options = _options(self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database)
+        self.options = _options(
+            self.registry, queues=queues, group=group, options=options, overrides=overrides, database=database
+        )
         self.clock = VirtualClock()
         # The queues under a per-key or rate limit, claimed as a worker claims them.
         self.store = DjangoConnectionStore(database, clock=self.clock, admitted_queues=conf.admitted_queue_names())
@@ -176,7 +187,9 @@ class DeterministicPump:
                 if self.driver.state is State.STOPPED:
                     raise PumpStuck("the pump was closed; make a new one")
                 if self.driver.state is not State.RUNNING:
-                    raise PumpStuck(f"the pump is {self.driver.state.value} and cannot run jobs until time passes; call advance()")
+                    raise PumpStuck(
+                        f"the pump is {self.driver.state.value} and cannot run jobs until time passes; call advance()"
+                    )
                 if self.driver.idle and (quiet_hints >= 2 or not self.store.has_due_jobs(self.options.policy.queues)):
                     if self._deliver():
                         quiet_hints = 0  # observers ran, and may have enqueued jobs
@@ -264,8 +277,13 @@ class DeterministicPump:
         self.attempts.append(report)
         self._channel.append(
             ev.JobFinished(
-                now=self.clock.monotonic(), job_id=job.id, attempt=job.attempt, result=report.result, jitter=self._random.random(),
-                delay=report.delay, report=report,
+                now=self.clock.monotonic(),
+                job_id=job.id,
+                attempt=job.attempt,
+                result=report.result,
+                jitter=self._random.random(),
+                delay=report.delay,
+                report=report,
             )
         )
 
@@ -275,7 +293,10 @@ class DeterministicPump:
         if not is_atomic(job, self.registry):
             return None
         lease_id = self.driver.lease_id
-        return Commit(alias=self._database, write=lambda _connection, record: self.store.write_outcomes_many(lease_id=lease_id, outcomes=[record]))
+        return Commit(
+            alias=self._database,
+            write=lambda _connection, record: self.store.write_outcomes_many(lease_id=lease_id, outcomes=[record]),
+        )
 
     def _deliver(self) -> int:
         """One delivery pass of the due transitions to the observers, inline, each call in the
@@ -288,7 +309,14 @@ class DeterministicPump:
         )
         if not records:
             return 0
-        results = deliver(records, self.observers, options=self.delivery_options, jitter=self._random.random, enter=self._scope.enter, leave=self._scope.leave)
+        results = deliver(
+            records,
+            self.observers,
+            options=self.delivery_options,
+            jitter=self._random.random,
+            enter=self._scope.enter,
+            leave=self._scope.leave,
+        )
         self.store.settle_transitions(token=token, results=results)
         for result in results:
             key = "delivered" if result.failed_observer is None else "undelivered"
@@ -404,7 +432,9 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides, datab
     if group is not None:
         configured = {raw.get("name"): raw for raw in conf.get_setting("WORKER_GROUPS")}
         if group not in configured:
-            raise ValueError(f"no worker group {group!r} in BACKWAVE['WORKER_GROUPS'] (configured: {sorted(map(str, configured))})")
+            raise ValueError(
+                f"no worker group {group!r} in BACKWAVE['WORKER_GROUPS'] (configured: {sorted(map(str, configured))})"
+            )
         options = conf.group_from_mapping(configured[group])
     retention = Retention(**conf.retention())  # cluster-wide, as the worker sets it
     if options is None:
@@ -413,7 +443,11 @@ def _options(registry: TaskRegistry, *, queues, group, options, overrides, datab
         # in the order the jobs ran. Claiming ahead would batch their writes (and it saves no
         # round-trip a test waits for: handlers run inline).
         options = WorkerGroupOptions(
-            name="backwave-test", policy=Strict(*dict.fromkeys(names)), pool_size=1, claim_ahead=0, lease_duration=TEST_LEASE_DURATION,
+            name="backwave-test",
+            policy=Strict(*dict.fromkeys(names)),
+            pool_size=1,
+            claim_ahead=0,
+            lease_duration=TEST_LEASE_DURATION,
             retention=retention,
         )
     elif group is not None:
@@ -436,6 +470,10 @@ def _known_queues(registry: TaskRegistry, database: str) -> list[str]:
         if backend.database == database:
             names.update(dict.fromkeys(map(str, settings.TASKS[backend.alias].get("QUEUES", ()))))
     on_database = {b.alias for b in backends if b.database == database}
-    for name in sorted(task.queue_name for task in registry.values() if task.backend in on_database or database in queue_databases(task.queue_name, backends)):
+    for name in sorted(
+        task.queue_name
+        for task in registry.values()
+        if task.backend in on_database or database in queue_databases(task.queue_name, backends)
+    ):
         names[name] = None
     return list(names) or ["default"]

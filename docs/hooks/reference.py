@@ -191,7 +191,9 @@ def settings_reference() -> str:
         out += [f"### `{name}` {{#{_anchor(name)}}}", ""]
         out.append(f"Default: {_literal(default)}." + (f" Allowed: {_markdown(_allowed(name))}." if _allowed(name) else ""))
         if name in conf.BACKEND_OVERRIDABLE:
-            out.append("A backend's `OPTIONS` may override it for that backend's tasks (see [backend options](#backend-options)).")
+            out.append(
+                "A backend's `OPTIONS` may override it for that backend's tasks (see [backend options](#backend-options))."
+            )
         out.append("")
         text = texts.get(name, "")
         if text and text.lower() != "see the module docstring":
@@ -292,8 +294,19 @@ def _worker_flag_helps() -> dict[str, str]:
                 helps[option[2:].replace("-", "_")] = formatter._expand_help(action)
     return helps
 
+
 # Options every Django command has; listed once, not per command.
-_DJANGO_OPTIONS = {"help", "version", "verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
+_DJANGO_OPTIONS = {
+    "help",
+    "version",
+    "verbosity",
+    "settings",
+    "pythonpath",
+    "traceback",
+    "no_color",
+    "force_color",
+    "skip_checks",
+}
 
 
 def _command_names() -> list[str]:
@@ -443,7 +456,9 @@ def schema_reference() -> str:
         for field in meta.concrete_fields:
             column_type = field.db_type(connection) or ""
             default = "" if not field.has_default() else _literal(field.default() if callable(field.default) else field.default)
-            if getattr(field, "db_default", dataclasses.MISSING) not in (dataclasses.MISSING,) and hasattr(field.db_default, "as_sql"):
+            if getattr(field, "db_default", dataclasses.MISSING) not in (dataclasses.MISSING,) and hasattr(
+                field.db_default, "as_sql"
+            ):
                 default = "database default"
             note = str(field.help_text or "")
             if field.is_relation:
@@ -452,11 +467,17 @@ def schema_reference() -> str:
                 note = (note + " One of " + ", ".join(f"`{value}`" for value, _ in field.choices) + ".").strip()
             out.append(f"| `{field.column}` | `{column_type}` | {'yes' if field.null else ''} | {default} | {_cell(note)} |")
         out.append("")
-        named = [(index.name, ", ".join(index.fields or [str(e) for e in index.expressions]), getattr(index, "condition", None)) for index in meta.indexes]
+        named = [
+            (index.name, ", ".join(index.fields or [str(e) for e in index.expressions]), getattr(index, "condition", None))
+            for index in meta.indexes
+        ]
         constraints = [constraint.name for constraint in meta.constraints]
         if named:
             out += ["Indexes declared on the model:", ""]
-            out += [f"- `{name}` on ({_cell(columns)})" + (f" where `{_cell(str(condition))}`" if condition else "") for name, columns, condition in named]
+            out += [
+                f"- `{name}` on ({_cell(columns)})" + (f" where `{_cell(str(condition))}`" if condition else "")
+                for name, columns, condition in named
+            ]
             out.append("")
         if constraints:
             out += ["Constraints: " + ", ".join(f"`{name}`" for name in constraints) + ".", ""]

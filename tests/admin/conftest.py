@@ -65,21 +65,38 @@ def make_attempt(job: Job, number: int, state: str = "failed", **fields) -> Atte
     fields.setdefault("worker_id", f"host:1:default:{number}")
     if state in ("failed", "quarantined"):
         fields.setdefault("error_class", "builtins.RuntimeError")
-        fields.setdefault("traceback", f"Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: boom #{number}\n")
+        fields.setdefault(
+            "traceback", f'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: boom #{number}\n'
+        )
     attempt = Attempt.objects.create(job=job, number=number, state=state, **fields)
     Attempt.objects.filter(pk=attempt.pk).update(started_at=F("finished_at") - timedelta(milliseconds=250))
     return attempt
 
 
 def make_pump(
-    worker_id: str, status: str = "healthy", *, reason: str = "", group: str = "default", age: float = 0.0, lease: float = 30.0,
-    lease_expires_in: float | None = 30.0, in_flight: int = 3, queues: tuple[str, ...] = ("default",),
+    worker_id: str,
+    status: str = "healthy",
+    *,
+    reason: str = "",
+    group: str = "default",
+    age: float = 0.0,
+    lease: float = 30.0,
+    lease_expires_in: float | None = 30.0,
+    in_flight: int = 3,
+    queues: tuple[str, ...] = ("default",),
 ) -> Pump:
     """A pump's row as it last reported, and (unless ``lease_expires_in`` is None) its lease, live
     for that many seconds more, lapsed when negative: a running pump holds one."""
     pump = Pump.objects.create(
-        worker_id=worker_id, group=group, hostname="node-1", pid=4242, status=status, reason=reason,
-        in_flight=in_flight, lease_duration=lease, queues=list(queues),
+        worker_id=worker_id,
+        group=group,
+        hostname="node-1",
+        pid=4242,
+        status=status,
+        reason=reason,
+        in_flight=in_flight,
+        lease_duration=lease,
+        queues=list(queues),
     )
     if lease_expires_in is not None:
         make_lease(worker_id, lease_expires_in, group=group)

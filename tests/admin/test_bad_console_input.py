@@ -29,11 +29,24 @@ def messages_of(response) -> list[str]:
     return [str(message) for message in get_messages(response.wsgi_request)]
 
 
-@pytest.mark.parametrize(("parameter", "value"), [
-    ("queue", NUL), ("task", NUL), ("tag", NUL), ("worker", NUL), ("queue", f"a{NUL}b"),
-    ("q", NUL), ("q", f"order_id={NUL}"), ("q", f"tag:{NUL}"), ("q", f"arg:{NUL}"), ("q", f"'{NUL}'"),
-    ("q", f"order_id={DEEP}"), ("q", f"arg:{DEEP}"), ("q", "order_id=" + '{"a":' * 5000 + "1" + "}" * 5000),
-])
+@pytest.mark.parametrize(
+    ("parameter", "value"),
+    [
+        ("queue", NUL),
+        ("task", NUL),
+        ("tag", NUL),
+        ("worker", NUL),
+        ("queue", f"a{NUL}b"),
+        ("q", NUL),
+        ("q", f"order_id={NUL}"),
+        ("q", f"tag:{NUL}"),
+        ("q", f"arg:{NUL}"),
+        ("q", f"'{NUL}'"),
+        ("q", f"order_id={DEEP}"),
+        ("q", f"arg:{DEEP}"),
+        ("q", "order_id=" + '{"a":' * 5000 + "1" + "}" * 5000),
+    ],
+)
 def test_the_jobs_list_answers_bad_values_with_a_message(admin_client, parameter, value):
     make_job(state="failed")
     response = admin_client.get(CHANGELIST, {parameter: value}, follow=True)
@@ -59,10 +72,18 @@ def test_a_bulk_post_on_an_impossible_search_reports_nothing_done(admin_client):
     assert Job.objects.filter(state="failed").count() == 1
 
 
-@pytest.mark.parametrize("args", [
-    ("--search", NUL), ("--search", f"order_id={NUL}"), ("--search", f"order_id={DEEP}"), ("--search", f"arg:{DEEP}"),
-    ("--queue", NUL), ("--task", NUL), ("--tag", NUL),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--search", NUL),
+        ("--search", f"order_id={NUL}"),
+        ("--search", f"order_id={DEEP}"),
+        ("--search", f"arg:{DEEP}"),
+        ("--queue", NUL),
+        ("--task", NUL),
+        ("--tag", NUL),
+    ],
+)
 @pytest.mark.parametrize("verb", ["list", "retry"])
 def test_the_cli_answers_bad_values_with_a_command_error(args, verb):
     make_job(state="failed")

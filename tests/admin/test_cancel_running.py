@@ -23,10 +23,7 @@ def canceller_client(operator_client, operator_user):
 def test_with_the_permission_a_running_job_gets_a_cancel_request_naming_the_operator(canceller_client):
     running, due = make_job(state="running"), make_job()
     response = run_action(canceller_client, "cancel", running, due)
-    assert messages_of(response) == [
-        "Asked the worker of 1 running job to stop; it ends cancelled.",
-        "Cancelled 1 job.",
-    ]
+    assert messages_of(response) == ["Asked the worker of 1 running job to stop; it ends cancelled.", "Cancelled 1 job."]
     job = Job.objects.get(pk=running.pk)
     assert job.state == "running"  # its worker ends it
     assert (job.cancel_requested_by, job.cancel_requested_at is not None) == ("admin:operator", True)
@@ -76,7 +73,10 @@ def test_the_api_refuses_a_by_the_database_cannot_hold_before_any_sql(by, state,
 
     job = make_job(state=state)
     with transaction.atomic():
-        with django_assert_num_queries(0), pytest.raises(ValueError, match=r"by of backwave.cancel\(\) must be a string of 1 to 255 characters"):
+        with (
+            django_assert_num_queries(0),
+            pytest.raises(ValueError, match=r"by of backwave.cancel\(\) must be a string of 1 to 255 characters"),
+        ):
             backwave.cancel(job.pk, by=by)
         assert Job.objects.get(pk=job.pk).state == state  # the transaction still answers
     assert Job.objects.get(pk=job.pk).cancel_requested_by == ""

@@ -102,9 +102,7 @@ def race(gate_sql: str, gate_params, *operators: Operator) -> list[Exception]:
 
 
 @pytest.mark.parametrize(
-    ("state", "action"),
-    [("failed", operations.retry_job_ids), ("ready", operations.cancel_job_ids)],
-    ids=["retry", "cancel"],
+    ("state", "action"), [("failed", operations.retry_job_ids), ("ready", operations.cancel_job_ids)], ids=["retry", "cancel"]
 )
 def test_overlapping_job_actions_never_deadlock(state, action):
     a, b, c, d = (make_job(state=state).pk for _ in range(4))

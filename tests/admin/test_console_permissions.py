@@ -24,8 +24,13 @@ MESSAGE = "card 4242 declined for customer 77"
 @pytest.fixture
 def cluster():
     failed = make_job(state="failed", task_path=TASK, queue="payments", attempts=1)
-    make_attempt(failed, 1, "failed", error_class="shop.errors.Declined",
-                 traceback=f"Traceback (most recent call last):\n  File \"x.py\", line 1\nshop.errors.Declined: {MESSAGE}\n")
+    make_attempt(
+        failed,
+        1,
+        "failed",
+        error_class="shop.errors.Declined",
+        traceback=f'Traceback (most recent call last):\n  File "x.py", line 1\nshop.errors.Declined: {MESSAGE}\n',
+    )
     make_pump("host:1:default:0", "halted", reason="invariant broken in pump-secret-reason", lease_expires_in=None)
     make_job(task_path=TASK, queue="payments", payload={"args": [], "kwargs": {"customer": 77}})
 
@@ -87,4 +92,6 @@ def test_a_bulk_confirmation_with_view_job_counts(client, cluster):
 def test_backwave_jobs_as_a_user_without_view_job_does_not_count_matches(cluster):
     staff_user("canceller", ["cancel_job"])
     with pytest.raises(CommandError, match="view_job"):
-        call_command("backwave_jobs", "cancel", "--search", "customer=77", "--dry-run", "--as-user", "canceller", stdout=io.StringIO())
+        call_command(
+            "backwave_jobs", "cancel", "--search", "customer=77", "--dry-run", "--as-user", "canceller", stdout=io.StringIO()
+        )

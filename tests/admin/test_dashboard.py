@@ -67,7 +67,7 @@ def test_a_healthy_cluster_says_so_in_one_sentence(admin_client):
     html = page(admin_client)
     verdict = section(html, "bw-verdict")
     assert "Degraded." in verdict and "but 0 hint listeners" in verdict  # the test's pump has no listener session
-    assert 'data-bw-live-region' in html and 'data-bw-live="5"' in html
+    assert "data-bw-live-region" in html and 'data-bw-live="5"' in html
 
 
 def test_halted_and_lost_pumps_come_first_with_their_reason(admin_client):
@@ -190,7 +190,14 @@ def test_task_statistics_per_task_with_percentiles(admin_client):
     lines = re.findall(r'<tr class="task-line">(.*?)</tr>', html, re.S)
     assert len(lines) == 2 and "app.tasks.a" in lines[0]  # most attempts first
     a = lines[0]
-    for cls, shown in [("attempts", "6"), ("succeeded", "5"), ("failed", "1"), ("retried", "0"), ("reruns", "1"), ("max", "2.00 s")]:
+    for cls, shown in [
+        ("attempts", "6"),
+        ("succeeded", "5"),
+        ("failed", "1"),
+        ("retried", "0"),
+        ("reruns", "1"),
+        ("max", "2.00 s"),
+    ]:
         assert re.search(rf'class="num {cls}">{re.escape(shown)}<', a), (cls, a)
     assert re.search(r'class="num failure-rate bw-warn">17 %<', a)
     p50 = float(re.search(r'class="num p50">([\d.]+) ms<', a).group(1))
@@ -226,12 +233,15 @@ def test_a_read_only_user_sees_the_dashboard_and_the_statistics_with_their_view_
     assert "task-stats" in page(readonly_client, STATS)
 
 
-@pytest.mark.parametrize(("url", "region"), [
-    (INDEX, "bw-dashboard"),
-    (reverse("admin:backwave_queue_changelist"), "bw-live-queues"),
-    (reverse("admin:backwave_pump_changelist"), "bw-live-results"),
-    (reverse("admin:backwave_job_changelist"), "bw-live-results"),
-])
+@pytest.mark.parametrize(
+    ("url", "region"),
+    [
+        (INDEX, "bw-dashboard"),
+        (reverse("admin:backwave_queue_changelist"), "bw-live-queues"),
+        (reverse("admin:backwave_pump_changelist"), "bw-live-results"),
+        (reverse("admin:backwave_job_changelist"), "bw-live-results"),
+    ],
+)
 def test_the_live_pages_carry_the_switch_and_their_regions(admin_client, url, region, settings):
     html = page(admin_client, url)
     assert 'data-bw-live="5"' in html and "backwave/live.js" in html

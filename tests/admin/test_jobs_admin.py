@@ -230,7 +230,10 @@ def test_a_job_deleted_since_the_page_loaded_is_reported_gone(operator_client):
 
     response = run_action(operator_client, "retry_now", failed, purged)
 
-    assert messages_of(response) == ["Retried 1 job.", f"Job {purged.pk} no longer exists (deleted since the page was loaded, e.g. by the retention purge)."]
+    assert messages_of(response) == [
+        "Retried 1 job.",
+        f"Job {purged.pk} no longer exists (deleted since the page was loaded, e.g. by the retention purge).",
+    ]
 
 
 def test_ticked_jobs_are_reported_in_their_state_now_even_past_the_filter(operator_client):
@@ -259,9 +262,7 @@ def test_select_all_acts_on_every_job_the_filters_match(operator_client):
 
 def test_retry_from_the_detail_page(operator_client):
     job = make_job(state="failed", attempts=1, max_attempts=1)
-    response = operator_client.post(
-        change_url(job), {"CHANGE_FORM-action": "retry_now", "_selected_action": job.pk}, follow=True
-    )
+    response = operator_client.post(change_url(job), {"CHANGE_FORM-action": "retry_now", "_selected_action": job.pk}, follow=True)
     assert response.redirect_chain[-1][0] == change_url(job)
     assert "Retried 1 job." in messages_of(response)
     assert Job.objects.get(pk=job.pk).state == "ready"
@@ -318,15 +319,27 @@ JOB_LIST_QUERIES = 7
 JOB_DETAIL_QUERIES = 7
 
 
-@pytest.mark.parametrize("params", [
-    {}, {"state": "failed", "queue": "emails"}, {"q": "noop"}, {"q": "order=7"}, {"q": "tag:vip noop"}, {"tag": "vip"},
-    {"worker": "host:1:default:0", "state": "running"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"state": "failed", "queue": "emails"},
+        {"q": "noop"},
+        {"q": "order=7"},
+        {"q": "tag:vip noop"},
+        {"tag": "vip"},
+        {"worker": "host:1:default:0", "state": "running"},
+    ],
+)
 def test_job_list_queries_are_pinned(admin_client, django_assert_num_queries, params):
     for state in ("ready", "running", "failed", "succeeded"):
         for n in range(3):
-            job = make_job(state=state, queue="emails" if n else "default", tags=["vip"] if n == 1 else [],
-                           payload={"args": [], "kwargs": {"order": 7 if n == 2 else n}})
+            job = make_job(
+                state=state,
+                queue="emails" if n else "default",
+                tags=["vip"] if n == 1 else [],
+                payload={"args": [], "kwargs": {"order": 7 if n == 2 else n}},
+            )
             if state in ("failed", "succeeded"):
                 make_attempt(job, 1, state)
     admin_client.get(CHANGELIST)  # warm the task registry and caches

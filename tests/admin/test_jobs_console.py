@@ -106,9 +106,14 @@ def test_the_tag_filter_offers_the_planners_most_common_tags(admin_client):
 
 def test_the_list_shows_worker_started_duration_and_last_error(admin_client):
     failed = make_job(state="failed", attempts=1, worker_id="node-1:7:default:0")
-    make_attempt(failed, 1, "failed", error_class="shop.errors.PaymentDeclined",
-                 traceback='Traceback (most recent call last):\n  File "/app/shop/tasks.py", line 9, in charge\n    raise PaymentDeclined(code)\n'
-                           "shop.errors.PaymentDeclined: card declined (code 51)\n")
+    make_attempt(
+        failed,
+        1,
+        "failed",
+        error_class="shop.errors.PaymentDeclined",
+        traceback='Traceback (most recent call last):\n  File "/app/shop/tasks.py", line 9, in charge\n    raise PaymentDeclined(code)\n'
+        "shop.errors.PaymentDeclined: card declined (code 51)\n",
+    )
     Job.objects.filter(pk=failed.pk).update(last_attempted_at=F("finished_at") - timedelta(seconds=3))
     running = make_job(state="running", worker_id="node-2:9:default:0")
     Job.objects.filter(pk=running.pk).update(last_attempted_at=timezone.now() - timedelta(minutes=4))
@@ -151,7 +156,9 @@ def test_a_pump_links_to_its_running_jobs(admin_client):
 
 
 def history(job) -> list[tuple[str, int, str]]:
-    return [(e.user.username, e.action_flag, e.change_message) for e in LogEntry.objects.filter(object_id=str(job.pk)).order_by("id")]
+    return [
+        (e.user.username, e.action_flag, e.change_message) for e in LogEntry.objects.filter(object_id=str(job.pk)).order_by("id")
+    ]
 
 
 def test_every_action_is_recorded_with_who_did_it(operator_client, operator_user):
@@ -305,17 +312,28 @@ def test_the_attempts_table_shows_the_message_and_folds_the_machinery(admin_clie
 
     assert '<div class="error-message">card declined second line of the message</div>' in content
     assert "Show the 2 frames of BackWave, Django and asgiref" in content
-    assert '<span class="bw-machinery">  File &quot;/srv/venv/lib/python3.12/site-packages/backwave/shell/execution.py&quot;' in content
+    assert (
+        '<span class="bw-machinery">  File &quot;/srv/venv/lib/python3.12/site-packages/backwave/shell/execution.py&quot;'
+        in content
+    )
     assert '<span class="bw-machinery">  File &quot;/usr/lib/python3/site-packages/django/db/backends/utils.py&quot;' in content
-    assert '  File &quot;/app/shop/tasks.py&quot;, line 12, in charge\n    raise PaymentDeclined' in content  # the task's own, shown
+    assert (
+        "  File &quot;/app/shop/tasks.py&quot;, line 12, in charge\n    raise PaymentDeclined" in content
+    )  # the task's own, shown
     assert content.count("frame of BackWave, Django or asgiref hidden") == 2  # one marker per folded run
 
 
 def test_a_lapsed_attempt_shows_when_it_last_ran_not_when_the_lapse_was_noticed(admin_client):
     job = make_job(state="ready", attempts=1)
-    attempt = make_attempt(job, 1, "lapsed", error_class="backwave.results.LeaseLapsed", traceback="backwave.results.LeaseLapsed: the lease of worker w expired")
+    attempt = make_attempt(
+        job,
+        1,
+        "lapsed",
+        error_class="backwave.results.LeaseLapsed",
+        traceback="backwave.results.LeaseLapsed: the lease of worker w expired",
+    )
     Attempt.objects.filter(pk=attempt.pk).update(
-        started_at=F("finished_at") - timedelta(minutes=10), lease_renewed_at=F("finished_at") - timedelta(minutes=9, seconds=30),
+        started_at=F("finished_at") - timedelta(minutes=10), lease_renewed_at=F("finished_at") - timedelta(minutes=9, seconds=30)
     )
     row = admin_client.get(change_url(job)).context["attempt_rows"][0]
     assert row["duration"] == 30.0
@@ -323,9 +341,17 @@ def test_a_lapsed_attempt_shows_when_it_last_ran_not_when_the_lapse_was_noticed(
     assert row["error_message"] == "the lease of worker w expired"
 
 
-@pytest.mark.parametrize(("state", "offered"), [
-    ("failed", ["retry_now"]), ("quarantined", ["retry_now"]), ("ready", ["cancel"]), ("running", []), ("succeeded", []), ("cancelled", []),
-])
+@pytest.mark.parametrize(
+    ("state", "offered"),
+    [
+        ("failed", ["retry_now"]),
+        ("quarantined", ["retry_now"]),
+        ("ready", ["cancel"]),
+        ("running", []),
+        ("succeeded", []),
+        ("cancelled", []),
+    ],
+)
 def test_the_job_page_offers_only_the_actions_that_apply(operator_client, state, offered):
     job = make_job(state=state)
     content = operator_client.get(change_url(job)).content.decode()
@@ -350,8 +376,12 @@ SECRET = "sk-live-SECRET-42"
 
 
 def test_sensitive_arguments_and_results_are_hidden_everywhere_in_the_admin(admin_client):
-    job = make_job(state="succeeded", attempts=1, payload={"args": [1], "kwargs": {"api_key": SECRET, "nested": {"Password": SECRET}, "to": "ann"}},
-                   return_value={"session_token": SECRET, "rows": 3})
+    job = make_job(
+        state="succeeded",
+        attempts=1,
+        payload={"args": [1], "kwargs": {"api_key": SECRET, "nested": {"Password": SECRET}, "to": "ann"}},
+        return_value={"session_token": SECRET, "rows": 3},
+    )
     make_attempt(job, 1, "succeeded", return_value={"session_token": SECRET, "rows": 3})
 
     page = admin_client.get(change_url(job)).content.decode()
@@ -383,7 +413,10 @@ def test_times_are_in_djangos_time_zone_and_say_which(admin_client, settings):
     content = admin_client.get(CHANGELIST).content.decode()
 
     assert 'data-server-zone="Asia/Tokyo"' in content
-    assert '<time datetime="2026-03-01T12:00:05+00:00" data-bw-time title="2026-03-01 21:00:05 Asia/Tokyo">03-01 21:00:05</time>' in content
+    assert (
+        '<time datetime="2026-03-01T12:00:05+00:00" data-bw-time title="2026-03-01 21:00:05 Asia/Tokyo">03-01 21:00:05</time>'
+        in content
+    )
     assert "backwave/local_times.js" in content
 
 

@@ -62,7 +62,9 @@ def test_jobs_by_queue_and_state_latency_pumps_and_lapsed_leases(client, token):
     Pump.objects.create(worker_id="b:2:default:0", group="default", hostname="b", pid=2, status="healthy", lease_duration=30)
     dead = make_lease("b:2:default:0", -5)  # killed: its row still says healthy, its lease lapsed
     JobFactory(queue="emails", state="running", lease_id=dead.id, attempts=1)
-    Pump.objects.create(worker_id="c:3:reports:0", group="reports", hostname="c", pid=3, status="halted", reason="boom", lease_duration=30)
+    Pump.objects.create(
+        worker_id="c:3:reports:0", group="reports", hostname="c", pid=3, status="halted", reason="boom", lease_duration=30
+    )
 
     response = scrape(client)
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -131,7 +133,9 @@ def test_the_queue_query_walks_the_claim_index_not_the_backlog():
 
 @BOTH
 def test_openmetrics_when_the_scraper_asks_for_it(client, token):
-    response = client.get(URL, headers={"Authorization": f"Bearer {TOKEN}", "Accept": "application/openmetrics-text; version=1.0.0"})
+    response = client.get(
+        URL, headers={"Authorization": f"Bearer {TOKEN}", "Accept": "application/openmetrics-text; version=1.0.0"}
+    )
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/openmetrics-text")
     assert response.content.decode().rstrip().endswith("# EOF")

@@ -33,7 +33,13 @@ def test_retry_grants_one_more_counted_attempt_to_a_job_with_forgiven_ones():
     crasher = make_job(state="failed", attempts=4, forgiven_attempts=1, max_attempts=3, suspect=True)
     assert operations.retry_job_ids([crasher.pk]).changed == (crasher.pk,)
     crasher.refresh_from_db()
-    assert (crasher.state, crasher.attempts, crasher.forgiven_attempts, crasher.max_attempts, crasher.suspect) == ("ready", 4, 1, 4, True)
+    assert (crasher.state, crasher.attempts, crasher.forgiven_attempts, crasher.max_attempts, crasher.suspect) == (
+        "ready",
+        4,
+        1,
+        4,
+        True,
+    )
 
 
 def test_cancel_leaves_running_jobs_to_their_lease():

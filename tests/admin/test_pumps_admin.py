@@ -134,8 +134,12 @@ def test_a_pump_without_a_live_lease_is_lost_red_and_first_after_the_halted_ones
     response = admin_client.get(PUMPS)
 
     assert shown(response) == [
-        ("f-halted", "Halted"), ("b-killed", "Lost"), ("c-expired", "Lost"), ("d-silent", "Stale"),
-        ("e-degraded", "Degraded"), ("a-healthy", "Healthy"),
+        ("f-halted", "Halted"),
+        ("b-killed", "Lost"),
+        ("c-expired", "Lost"),
+        ("d-silent", "Stale"),
+        ("e-degraded", "Degraded"),
+        ("a-healthy", "Healthy"),
     ]
     content = response.content.decode()
     assert content.count('class="bw-badge bw-lost"') == 2
@@ -163,7 +167,9 @@ def test_in_flight_is_counted_live_from_the_running_jobs_not_the_last_heartbeat(
 
     assert [(row["worker_id"], row["in_flight"]) for row in rows(response)] == [("killed", "2"), ("busy", "16"), ("idle", "0")]
     page = admin_client.get(reverse("admin:backwave_pump_change", args=["busy"])).content.decode()
-    assert re.search(r'<div class="readonly"><a href="[^"]*\?state=running&amp;worker=busy" class="bw-pump-jobs"[^>]*>16</a></div>', page)
+    assert re.search(
+        r'<div class="readonly"><a href="[^"]*\?state=running&amp;worker=busy" class="bw-pump-jobs"[^>]*>16</a></div>', page
+    )
 
 
 def test_the_pumps_page_query_count_does_not_grow_with_pumps_or_their_jobs(admin_client, django_assert_num_queries):

@@ -48,9 +48,23 @@ def test_one_line_per_queue_with_its_depths(admin_client):
     lines = lines_by_name(admin_client.get(QUEUES))
 
     assert counts(lines["emails"]) == {
-        "ready": "2", "scheduled": "1", "running": "1", "failed": "1", "quarantined": "1", "waiting": "2", "held": "1"}
+        "ready": "2",
+        "scheduled": "1",
+        "running": "1",
+        "failed": "1",
+        "quarantined": "1",
+        "waiting": "2",
+        "held": "1",
+    }
     assert counts(lines["reports"]) == {
-        "ready": "0", "scheduled": "0", "running": "0", "failed": "0", "quarantined": "0", "waiting": "0", "held": "0"}
+        "ready": "0",
+        "scheduled": "0",
+        "running": "0",
+        "failed": "0",
+        "quarantined": "0",
+        "waiting": "0",
+        "held": "0",
+    }
 
 
 def test_a_queue_with_due_jobs_that_no_live_pump_serves_is_degraded_and_says_why(admin_client):
@@ -98,7 +112,15 @@ def test_queues_come_from_settings_rows_and_jobs(admin_client):
     lines = lines_by_name(admin_client.get(QUEUES))
 
     assert {
-        "default", "emails", "reports", "only-a-row", "only-ready", "only-running", "only-failed", "only-waiting", "only-held",
+        "default",
+        "emails",
+        "reports",
+        "only-a-row",
+        "only-ready",
+        "only-running",
+        "only-failed",
+        "only-waiting",
+        "only-held",
     } <= set(lines)
     assert (str(lines["only-waiting"].counts["waiting"]), str(lines["only-held"].counts["held"])) == ("1", "1")
     row = lines["only-a-row"]
@@ -195,7 +217,10 @@ def test_pause_resume_and_limit_from_the_page(operator_client):
     [
         ({"action": "set_limit", "limit": "0", "_selected_action": ["emails"]}, "Invalid concurrency limit"),
         ({"action": "set_limit", "limit": "-3", "_selected_action": ["emails"]}, "Invalid concurrency limit"),
-        ({"action": "set_limit", "limit": "2147483648", "_selected_action": ["emails"]}, "Invalid concurrency limit '2147483648': use a whole number from 1 to 2,147,483,647"),
+        (
+            {"action": "set_limit", "limit": "2147483648", "_selected_action": ["emails"]},
+            "Invalid concurrency limit '2147483648': use a whole number from 1 to 2,147,483,647",
+        ),
         ({"action": "set_limit", "limit": "9" * 40, "_selected_action": ["emails"]}, "Invalid concurrency limit"),
         ({"action": "set_limit", "limit": "²", "_selected_action": ["emails"]}, "Invalid concurrency limit '²'"),
         ({"action": "pause", "_selected_action": ["bad name!"]}, "Invalid queue name 'bad name!'"),

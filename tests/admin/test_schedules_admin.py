@@ -19,11 +19,18 @@ SCHEDULES_PAGE_QUERIES = 6
 
 
 def test_schedules_list_their_expression_next_run_and_last_slot(admin_client):
-    make_schedule("nightly", cron="0 3 * * *", next_run=datetime(2030, 1, 2, 3, tzinfo=UTC), last_slot=datetime(2030, 1, 1, 3, tzinfo=UTC))
+    make_schedule(
+        "nightly", cron="0 3 * * *", next_run=datetime(2030, 1, 2, 3, tzinfo=UTC), last_slot=datetime(2030, 1, 1, 3, tzinfo=UTC)
+    )
     content = admin_client.get(SCHEDULES).content.decode()
-    for text in ("nightly", "0 3 * * *", "project.demo.tasks.fast_job",
-                 # the Jobs page's format, the full time and zone on hover (never "Jan. 2, 2030, 3 a.m.")
-                 'title="2030-01-02 03:00:00 UTC">01-02 03:00:00</time>', 'title="2030-01-01 03:00:00 UTC">01-01 03:00:00</time>'):
+    for text in (
+        "nightly",
+        "0 3 * * *",
+        "project.demo.tasks.fast_job",
+        # the Jobs page's format, the full time and zone on hover (never "Jan. 2, 2030, 3 a.m.")
+        'title="2030-01-02 03:00:00 UTC">01-02 03:00:00</time>',
+        'title="2030-01-01 03:00:00 UTC">01-01 03:00:00</time>',
+    ):
         assert text in content
     assert "lasts until a worker next starts" in content  # the sync at worker start rewrites enabled
 
@@ -63,7 +70,9 @@ def test_a_schedule_url_with_a_non_ascii_number_is_not_that_schedule(admin_clien
 def test_toggling_needs_its_permission(readonly_client):
     schedule = make_schedule("nightly")
     assert 'name="action"' not in readonly_client.get(SCHEDULES).content.decode()
-    assert readonly_client.post(SCHEDULES, {"action": "disable", "_selected_action": [schedule.pk], "index": 0}).status_code == 403
+    assert (
+        readonly_client.post(SCHEDULES, {"action": "disable", "_selected_action": [schedule.pk], "index": 0}).status_code == 403
+    )
     assert Schedule.objects.get().enabled
 
 

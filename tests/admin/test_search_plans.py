@@ -49,7 +49,11 @@ def plan(queryset) -> list[dict]:
 
 
 def job_reads(nodes) -> set[tuple[str, str | None]]:
-    return {(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "backwave_job" or n.get("Index Name", "").startswith("backwave_job")}
+    return {
+        (n["Node Type"], n.get("Index Name"))
+        for n in nodes
+        if n.get("Relation Name") == "backwave_job" or n.get("Index Name", "").startswith("backwave_job")
+    }
 
 
 SEARCHES = [

@@ -32,7 +32,13 @@ def make_transition(**fields) -> Transition:
 
 def test_dead_transitions_come_first_with_the_observer_and_its_error(admin_client):
     make_transition(job_id=7)
-    make_transition(job_id=8, state="dead", deliveries=8, failed_observer="shop.observers.page_on_call", last_error="Traceback ...\nConnectionError: pager down")
+    make_transition(
+        job_id=8,
+        state="dead",
+        deliveries=8,
+        failed_observer="shop.observers.page_on_call",
+        last_error="Traceback ...\nConnectionError: pager down",
+    )
     content = admin_client.get(TRANSITIONS).content.decode()
     assert content.index("shop.observers.page_on_call") < content.index(reverse("admin:backwave_job_change", args=[7]))
     assert "ConnectionError: pager down" in content and ">dead<" in content
@@ -73,7 +79,13 @@ def test_a_waiting_delivery_names_its_observers_and_says_when_no_live_worker_has
     waiting = make_transition(job_id=7, kind="succeeded", observers=["shop.kept", "shop.added"], delivered_to=["shop.kept"])
     Deliverer.objects.create(id="old:1:default", hostname="old", pid=1, observers=["shop.kept"])
     # A worker that had it, silent for an hour: no live worker.
-    Deliverer.objects.create(id="new:2:default", hostname="new", pid=2, observers=["shop.added", "shop.kept"], seen_at=timezone.now() - timedelta(hours=1))
+    Deliverer.objects.create(
+        id="new:2:default",
+        hostname="new",
+        pid=2,
+        observers=["shop.added", "shop.kept"],
+        seen_at=timezone.now() - timedelta(hours=1),
+    )
     content = admin_client.get(TRANSITIONS).content.decode()
     assert "shop.added" in content and "no live worker has this observer registered" in content
     assert content.count("no live worker has this observer registered") == 1  # shop.kept ran: not waited for
@@ -112,7 +124,9 @@ def test_the_admins_cancel_notes_a_cancelled_transition_when_it_is_watched(monke
     other = make_job(task_path="somewhere.else")
     result = actions.cancel_job_ids([unwatched.pk, other.pk])
     assert set(result.changed) == {unwatched.pk, other.pk}
-    assert list(Transition.objects.values_list("job_id", "kind", "task_path")) == [(unwatched.pk, "cancelled", unwatched.task_path)]
+    assert list(Transition.objects.values_list("job_id", "kind", "task_path")) == [
+        (unwatched.pk, "cancelled", unwatched.task_path)
+    ]
     assert Job.objects.get(pk=other.pk).state == "cancelled"
     # A retry notes nothing.
     actions.retry_job_ids([unwatched.pk])

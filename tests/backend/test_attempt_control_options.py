@@ -30,7 +30,9 @@ def test_a_bad_time_limit_is_refused(value):
 def test_retry_rules_must_be_exception_classes_and_the_backoff_a_callable():
     from dataclasses import replace
 
-    with pytest.raises(InvalidTask, match="retry_on of task .* must be an exception class or a tuple of them, got \\(<class 'int'>,\\)"):
+    with pytest.raises(
+        InvalidTask, match="retry_on of task .* must be an exception class or a tuple of them, got \\(<class 'int'>,\\)"
+    ):
         replace(sample_tasks.add, retry_on=(int,))
     with pytest.raises(InvalidTask, match="discard_on .* got 'ValueError'"):
         replace(sample_tasks.add, discard_on="ValueError")
@@ -82,12 +84,28 @@ def test_a_stop_that_comes_before_the_handler_starts_is_not_lost():
     from tests.shell import worker_tasks
 
     task = worker_tasks.runs_until_cancelled
-    job = ClaimedJob(id=7, task_path=task.module_path, queue="e2e", priority=0, payload={"args": [], "kwargs": {}}, attempt=1,
-                     max_attempts=1, backoff_base=1.0, backoff_max=1.0)
+    job = ClaimedJob(
+        id=7,
+        task_path=task.module_path,
+        queue="e2e",
+        priority=0,
+        payload={"args": [], "kwargs": {}},
+        attempt=1,
+        max_attempts=1,
+        backoff_base=1.0,
+        backoff_max=1.0,
+    )
     controls = AttemptControls()
     controls.register(job)
     assert controls.stop(7, 1, "cancelled by api")
-    report = run_attempt(job, registry=TaskRegistry([task]), worker_id="w", max_traceback_chars=1000, controls=controls,
-                         enter=lambda: None, leave=lambda: None)
+    report = run_attempt(
+        job,
+        registry=TaskRegistry([task]),
+        worker_id="w",
+        max_traceback_chars=1000,
+        controls=controls,
+        enter=lambda: None,
+        leave=lambda: None,
+    )
     assert (report.result, report.return_value) == ("cancelled", {"stopped_at": 0, "cancelled": True})
     assert controls.get(job) is None  # forgotten once the handler returned

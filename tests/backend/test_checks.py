@@ -45,14 +45,23 @@ def test_task_modules_must_exist(settings):
 @pytest.mark.parametrize(
     ("backwave", "message"),
     [
-        ({"WORKER_GROUPS": [{"name": "g", "lease_duration": 10, "heartbeat_interval": 9.5}]},
-         "Worker Group 'g': heartbeat_interval (9.5 s) must be below 90% of lease_duration (9 of 10 s)"),
-        ({"WORKER_GROUPS": [{"name": "g", "lease_duration": float("nan")}]},
-         "Worker Group 'g': lease_duration must be a number of seconds above 0 and at most 604,800 (a week), got nan."),
-        ({"WORKER_GROUPS": [{"name": "g", "pool_sise": 4}]}, "Worker Group 'g' has an unknown option 'pool_sise'. Did you mean 'pool_size'?"),
+        (
+            {"WORKER_GROUPS": [{"name": "g", "lease_duration": 10, "heartbeat_interval": 9.5}]},
+            "Worker Group 'g': heartbeat_interval (9.5 s) must be below 90% of lease_duration (9 of 10 s)",
+        ),
+        (
+            {"WORKER_GROUPS": [{"name": "g", "lease_duration": float("nan")}]},
+            "Worker Group 'g': lease_duration must be a number of seconds above 0 and at most 604,800 (a week), got nan.",
+        ),
+        (
+            {"WORKER_GROUPS": [{"name": "g", "pool_sise": 4}]},
+            "Worker Group 'g' has an unknown option 'pool_sise'. Did you mean 'pool_size'?",
+        ),
         ({"WORKER_GROUPS": [{"name": "g"}, {"name": "g"}]}, "Worker Group 'g' is configured twice."),
-        ({"WORKER_GROUPS": [{"name": "g", "lease_duration": 10}], "WORKER_STATEMENT_TIMEOUT": 6},
-         "BACKWAVE['WORKER_STATEMENT_TIMEOUT'] (6 s) must be at most half the lease_duration of Worker Group 'g' (10 s)"),
+        (
+            {"WORKER_GROUPS": [{"name": "g", "lease_duration": 10}], "WORKER_STATEMENT_TIMEOUT": 6},
+            "BACKWAVE['WORKER_STATEMENT_TIMEOUT'] (6 s) must be at most half the lease_duration of Worker Group 'g' (10 s)",
+        ),
         # Without WORKER_GROUPS the worker runs one default group, with the default lease (30 s).
         ({"WORKER_STATEMENT_TIMEOUT": 20}, "must be at most half the lease_duration of Worker Group 'default' (30 s)"),
         ({"WORKER_LOCK_TIMEOUT": 7}, "BACKWAVE['WORKER_LOCK_TIMEOUT'] (7 s) must be at most the statement timeout (6 s)"),
@@ -68,7 +77,8 @@ def test_worker_groups_and_timeouts_the_worker_cannot_run_on(settings, backwave,
 def test_good_worker_groups_and_timeouts_pass(settings):
     settings.BACKWAVE = {
         "WORKER_GROUPS": [{"name": "a", "lease_duration": 60, "heartbeat_interval": 20}, {"name": "b", "lease_duration": 10}],
-        "WORKER_STATEMENT_TIMEOUT": 5, "WORKER_LOCK_TIMEOUT": 1,
+        "WORKER_STATEMENT_TIMEOUT": 5,
+        "WORKER_LOCK_TIMEOUT": 1,
     }
     assert check_backwave_settings() == []
 
@@ -76,9 +86,14 @@ def test_good_worker_groups_and_timeouts_pass(settings):
 @pytest.mark.parametrize(
     ("backwave", "message"),
     [
-        ({"DEFAULT_BACKOFF_BASE": 10.0, "DEFAULT_BACKOFF_MAX": 5.0},
-         "BACKWAVE['DEFAULT_BACKOFF_MAX'] (5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] (10 s)"),
-        ({"DEFAULT_BACKOFF_MAX": 0.5}, "BACKWAVE['DEFAULT_BACKOFF_MAX'] (0.5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] (1 s, its default)"),
+        (
+            {"DEFAULT_BACKOFF_BASE": 10.0, "DEFAULT_BACKOFF_MAX": 5.0},
+            "BACKWAVE['DEFAULT_BACKOFF_MAX'] (5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] (10 s)",
+        ),
+        (
+            {"DEFAULT_BACKOFF_MAX": 0.5},
+            "BACKWAVE['DEFAULT_BACKOFF_MAX'] (0.5 s) must be at least BACKWAVE['DEFAULT_BACKOFF_BASE'] (1 s, its default)",
+        ),
     ],
 )
 def test_the_default_backoff_cap_must_not_be_below_its_base(settings, backwave, message):
@@ -153,7 +168,9 @@ def test_a_backends_database_no_worker_group_serves_warns(settings):
     (warning,) = check_served_databases()
     assert warning.id == "backwave.W001"
     assert warning.obj == "remote"
-    assert "TASKS['remote'] enqueues into database 'other', which no worker group in BACKWAVE['WORKER_GROUPS'] serves" in warning.msg
+    assert (
+        "TASKS['remote'] enqueues into database 'other', which no worker group in BACKWAVE['WORKER_GROUPS'] serves" in warning.msg
+    )
     assert "'remote'" in warning.hint and "'database': 'other'" in warning.hint
 
 
@@ -220,10 +237,14 @@ def test_a_queue_claimed_only_on_another_database_still_warns_for_its_own(settin
     from backwave.checks import check_served_queues
 
     every = settings.TASKS["default"]["QUEUES"]
-    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "all", "queues": every}, {"name": "pinned", "queues": ["remote"], "database": "default"}]}
+    settings.BACKWAVE = {
+        "WORKER_GROUPS": [{"name": "all", "queues": every}, {"name": "pinned", "queues": ["remote"], "database": "default"}]
+    }
     # 'remote' lives in 'other', whose backend W001 reports (no group serves that database at all).
     assert [w.id for w in check_served_queues()] == []
-    settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "all", "queues": every}, {"name": "other", "queues": ["default"], "database": "other"}]}
+    settings.BACKWAVE = {
+        "WORKER_GROUPS": [{"name": "all", "queues": every}, {"name": "other", "queues": ["default"], "database": "other"}]
+    }
     ((warning),) = check_served_queues()
     assert (warning.id, warning.obj) == ("backwave.W002", "remote") and "on database 'other'" in warning.msg
 

@@ -99,7 +99,9 @@ def test_bad_values_name_the_key_the_value_and_what_is_allowed(settings, name, v
 
 
 def test_bad_backend_option_value_names_the_backend():
-    with pytest.raises(ImproperlyConfigured, match=r"TASKS\['x'\]\['OPTIONS'\]\['MAX_PAYLOAD_BYTES'\] must be an integer >= 1, got 0"):
+    with pytest.raises(
+        ImproperlyConfigured, match=r"TASKS\['x'\]\['OPTIONS'\]\['MAX_PAYLOAD_BYTES'\] must be an integer >= 1, got 0"
+    ):
         conf.get_setting("MAX_PAYLOAD_BYTES", {"MAX_PAYLOAD_BYTES": 0}, where="TASKS['x']['OPTIONS']")
 
 

@@ -38,8 +38,17 @@ def test_ready_job(backend, django_assert_max_num_queries):
 @pytest.mark.django_db
 def test_running_job_counts_the_attempt_in_progress(backend, make_job):
     now = timezone.now()
-    job = make_job(state="running", attempts=2, worker_id="host:1:default:0", started_at=now - timedelta(minutes=1), last_attempted_at=now)
-    Attempt.objects.create(job=job, number=1, state="failed", worker_id="host:9:default:0", error_class="builtins.ValueError", traceback="Traceback...\nValueError: bad")
+    job = make_job(
+        state="running", attempts=2, worker_id="host:1:default:0", started_at=now - timedelta(minutes=1), last_attempted_at=now
+    )
+    Attempt.objects.create(
+        job=job,
+        number=1,
+        state="failed",
+        worker_id="host:9:default:0",
+        error_class="builtins.ValueError",
+        traceback="Traceback...\nValueError: bad",
+    )
     result = backend.get_result(str(job.pk))
     assert result.status == TaskResultStatus.RUNNING
     assert result.worker_ids == ["host:9:default:0", "host:1:default:0"]
@@ -64,7 +73,9 @@ def test_failed_job_lists_every_failed_attempt(backend, make_job, django_assert_
     job = make_job(state="failed", attempts=3, max_attempts=3, finished_at=timezone.now())
     Attempt.objects.create(job=job, number=1, state="failed", worker_id="w1", error_class="builtins.KeyError", traceback="tb1")
     Attempt.objects.create(job=job, number=2, state="lapsed", worker_id="w2", error_class="", traceback="lease lapsed")
-    Attempt.objects.create(job=job, number=3, state="failed", worker_id="w3", error_class="builtins.ZeroDivisionError", traceback="tb3")
+    Attempt.objects.create(
+        job=job, number=3, state="failed", worker_id="w3", error_class="builtins.ZeroDivisionError", traceback="tb3"
+    )
     with django_assert_max_num_queries(2):
         result = backend.get_result(str(job.pk))
     assert result.status == TaskResultStatus.FAILED
@@ -80,7 +91,14 @@ def test_failed_job_lists_every_failed_attempt(backend, make_job, django_assert_
 def test_cancelled_and_quarantined_jobs_are_failed(backend, make_job, state):
     job = make_job(state=state, finished_at=timezone.now())
     if state == "quarantined":
-        Attempt.objects.create(job=job, number=1, state="quarantined", worker_id="w1", error_class="backwave.shell.execution.Unroutable", traceback="no task")
+        Attempt.objects.create(
+            job=job,
+            number=1,
+            state="quarantined",
+            worker_id="w1",
+            error_class="backwave.shell.execution.Unroutable",
+            traceback="no task",
+        )
     result = backend.get_result(str(job.pk))
     assert result.status == TaskResultStatus.FAILED
     # Django has no cancelled status: a cancel shows as the error that names who cancelled.
@@ -121,7 +139,14 @@ def test_jobs_of_another_backend_alias_do_not_exist_here(backend, make_job):
 @pytest.mark.django_db
 def test_refresh_follows_the_row():
     result = sample_tasks.add.enqueue(1, 2)
-    Job.objects.filter(pk=int(result.id)).update(state="running", lease_id=uuid.uuid4(), worker_id="w1", attempts=1, started_at=timezone.now(), last_attempted_at=timezone.now())
+    Job.objects.filter(pk=int(result.id)).update(
+        state="running",
+        lease_id=uuid.uuid4(),
+        worker_id="w1",
+        attempts=1,
+        started_at=timezone.now(),
+        last_attempted_at=timezone.now(),
+    )
     result.refresh()
     assert (result.status, result.worker_ids) == (TaskResultStatus.RUNNING, ["w1"])
     Job.objects.filter(pk=int(result.id)).update(state="succeeded", lease_id=None, return_value=3, finished_at=timezone.now())

@@ -19,18 +19,24 @@ def test_an_observer_is_named_by_its_path_and_still_callable():
     observer = observe("succeeded")(handler)
     assert isinstance(observer, Observer)
     assert observer.name == "tests.backend.test_observe.handler"
-    assert observer(Transition(id=1, job_id=2, attempt=1, kind="succeeded", task_path="t", queue="q", occurred_at=None)) == "succeeded"
+    assert (
+        observer(Transition(id=1, job_id=2, attempt=1, kind="succeeded", task_path="t", queue="q", occurred_at=None))
+        == "succeeded"
+    )
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: observe(), "needs at least one transition kind"),
-    (lambda: observe("succeded"), "unknown transition kind 'succeded'.*Did you mean 'succeeded'"),
-    (lambda: observe("failed", tasks="app.tasks.send"), "tasks must be a list.*did you mean \\['app.tasks.send'\\]"),
-    (lambda: observe("failed", tasks=[42]), "each of tasks must be a Task"),
-    (lambda: observe("failed", queues=["no spaces allowed"]), "each of queues must be"),
-    (lambda: observe("failed", queues=[]), "would match nothing"),
-    (lambda: observe("failed")(lambda t: None), "module-level function"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: observe(), "needs at least one transition kind"),
+        (lambda: observe("succeded"), "unknown transition kind 'succeded'.*Did you mean 'succeeded'"),
+        (lambda: observe("failed", tasks="app.tasks.send"), "tasks must be a list.*did you mean \\['app.tasks.send'\\]"),
+        (lambda: observe("failed", tasks=[42]), "each of tasks must be a Task"),
+        (lambda: observe("failed", queues=["no spaces allowed"]), "each of queues must be"),
+        (lambda: observe("failed", queues=[]), "would match nothing"),
+        (lambda: observe("failed")(lambda t: None), "module-level function"),
+    ],
+)
 def test_mistakes_are_refused_where_they_are_made(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -38,19 +44,31 @@ def test_mistakes_are_refused_where_they_are_made(call, message):
 
 def test_the_registry_matches_by_kind_task_and_queue_and_calls_in_name_order():
     registry = ObserverRegistry([observing.watch, observing.flaky_observer, observing.enqueues_a_follow_up])
-    transition = Transition(id=1, job_id=1, attempt=2, kind="succeeded", task_path=observing.fails_once.module_path, queue="e2e", occurred_at=None)
+    transition = Transition(
+        id=1, job_id=1, attempt=2, kind="succeeded", task_path=observing.fails_once.module_path, queue="e2e", occurred_at=None
+    )
     assert [o.name.rsplit(".", 1)[1] for o in registry.matching(transition)] == ["flaky_observer", "watch"]
-    retried = Transition(id=2, job_id=1, attempt=1, kind="retried", task_path=observing.fails_once.module_path, queue="e2e", occurred_at=None)
+    retried = Transition(
+        id=2, job_id=1, attempt=1, kind="retried", task_path=observing.fails_once.module_path, queue="e2e", occurred_at=None
+    )
     assert [o.name.rsplit(".", 1)[1] for o in registry.matching(retried)] == ["watch"]
 
 
 def test_the_store_is_asked_to_note_exactly_the_watched_transitions():
     registry = ObserverRegistry([observing.flaky_observer, observe("lapsed", queues=["emails"])(handler)])
-    assert sorted(json.loads(registry.observed), key=str) == sorted([
-        # Each watch names its observer: a transition is noted for the observers that watch it.
-        {"kind": "succeeded", "task_path": observing.fails_once.module_path, "queue": None, "observer": observing.flaky_observer.name},
-        {"kind": "lapsed", "task_path": None, "queue": "emails", "observer": f"{__name__}.handler"},
-    ], key=str)
+    assert sorted(json.loads(registry.observed), key=str) == sorted(
+        [
+            # Each watch names its observer: a transition is noted for the observers that watch it.
+            {
+                "kind": "succeeded",
+                "task_path": observing.fails_once.module_path,
+                "queue": None,
+                "observer": observing.flaky_observer.name,
+            },
+            {"kind": "lapsed", "task_path": None, "queue": "emails", "observer": f"{__name__}.handler"},
+        ],
+        key=str,
+    )
     assert ObserverRegistry().observed == "[]"
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def manage(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings_sqlite", "BACKWAVE_TEST_SQLITE_DIR": str(folder)}
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
     )
 
 

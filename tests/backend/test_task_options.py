@@ -43,7 +43,10 @@ def test_using_accepts_django_and_backwave_options_and_keeps_the_rest():
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "3", True])
 def test_max_attempts_must_be_a_positive_integer_at_decoration(value):
-    with pytest.raises(InvalidTask, match=rf"max_attempts of task 'tests.backend.sample_tasks.undecorated' must be an integer >= 1.*got {value!r}"):
+    with pytest.raises(
+        InvalidTask,
+        match=rf"max_attempts of task 'tests.backend.sample_tasks.undecorated' must be an integer >= 1.*got {value!r}",
+    ):
         task(max_attempts=value)(sample_tasks.undecorated)
 
 
@@ -65,7 +68,9 @@ def test_backoff_values_past_the_maximum_delay_are_refused_at_definition(name):
     from backwave.core.backoff import MAX_DELAY
 
     assert getattr(sample_tasks.add.using(backoff_base=1.0, backoff_max=MAX_DELAY), "backoff_max") == MAX_DELAY
-    with pytest.raises(InvalidTask, match=rf"{name} of task .* must be a finite number of seconds >= 0 and at most 31,622,400 \(a year\)"):
+    with pytest.raises(
+        InvalidTask, match=rf"{name} of task .* must be a finite number of seconds >= 0 and at most 31,622,400 \(a year\)"
+    ):
         sample_tasks.add.using(**{name: 1e15})
 
 
@@ -80,16 +85,23 @@ def test_a_backoff_cap_below_the_base_is_refused_at_definition():
 
 def test_a_backoff_cap_below_the_default_base_is_refused_too(settings):
     settings.BACKWAVE = {**settings.BACKWAVE, "DEFAULT_BACKOFF_BASE": 10.0}
-    with pytest.raises(InvalidTask, match=r"backoff_max of task .* \(5 s\) must be at least its backoff_base \(10 s, DEFAULT_BACKOFF_BASE\)"):
+    with pytest.raises(
+        InvalidTask, match=r"backoff_max of task .* \(5 s\) must be at least its backoff_base \(10 s, DEFAULT_BACKOFF_BASE\)"
+    ):
         sample_tasks.add.using(backoff_max=5.0)
-    with pytest.raises(InvalidTask, match=r"backoff_max of task .* \(3600 s, DEFAULT_BACKOFF_MAX\) must be at least its backoff_base \(7200 s\)"):
+    with pytest.raises(
+        InvalidTask, match=r"backoff_max of task .* \(3600 s, DEFAULT_BACKOFF_MAX\) must be at least its backoff_base \(7200 s\)"
+    ):
         sample_tasks.add.using(backoff_base=7200.0)
 
 
 @pytest.mark.django_db
 def test_an_enqueue_under_a_default_backoff_cap_below_its_base_writes_nothing(settings):
     settings.BACKWAVE = {**settings.BACKWAVE, "DEFAULT_BACKOFF_BASE": 10.0, "DEFAULT_BACKOFF_MAX": 5.0}
-    with pytest.raises(ImproperlyConfigured, match=r"BACKWAVE\['DEFAULT_BACKOFF_MAX'\] \(5 s\) must be at least BACKWAVE\['DEFAULT_BACKOFF_BASE'\] \(10 s\)"):
+    with pytest.raises(
+        ImproperlyConfigured,
+        match=r"BACKWAVE\['DEFAULT_BACKOFF_MAX'\] \(5 s\) must be at least BACKWAVE\['DEFAULT_BACKOFF_BASE'\] \(10 s\)",
+    ):
         sample_tasks.add.enqueue(1, 2)
     assert not Job.objects.exists()
 
@@ -127,7 +139,9 @@ def test_a_tag_text_cannot_hold_is_refused_at_definition_and_the_transaction_sta
     from backwave.models import Job
 
     with transaction.atomic():
-        with pytest.raises(InvalidTask, match="each tag of task .* must be a string of 1 to 64 characters without a NUL or a lone surrogate"):
+        with pytest.raises(
+            InvalidTask, match="each tag of task .* must be a string of 1 to 64 characters without a NUL or a lone surrogate"
+        ):
             sample_tasks.add.using(tags=("ok", tag)).enqueue(1, 2)
         assert not Job.objects.exists()
 
@@ -143,7 +157,9 @@ def test_whole_float_priority_is_accepted_like_django_does():
 
 
 def test_unknown_queue_names_the_queues_and_suggests():
-    with pytest.raises(InvalidTask, match=r"Queue 'emial' is not valid for backend\. .* QUEUES \[.*'emails'.*\]\. Did you mean 'emails'\?"):
+    with pytest.raises(
+        InvalidTask, match=r"Queue 'emial' is not valid for backend\. .* QUEUES \[.*'emails'.*\]\. Did you mean 'emails'\?"
+    ):
         sample_tasks.add.using(queue_name="emial")
 
 
@@ -153,7 +169,9 @@ def test_queue_name_shape_is_checked():
 
 
 def test_run_after_must_be_an_aware_datetime():
-    with pytest.raises(InvalidTask, match=r"run_after .* must be a datetime, got datetime.timedelta.*timezone.now\(\) \+ timedelta"):
+    with pytest.raises(
+        InvalidTask, match=r"run_after .* must be a datetime, got datetime.timedelta.*timezone.now\(\) \+ timedelta"
+    ):
         sample_tasks.add.using(run_after=timedelta(minutes=5))
     with pytest.raises(InvalidTask, match="aware"):
         sample_tasks.add.using(run_after=datetime(2030, 1, 1))

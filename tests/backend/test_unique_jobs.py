@@ -106,10 +106,12 @@ def test_enqueue_many_debounces_as_separate_enqueues_do():
     later = soon + timedelta(seconds=5)
     sample_tasks.reindex.using(run_after=later).enqueue(1, text="v1")
     sample_tasks.reindex.using(run_after=soon).enqueue(1, text="v2")
-    first, second = enqueue_many([
-        (sample_tasks.reindex.using(run_after=later), [2], {"text": "v1"}),
-        (sample_tasks.reindex.using(run_after=soon), [2], {"text": "v2"}),
-    ])
+    first, second = enqueue_many(
+        [
+            (sample_tasks.reindex.using(run_after=later), [2], {"text": "v1"}),
+            (sample_tasks.reindex.using(run_after=soon), [2], {"text": "v2"}),
+        ]
+    )
     assert second.duplicate and second.id == first.id and second.kwargs == {"text": "v2"}
     apart, together = Job.objects.get(payload__args=[1]), Job.objects.get(payload__args=[2])
     assert (together.payload["kwargs"], together.run_at) == (apart.payload["kwargs"], apart.run_at) == ({"text": "v2"}, later)
@@ -136,13 +138,15 @@ def test_a_period_makes_one_key_per_window_and_can_cover_finished_jobs():
 def test_bulk_enqueue_dedupes_within_the_batch_and_against_the_table(django_assert_num_queries):
     existing = sample_tasks.sync_order.enqueue(1)
     with django_assert_num_queries(1):
-        results = enqueue_many([
-            (sample_tasks.sync_order, [1]),
-            (sample_tasks.sync_order, [2]),
-            (sample_tasks.add, [1, 2]),
-            (sample_tasks.sync_order, [2], {"note": "again"}),
-            (sample_tasks.sync_order, [3]),
-        ])
+        results = enqueue_many(
+            [
+                (sample_tasks.sync_order, [1]),
+                (sample_tasks.sync_order, [2]),
+                (sample_tasks.add, [1, 2]),
+                (sample_tasks.sync_order, [2], {"note": "again"}),
+                (sample_tasks.sync_order, [3]),
+            ]
+        )
     assert [r.duplicate for r in results] == [True, False, False, True, False]
     assert results[0].id == existing.id
     assert results[3].id == results[1].id
@@ -207,8 +211,11 @@ def test_bad_uniqueness_is_refused_at_definition(unique, message):
 
 # Every life a unique job can lead, as the states it passes through: run to each end, cancelled
 # before it ran (an operator), retried (running -> ready) and then run to success.
-LIVES = [*(("ready", "running", end) for end in ("succeeded", "failed", "cancelled", "quarantined")),
-         ("ready", "cancelled"), ("ready", "running", "ready", "running", "succeeded")]
+LIVES = [
+    *(("ready", "running", end) for end in ("succeeded", "failed", "cancelled", "quarantined")),
+    ("ready", "cancelled"),
+    ("ready", "running", "ready", "running", "succeeded"),
+]
 FINISHED = ("succeeded", "failed", "cancelled", "quarantined")
 
 
@@ -242,7 +249,9 @@ def test_every_set_of_states_accepted_is_honoured():
             order_id += 1
             job = task.enqueue(order_id)
             for step, state in enumerate(life):
-                Job.objects.filter(pk=job.id).update(state=state, lease_id="00000000-0000-0000-0000-000000000001" if state == "running" else None)
+                Job.objects.filter(pk=job.id).update(
+                    state=state, lease_id="00000000-0000-0000-0000-000000000001" if state == "running" else None
+                )
                 if state == "ready" and step > 0:
                     expected = all(passed in states for passed in life[: step + 1])
                 else:
@@ -254,7 +263,9 @@ def test_every_set_of_states_accepted_is_honoured():
 def test_finished_states_without_running_are_refused_at_definition(states):
     # A job reaches them by running (or cancelled while ready, which running would not cover
     # the same way): covered without 'running', the key would be let go before they are reached.
-    with pytest.raises(InvalidTask, match=r"Unique.states of task 'tests.backend.sample_tasks.sync_order' covers .* without 'running'"):
+    with pytest.raises(
+        InvalidTask, match=r"Unique.states of task 'tests.backend.sample_tasks.sync_order' covers .* without 'running'"
+    ):
         sample_tasks.sync_order.using(unique=Unique(by=("order_id",), states=states))
     with pytest.raises(InvalidTask, match="without 'running'"):
         from django.tasks import task
@@ -269,7 +280,13 @@ def test_a_period_out_of_range_is_refused_before_any_sql_and_the_transaction_sta
     transaction."""
     with transaction.atomic():
         kept = sample_tasks.sync_order.enqueue(1)
-        with django_assert_num_queries(0), pytest.raises(InvalidTask, match=r"Unique.period of task .* must be a number of seconds from 0.001 to 3,162,240,000 \(a century\)"):
+        with (
+            django_assert_num_queries(0),
+            pytest.raises(
+                InvalidTask,
+                match=r"Unique.period of task .* must be a number of seconds from 0.001 to 3,162,240,000 \(a century\)",
+            ),
+        ):
             sample_tasks.sync_order.using(unique=Unique(by=("order_id",), period=period)).enqueue(2)
         assert list(Job.objects.values_list("id", flat=True)) == [int(kept.id)]
     assert sample_tasks.sync_order.using(unique=Unique(by=("order_id",), period=0.001)).enqueue(3).duplicate is False
@@ -337,7 +354,10 @@ def test_a_context_tasks_default_is_not_every_calls_key():
 @pytest.mark.django_db
 def test_a_context_task_unique_by_all_arguments_leaves_the_context_out():
     result = sample_tasks.sync_everything_with_context.enqueue(3, note="x")
-    assert Job.objects.get(pk=result.id).unique_key == 'tests.backend.sample_tasks.sync_everything_with_context:{"note":"x","order_id":3}'
+    assert (
+        Job.objects.get(pk=result.id).unique_key
+        == 'tests.backend.sample_tasks.sync_everything_with_context:{"note":"x","order_id":3}'
+    )
 
 
 @pytest.mark.django_db

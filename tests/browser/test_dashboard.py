@@ -17,7 +17,18 @@ from .conftest import log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-WORKER_ARGS = ("--queues", "e2e", "--pool-size", "4", "--poll-interval", "0.1", "--maintenance-interval", "0.3", "--log-every", "1")
+WORKER_ARGS = (
+    "--queues",
+    "e2e",
+    "--pool-size",
+    "4",
+    "--poll-interval",
+    "0.1",
+    "--maintenance-interval",
+    "0.3",
+    "--log-every",
+    "1",
+)
 
 
 def expect():
@@ -32,7 +43,9 @@ def test_the_dashboard_answers_is_it_healthy_what_is_stuck_what_failed_and_why(p
     worker = start_worker(*WORKER_ARGS)
     worker.wait_for(lambda: Job.objects.filter(state__in=["succeeded", "failed"]).count() == 43, what="all 43 jobs finished")
     # 40 + 3 x 2 attempts, rolled up by the worker's own maintenance (two runs after they committed).
-    worker.wait_for(lambda: sum(TaskStat.objects.filter(resolution=60).values_list("succeeded", flat=True)) == 40, what="the rollup")
+    worker.wait_for(
+        lambda: sum(TaskStat.objects.filter(resolution=60).values_list("succeeded", flat=True)) == 40, what="the rollup"
+    )
 
     log_in(page, live_server, "boss", "pw")
     page.goto(f"{live_server.url}/admin/backwave/")

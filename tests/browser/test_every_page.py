@@ -26,12 +26,21 @@ def expect():
 def test_every_page_renders_in_the_browser(page, live_server, screenshot):
     User.objects.create_superuser("boss", "boss@example.com", "pw")
     nightly = Schedule.objects.create(
-        name="nightly-report", task_path="project.demo.tasks.report_job", cron="0 3 * * *",
-        next_run=datetime(2030, 1, 2, 3, tzinfo=UTC), last_slot=datetime(2030, 1, 1, 3, tzinfo=UTC),
+        name="nightly-report",
+        task_path="project.demo.tasks.report_job",
+        cron="0 3 * * *",
+        next_run=datetime(2030, 1, 2, 3, tzinfo=UTC),
+        last_slot=datetime(2030, 1, 1, 3, tzinfo=UTC),
     )
     Transition.objects.create(
-        job_id=41, attempt=3, kind="failed", task_path="project.demo.tasks.failing_job", queue="default",
-        state="dead", deliveries=8, failed_observer="project.observers.page_someone",
+        job_id=41,
+        attempt=3,
+        kind="failed",
+        task_path="project.demo.tasks.failing_job",
+        queue="default",
+        state="dead",
+        deliveries=8,
+        failed_observer="project.observers.page_someone",
         last_error="ConnectionRefusedError: [Errno 111] Connection refused",
     )
     log_in(page, live_server, "boss", "pw")

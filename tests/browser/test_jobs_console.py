@@ -51,8 +51,15 @@ def zoned_page(browser):
 
 
 def failing(queue: str, n: int) -> Job:
-    job = make_job(state="failed", queue=queue, task_path="shop.tasks.send_receipt", attempts=1, tags=["tenant:7"],
-                   payload={"args": [], "kwargs": {"order_id": 1000 + n, "smtp_password": SECRET}}, worker_id="web-1:311:default:0")
+    job = make_job(
+        state="failed",
+        queue=queue,
+        task_path="shop.tasks.send_receipt",
+        attempts=1,
+        tags=["tenant:7"],
+        payload={"args": [], "kwargs": {"order_id": 1000 + n, "smtp_password": SECRET}},
+        worker_id="web-1:311:default:0",
+    )
     make_attempt(job, 1, "failed", error_class="smtplib.SMTPRecipientsRefused", traceback=TRACEBACK)
     return job
 
@@ -104,7 +111,9 @@ def test_redaction_in_the_list_the_page_and_the_search(page, live_server, operat
     page.goto(f"{live_server.url}/admin/backwave/job/")
     page.fill("#searchbar", f"smtp_password={SECRET}")
     page.press("#searchbar", "Enter")
-    expect()(page.locator("ul.messagelist")).to_contain_text("'smtp_password' is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for.")
+    expect()(page.locator("ul.messagelist")).to_contain_text(
+        "'smtp_password' is redacted (BACKWAVE['REDACT_KEYS']) and cannot be searched for."
+    )
     expect()(page.locator("#result_list tbody tr")).to_have_count(0)
     screenshot(page, "jobs-search-redacted-refused")
 

@@ -20,7 +20,10 @@ from .conftest import TIMEOUT_MS, log_in
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LONG_TASK = "shop.integrations.fulfilment.warehouse_partners.tasks.synchronise_inventory_levels_for_partner"
-LONG_ERROR = "ConnectionRefusedError: [Errno 111] Connection refused while talking to " + "warehouse-partner-api.internal.example.com:8443/v2/inventory/" * 3
+LONG_ERROR = (
+    "ConnectionRefusedError: [Errno 111] Connection refused while talking to "
+    + "warehouse-partner-api.internal.example.com:8443/v2/inventory/" * 3
+)
 COMPACT_TIME = re.compile(r"^\d{2}-\d{2} \d{2}:\d{2}:\d{2}$")
 WORKER = "ip-10-20-30-40.eu-central-1.compute.internal:123456:default-with-a-long-group-name:15"
 
@@ -32,15 +35,30 @@ def pages(db):
         Queue.objects.create(name=f"partner-queue-number-{n:02d}-with-a-long-name", concurrency_limit=n + 1, paused=n % 2 == 0)
     job = None
     for n in range(8):
-        job = make_job(state="failed", queue=f"partner-queue-number-{n:02d}-with-a-long-name", task_path=LONG_TASK, attempts=3,
-                       tags=["tenant:acme-corporation-international", "partner:warehouse"], worker_id=WORKER,
-                       payload={"args": [], "kwargs": {"partner": "x" * 200}})
+        job = make_job(
+            state="failed",
+            queue=f"partner-queue-number-{n:02d}-with-a-long-name",
+            task_path=LONG_TASK,
+            attempts=3,
+            tags=["tenant:acme-corporation-international", "partner:warehouse"],
+            worker_id=WORKER,
+            payload={"args": [], "kwargs": {"partner": "x" * 200}},
+        )
         for number in (1, 2, 3):
-            make_attempt(job, number, "failed", worker_id=WORKER, error_class="builtins.ConnectionRefusedError",
-                         traceback=f"Traceback (most recent call last):\n  File \"/srv/app/tasks.py\", line 1\n{LONG_ERROR}\n")
+            make_attempt(
+                job,
+                number,
+                "failed",
+                worker_id=WORKER,
+                error_class="builtins.ConnectionRefusedError",
+                traceback=f'Traceback (most recent call last):\n  File "/srv/app/tasks.py", line 1\n{LONG_ERROR}\n',
+            )
     Schedule.objects.create(
-        name="nightly-inventory-synchronisation-for-every-partner", task_path=LONG_TASK, cron="0 3 * * *",
-        queue="partner-queue-number-00-with-a-long-name", next_run=datetime(2030, 1, 2, 3, tzinfo=UTC),
+        name="nightly-inventory-synchronisation-for-every-partner",
+        task_path=LONG_TASK,
+        cron="0 3 * * *",
+        queue="partner-queue-number-00-with-a-long-name",
+        next_run=datetime(2030, 1, 2, 3, tzinfo=UTC),
         last_slot=datetime(2030, 1, 1, 3, tzinfo=UTC),
     )
     make_pump(WORKER, status="halted", reason=LONG_ERROR)
@@ -71,9 +89,15 @@ def test_no_page_scrolls_sideways(browser, live_server, pages, width, screenshot
             assert response is not None and response.status == 200, (name, response and response.status)
             scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
             if scroll > client:
-                wide[name] = (scroll, page.evaluate("""(w) => [...document.querySelectorAll('body *')]
+                wide[name] = (
+                    scroll,
+                    page.evaluate(
+                        """(w) => [...document.querySelectorAll('body *')]
                     .filter(e => e.getBoundingClientRect().right > w + 1 && ![...e.children].some(c => c.getBoundingClientRect().right > w + 1))
-                    .slice(0, 5).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""", client))
+                    .slice(0, 5).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""",
+                        client,
+                    ),
+                )
             # Nothing of the content runs under the sidebar or past the content's edge.
             overflow = page.evaluate("""() => {
                 const content = document.querySelector('#content-main') || document.querySelector('#content');
@@ -101,8 +125,13 @@ def test_every_page_shows_times_in_the_jobs_pages_format(page, live_server, page
     """The Jobs page said 12-06 01:13:42, the Schedules and Pumps pages Dec. 6, 2026, 1:15 a.m."""
     log_in(page, live_server, "boss", "pw")
     schedule, pump = Schedule.objects.get(), Pump.objects.order_by("worker_id").first()
-    for url in (pages["jobs"], pages["job"], pages["schedules"], reverse("admin:backwave_schedule_change", args=[schedule.pk]),
-                reverse("admin:backwave_pump_change", args=[pump.pk])):
+    for url in (
+        pages["jobs"],
+        pages["job"],
+        pages["schedules"],
+        reverse("admin:backwave_schedule_change", args=[schedule.pk]),
+        reverse("admin:backwave_pump_change", args=[pump.pk]),
+    ):
         page.goto(f"{live_server.url}{url}")
         page.wait_for_load_state("load")  # local_times.js has shown them in the browser's zone
         texts = page.locator("#content time[data-bw-time]:not([data-bw-precise])").all_inner_texts()

@@ -15,8 +15,18 @@ from .conftest import log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-WORKER_ARGS = ("--queues", "default,emails,reports", "--pool-size", "8", "--poll-interval", "0.1",
-               "--maintenance-interval", "0.5", "--log-every", "1")
+WORKER_ARGS = (
+    "--queues",
+    "default,emails,reports",
+    "--pool-size",
+    "8",
+    "--poll-interval",
+    "0.1",
+    "--maintenance-interval",
+    "0.5",
+    "--log-every",
+    "1",
+)
 
 
 def expect():
@@ -102,13 +112,22 @@ def test_enqueue_follow_fail_and_retry_as_an_operator(page, live_server, start_w
 
 def test_a_read_only_user_sees_but_is_refused(page, live_server, screenshot):
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
-    viewer.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="backwave", codename__startswith="view_")
+    viewer.user_permissions.set(Permission.objects.filter(content_type__app_label="backwave", codename__startswith="view_"))
+    job = Job.objects.create(
+        task_path="project.demo.tasks.failing_job",
+        payload={"args": ["x"], "kwargs": {}},
+        state="failed",
+        attempts=1,
+        max_attempts=1,
     )
-    job = Job.objects.create(task_path="project.demo.tasks.failing_job", payload={"args": ["x"], "kwargs": {}},
-                             state="failed", attempts=1, max_attempts=1)
-    Attempt.objects.create(job=job, number=1, state="failed", worker_id="node:1:default:0",
-                           error_class="builtins.RuntimeError", traceback="Traceback (most recent call last):\nRuntimeError: x")
+    Attempt.objects.create(
+        job=job,
+        number=1,
+        state="failed",
+        worker_id="node:1:default:0",
+        error_class="builtins.RuntimeError",
+        traceback="Traceback (most recent call last):\nRuntimeError: x",
+    )
     log_in(page, live_server, "viewer", "pw")
 
     page.goto(f"{live_server.url}/admin/backwave/job/{job.pk}/change/")
@@ -136,14 +155,35 @@ def test_a_read_only_user_sees_but_is_refused(page, live_server, screenshot):
 
 def test_a_halted_pump_shows_in_the_banner_and_first_on_the_pumps_page(page, live_server, screenshot):
     User.objects.create_superuser("boss", "boss@example.com", "pw")
-    Pump.objects.create(worker_id="node-2:711:default:0:9f2c", group="default", hostname="node-2", pid=711,
-                        status="healthy", in_flight=12, lease_duration=30)
-    Pump.objects.create(worker_id="node-2:711:default:1:4be1", group="default", hostname="node-2", pid=711,
-                        status="halted", reason="DriverError: ClaimReturned is not accepted in state draining",
-                        in_flight=0, lease_duration=30)
-    Pump.objects.create(worker_id="node-3:90:reports:0:77aa", group="reports", hostname="node-3", pid=90,
-                        status="degraded", reason="OperationalError: connection refused (retrying)", in_flight=2,
-                        lease_duration=30)
+    Pump.objects.create(
+        worker_id="node-2:711:default:0:9f2c",
+        group="default",
+        hostname="node-2",
+        pid=711,
+        status="healthy",
+        in_flight=12,
+        lease_duration=30,
+    )
+    Pump.objects.create(
+        worker_id="node-2:711:default:1:4be1",
+        group="default",
+        hostname="node-2",
+        pid=711,
+        status="halted",
+        reason="DriverError: ClaimReturned is not accepted in state draining",
+        in_flight=0,
+        lease_duration=30,
+    )
+    Pump.objects.create(
+        worker_id="node-3:90:reports:0:77aa",
+        group="reports",
+        hostname="node-3",
+        pid=90,
+        status="degraded",
+        reason="OperationalError: connection refused (retrying)",
+        in_flight=2,
+        lease_duration=30,
+    )
     # Running pumps hold a lease; the halted one let its lease lapse.
     make_lease("node-2:711:default:0:9f2c", group="default", hostname="node-2", pid=711)
     make_lease("node-3:90:reports:0:77aa", group="reports", hostname="node-3", pid=90)

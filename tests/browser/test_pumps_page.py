@@ -33,14 +33,18 @@ def test_a_worker_killed_with_sigkill_is_shown_lost_in_red_first_with_its_jobs(p
     User.objects.create_superuser("boss", "boss@example.com", "pw")
     enqueue_many([(worker_tasks.sleeper, (120,), {}) for _ in range(3)])
     doomed = start_worker("--queues", "slow", "--pool-size", "4", "--lease-duration", "2", *FAST)
-    doomed.wait_for(lambda: Job.objects.filter(state="running").count() == 3 and Pump.objects.count() == 1, what="three jobs running")
+    doomed.wait_for(
+        lambda: Job.objects.filter(state="running").count() == 3 and Pump.objects.count() == 1, what="three jobs running"
+    )
     (killed,) = Pump.objects.values_list("worker_id", flat=True)
     survivor = start_worker("--queues", "e2e", "--pool-size", "1", *FAST)
     survivor.wait_for(lambda: Pump.objects.count() == 2, what="a second, healthy pump")
 
     doomed.signal(signal.SIGKILL)
     doomed.process.wait()
-    survivor.wait_for(lambda: not Lease.objects.filter(worker_id=killed, expires_at__gt=Now()).exists(), what="the killed pump's lease lapsing")
+    survivor.wait_for(
+        lambda: not Lease.objects.filter(worker_id=killed, expires_at__gt=Now()).exists(), what="the killed pump's lease lapsing"
+    )
     assert Pump.objects.get(worker_id=killed).status == "healthy", "its row still says what it last reported"
 
     log_in(page, live_server, "boss", "pw")

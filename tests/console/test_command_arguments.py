@@ -39,7 +39,10 @@ def test_jobs_list_refuses_out_of_range_values_before_any_query(args, message, d
 @pytest.mark.parametrize("verb", ["retry", "cancel", "purge"])
 def test_jobs_actions_refuse_an_age_out_of_range_and_change_nothing(verb, django_assert_num_queries):
     make_job(state="failed")
-    with django_assert_num_queries(0), pytest.raises(CommandError, match=r"--older-than: at most 100 years \(36,525d\), got '9999999d'"):
+    with (
+        django_assert_num_queries(0),
+        pytest.raises(CommandError, match=r"--older-than: at most 100 years \(36,525d\), got '9999999d'"),
+    ):
         call_command("backwave_jobs", verb, "--older-than", "9999999d", "--yes", stdout=StringIO())
     assert Job.objects.get().state == "failed"
 
@@ -53,8 +56,9 @@ def test_the_show_id_is_checked_too(django_assert_num_queries):
 def test_cancel_refuses_a_by_its_column_cannot_hold_as_the_api_does(by, django_assert_num_queries):
     """--by "a\\x00b" reached the UPDATE (a raw DataError); "" and 256 characters were stored or refused late."""
     job = make_job()
-    with django_assert_num_queries(0), pytest.raises(
-        CommandError, match=r"--by: who cancels must be 1 to 255 characters without a NUL or a lone surrogate"
+    with (
+        django_assert_num_queries(0),
+        pytest.raises(CommandError, match=r"--by: who cancels must be 1 to 255 characters without a NUL or a lone surrogate"),
     ):
         call_command("backwave_cancel", str(job.pk), "--by", by, stdout=StringIO())
     assert Job.objects.get(pk=job.pk).state == "ready"

@@ -32,20 +32,39 @@ def run(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
         "BACKWAVE_TEST_OTHER_DATABASE_NAME": connections["other"].settings_dict["NAME"],
     }
     return subprocess.run(
-        [sys.executable, "manage.py", "backwave_jobs", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-        input=stdin, timeout=60,
+        [sys.executable, "manage.py", "backwave_jobs", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
     )
 
 
 @pytest.fixture
 def jobs():
-    failed = make_job(state="failed", queue="emails", task_path="shop.tasks.send", attempts=1, tags=["vip"],
-                      payload={"args": [], "kwargs": {"customer_id": 42, "api_key": "sk-live-9"}})
-    make_attempt(failed, 1, "failed", error_class="shop.errors.Bounce", traceback="Traceback (most recent call last):\n  File \"/app/shop/tasks.py\", line 3, in send\n    raise Bounce()\nshop.errors.Bounce: mailbox full\n")
+    failed = make_job(
+        state="failed",
+        queue="emails",
+        task_path="shop.tasks.send",
+        attempts=1,
+        tags=["vip"],
+        payload={"args": [], "kwargs": {"customer_id": 42, "api_key": "sk-live-9"}},
+    )
+    make_attempt(
+        failed,
+        1,
+        "failed",
+        error_class="shop.errors.Bounce",
+        traceback='Traceback (most recent call last):\n  File "/app/shop/tasks.py", line 3, in send\n    raise Bounce()\nshop.errors.Bounce: mailbox full\n',
+    )
     old_failed = make_job(state="failed", queue="emails", task_path="shop.tasks.send")
     Job.objects.filter(pk=old_failed.pk).update(finished_at=F("finished_at") - timedelta(days=2))
     ready = make_job(queue="reports", task_path="shop.tasks.report")
-    done = make_job(state="succeeded", queue="reports", task_path="shop.tasks.report", return_value={"token": "t-secret", "rows": 3})
+    done = make_job(
+        state="succeeded", queue="reports", task_path="shop.tasks.report", return_value={"token": "t-secret", "rows": 3}
+    )
     Job.objects.filter(pk=done.pk).update(finished_at=timezone.now() - timedelta(days=8))
     return {"failed": failed, "old_failed": old_failed, "ready": ready, "done": done}
 

@@ -27,7 +27,9 @@ def test_a_page_of_jobs_says_how_many_more_match_and_how_to_see_them():
     ids = [make_job(queue="emails").pk for _ in range(101)]
     lines, _ = listing()
     assert [line.split()[0] for line in lines[1:51]] == [str(i) for i in sorted(ids, reverse=True)[:50]]
-    assert lines[51:] == ["Showing 1-50 of 101 matching jobs, newest first: --offset 50 shows the next 50 (or give a larger --limit)."]
+    assert lines[51:] == [
+        "Showing 1-50 of 101 matching jobs, newest first: --offset 50 shows the next 50 (or give a larger --limit)."
+    ]
 
     lines, _ = listing("--offset", "100")
     assert lines[1].split()[0] == str(min(ids))
@@ -40,7 +42,10 @@ def test_a_page_of_jobs_says_how_many_more_match_and_how_to_see_them():
 
     rows, note = listing("--json")
     assert len(json.loads("\n".join(rows))) == 50  # stdout stays one JSON document
-    assert note.strip() == "Showing 1-50 of 101 matching jobs, newest first: --offset 50 shows the next 50 (or give a larger --limit)."
+    assert (
+        note.strip()
+        == "Showing 1-50 of 101 matching jobs, newest first: --offset 50 shows the next 50 (or give a larger --limit)."
+    )
 
 
 def test_the_count_past_the_page_is_bounded(monkeypatch):
@@ -48,7 +53,10 @@ def test_the_count_past_the_page_is_bounded(monkeypatch):
     for _ in range(70):
         make_job()
     lines, _ = listing()
-    assert lines[-1] == "Showing 1-50 of more than 60 matching jobs, newest first: --offset 50 shows the next 50 (or give a larger --limit)."
+    assert (
+        lines[-1]
+        == "Showing 1-50 of more than 60 matching jobs, newest first: --offset 50 shows the next 50 (or give a larger --limit)."
+    )
 
 
 def queue_listing(*args) -> list[str]:
@@ -71,9 +79,21 @@ def test_the_queue_list_shows_the_declared_queues_before_any_row():
     assert {"default", "emails", "reports", "remote", "keyed", "rated", "stray"} <= set(by_name)
     document = {row["queue"]: row for row in json.loads("\n".join(queue_listing("--json")))}
     assert document["emails"] | {"declared_in": None} == {
-        "queue": "emails", "state": "active", "concurrency_limit": None, "key_concurrency_limit": None, "rate": "",
-        "ready": 1, "scheduled": 0, "running": 0, "failed": 1, "quarantined": 0, "waiting": 0, "held": 0, "at_least": [],
-        "has_row": False, "declared_in": None,
+        "queue": "emails",
+        "state": "active",
+        "concurrency_limit": None,
+        "key_concurrency_limit": None,
+        "rate": "",
+        "ready": 1,
+        "scheduled": 0,
+        "running": 0,
+        "failed": 1,
+        "quarantined": 0,
+        "waiting": 0,
+        "held": 0,
+        "at_least": [],
+        "has_row": False,
+        "declared_in": None,
     }
     assert "TASKS['default']" in document["emails"]["declared_in"]
     assert document["remote"]["declared_in"] == ["TASKS['remote']", "WORKER_GROUPS 'remote'"]

@@ -12,8 +12,25 @@ from backwave.ops import tracebacks
 from backwave.ops.redaction import REDACTED, is_sensitive, redact
 
 
-@pytest.mark.parametrize("key", ["password", "DB_PASSWORD", "passwd", "client_secret", "access_token", "api_key", "apiKey", "API-KEY",
-                                 "Authorization", "credentials", "private_key", "signature", "session_id", "cookie"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password",
+        "DB_PASSWORD",
+        "passwd",
+        "client_secret",
+        "access_token",
+        "api_key",
+        "apiKey",
+        "API-KEY",
+        "Authorization",
+        "credentials",
+        "private_key",
+        "signature",
+        "session_id",
+        "cookie",
+    ],
+)
 def test_the_default_pattern_hides_the_usual_suspects(key):
     assert is_sensitive(key)
 
@@ -25,7 +42,10 @@ def test_the_default_pattern_leaves_ordinary_keys_alone(key):
 
 def test_redact_walks_lists_and_dicts_and_leaves_the_original_alone():
     value = {"args": [{"token": "t1"}, "plain"], "kwargs": {"user": {"name": "ann", "Password": "p"}, "tokens": ["a", "b"]}}
-    assert redact(value) == {"args": [{"token": REDACTED}, "plain"], "kwargs": {"user": {"name": "ann", "Password": REDACTED}, "tokens": REDACTED}}
+    assert redact(value) == {
+        "args": [{"token": REDACTED}, "plain"],
+        "kwargs": {"user": {"name": "ann", "Password": REDACTED}, "tokens": REDACTED},
+    }
     assert value["kwargs"]["user"]["Password"] == "p"
     assert redact("secret") == "secret" and redact(None) is None
 
@@ -52,8 +72,17 @@ def test_a_log_line_about_a_bad_payload_hides_its_secrets():
     from backwave.tasking.registry import TaskRegistry
 
     registry = TaskRegistry.discover([])
-    job = ClaimedJob(id=1, task_path=next(iter(registry)), queue="default", priority=0, attempt=1, max_attempts=1,
-                     backoff_base=1.0, backoff_max=1.0, payload={"args": [], "kwargs": {}, "api_key": "sk-123"})
+    job = ClaimedJob(
+        id=1,
+        task_path=next(iter(registry)),
+        queue="default",
+        priority=0,
+        attempt=1,
+        max_attempts=1,
+        backoff_base=1.0,
+        backoff_max=1.0,
+        payload={"args": [], "kwargs": {}, "api_key": "sk-123"},
+    )
     with pytest.raises(Unroutable) as raised:
         route(job, registry)
     assert "is not an object with 'args' and 'kwargs'" in str(raised.value)
@@ -64,26 +93,32 @@ def test_a_log_line_about_a_bad_payload_hides_its_secrets():
 # --- the search's grammar ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "terms"), [
-    ('a=1 b="x y"', ["a=1", 'b="x y"']),
-    ("c={\"k\": [1, 2]} tag:v", ['c={"k": [1, 2]}', "tag:v"]),
-    ("d='it''s'", ["d='it''s'"]),
-    ('e="say \\"hi\\" now"', ['e="say \\"hi\\" now"']),
-    ("   ", []),
-])
+@pytest.mark.parametrize(
+    ("text", "terms"),
+    [
+        ('a=1 b="x y"', ["a=1", 'b="x y"']),
+        ('c={"k": [1, 2]} tag:v', ['c={"k": [1, 2]}', "tag:v"]),
+        ("d='it''s'", ["d='it''s'"]),
+        ('e="say \\"hi\\" now"', ['e="say \\"hi\\" now"']),
+        ("   ", []),
+    ],
+)
 def test_terms_split_on_spaces_outside_quotes_and_brackets(text, terms):
     assert job_search.split_terms(text) == terms
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('a="open', "unbalanced quote"),
-    ("=5", "say which argument"),
-    ("a..b=1", "say which argument"),
-    ("tag:", "needs a tag"),
-    ("password=x", "is redacted"),
-    ("user.api_key=x", "is redacted"),
-    (" ".join(f"t{n}" for n in range(11)), "At most 10"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('a="open', "unbalanced quote"),
+        ("=5", "say which argument"),
+        ("a..b=1", "say which argument"),
+        ("tag:", "needs a tag"),
+        ("password=x", "is redacted"),
+        ("user.api_key=x", "is redacted"),
+        (" ".join(f"t{n}" for n in range(11)), "At most 10"),
+    ],
+)
 def test_a_search_that_cannot_run_says_why(text, message):
     with pytest.raises(job_search.SearchError, match=message):
         job_search.parse(text)
@@ -111,17 +146,31 @@ TB = (
 
 def test_the_message_is_the_last_exception_without_its_class():
     assert tracebacks.error_message("builtins.ValueError", TB) == "bad thing"
-    chained = TB + "\nThe above exception was the direct cause of the following exception:\n\n" + TB.replace("ValueError: bad\nthing", "shop.Oops: it broke")
+    chained = (
+        TB
+        + "\nThe above exception was the direct cause of the following exception:\n\n"
+        + TB.replace("ValueError: bad\nthing", "shop.Oops: it broke")
+    )
     assert tracebacks.error_message("shop.Oops", chained) == "it broke"
-    assert tracebacks.error_message("backwave.results.LeaseLapsed", "backwave.results.LeaseLapsed: the lease expired") == "the lease expired"
-    assert tracebacks.error_message("builtins.KeyError", "Traceback (most recent call last):\n  File \"x\", line 1, in f\n    d[k]\nKeyError\n") == ""
+    assert (
+        tracebacks.error_message("backwave.results.LeaseLapsed", "backwave.results.LeaseLapsed: the lease expired")
+        == "the lease expired"
+    )
+    assert (
+        tracebacks.error_message(
+            "builtins.KeyError", 'Traceback (most recent call last):\n  File "x", line 1, in f\n    d[k]\nKeyError\n'
+        )
+        == ""
+    )
     assert len(tracebacks.error_message("a.B", "a.B: " + "x" * 1000)) == tracebacks.MESSAGE_CHARS
 
 
 def test_machinery_frames_are_folded_and_counted():
     rendered = tracebacks.render(TB)
     assert rendered.hidden_frames == 1
-    assert 'class="bw-machinery">  File &quot;/venv/lib/python3.12/site-packages/backwave/shell/execution.py&quot;' in rendered.html
+    assert (
+        'class="bw-machinery">  File &quot;/venv/lib/python3.12/site-packages/backwave/shell/execution.py&quot;' in rendered.html
+    )
     assert "1 frame of BackWave, Django or asgiref hidden" in rendered.html
     assert "  File &quot;/app/shop/tasks.py&quot;, line 2, in task\n    raise ValueError" in rendered.html
     assert "<script>" not in tracebacks.render("<script>alert(1)</script>").html  # escaped

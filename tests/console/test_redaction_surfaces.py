@@ -21,7 +21,9 @@ SECRET = "sk-live-4f9a2c"
 @pytest.fixture
 def job(db):
     result = call_vendor.enqueue(order_id=7, api_token=SECRET)
-    Job.objects.filter(pk=result.id).update(progress={"step": 2, "session_token": "sess-77a"}, metadata={"password": "pw-88b", "rows": 3})
+    Job.objects.filter(pk=result.id).update(
+        progress={"step": 2, "session_token": "sess-77a"}, metadata={"password": "pw-88b", "rows": 3}
+    )
     return Job.objects.get(pk=result.id)
 
 

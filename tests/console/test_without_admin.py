@@ -50,7 +50,7 @@ def environment(names: dict) -> dict:
 
 def manage(names: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=environment(names), capture_output=True, text=True, timeout=120,
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=environment(names), capture_output=True, text=True, timeout=120
     )
 
 
@@ -61,7 +61,10 @@ def python(names: dict, code: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def migrated(fresh_databases):
-    runs = [manage(fresh_databases, "migrate", "--no-input"), manage(fresh_databases, "migrate", "--no-input", "--database", "other")]
+    runs = [
+        manage(fresh_databases, "migrate", "--no-input"),
+        manage(fresh_databases, "migrate", "--no-input", "--database", "other"),
+    ]
     return fresh_databases, runs
 
 
@@ -74,10 +77,7 @@ def names(migrated):
 
 
 def enqueue(names: dict, count: int = 1) -> list[int]:
-    code = (
-        "from tests.shell.worker_tasks import noop\n"
-        f"print(' '.join(noop.enqueue(n).id for n in range({count})))\n"
-    )
+    code = f"from tests.shell.worker_tasks import noop\nprint(' '.join(noop.enqueue(n).id for n in range({count})))\n"
     run = python(names, code)
     assert run.returncode == 0, run.stderr[-3000:]
     return [int(text) for text in run.stdout.split()]
@@ -105,9 +105,12 @@ def test_backwave_jobs_lists_and_cancels_without_the_admin(names):
     assert "Cancelled 1 job" in run.stdout
     assert listed(names) == {first: "cancelled", second: "ready"}
     # --as-user applies the admin's permissions; with no admin there is no history to record into.
-    made = python(names, "from django.contrib.auth.models import Permission, User\n"
-                  "user = User.objects.create_user('op', is_staff=True)\n"
-                  "user.user_permissions.add(*Permission.objects.filter(codename__in=['view_job', 'cancel_job']))\n")
+    made = python(
+        names,
+        "from django.contrib.auth.models import Permission, User\n"
+        "user = User.objects.create_user('op', is_staff=True)\n"
+        "user.user_permissions.add(*Permission.objects.filter(codename__in=['view_job', 'cancel_job']))\n",
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     run = manage(names, "backwave_jobs", "cancel", "--id", str(second), "--yes", "--as-user", "op")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -152,8 +155,12 @@ def test_the_metrics_view_without_the_admin(names):
 def test_a_worker_runs_a_job_and_reports_health_without_the_admin(names):
     (job,) = enqueue(names)
     worker = subprocess.Popen(
-        [sys.executable, "manage.py", "backwave_worker", "--queues", "e2e", "--no-hints"], cwd=ROOT, env=environment(names),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "manage.py", "backwave_worker", "--queues", "e2e", "--no-hints"],
+        cwd=ROOT,
+        env=environment(names),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60

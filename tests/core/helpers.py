@@ -26,7 +26,9 @@ QUEUES = ("default",)
 
 # Traces keep nothing to purge unless a test asks: maintenance is then the three steps every
 # run has (purging and rollup pages are traced on their own in test_driver_maintenance.py).
-NO_RETENTION = Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None, task_stats_minutely=None, task_stats_hourly=None)
+NO_RETENTION = Retention(
+    succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None, task_stats_minutely=None, task_stats_hourly=None
+)
 MAINTENANCE = [cmd.ExpireLeases(), cmd.MintSchedules(), cmd.RollUpStats(limit=ROLLUP_BATCH), cmd.AnalyzeTables()]
 
 

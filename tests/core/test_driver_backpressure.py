@@ -86,7 +86,18 @@ class Model:
     def answer_head(self) -> None:
         item = self.inflight.popleft()
         command = item.command
-        failable = isinstance(command, (cmd.ClaimJobs, cmd.WriteOutcomes, cmd.ExpireLeases, cmd.MintSchedules, cmd.PurgeJobs, cmd.RollUpStats, cmd.ReconcileLease))
+        failable = isinstance(
+            command,
+            (
+                cmd.ClaimJobs,
+                cmd.WriteOutcomes,
+                cmd.ExpireLeases,
+                cmd.MintSchedules,
+                cmd.PurgeJobs,
+                cmd.RollUpStats,
+                cmd.ReconcileLease,
+            ),
+        )
         if failable and self.rng.random() < self.fail_rate:
             self.send(ev.StoreFailed(now=self.now, command=command, jitter=self.rng.random()))
             if isinstance(command, cmd.WriteOutcomes) and self.inflight and self.inflight[0].rides_write:
@@ -136,8 +147,15 @@ class Model:
             max_attempts = self.rng.randint(1, 3)
             jobs.append(
                 ClaimedJob(
-                    id=self.next_id, task_path="t.x", queue="default", priority=0, payload=None,
-                    attempt=self.rng.randint(1, max_attempts), max_attempts=max_attempts, backoff_base=1.0, backoff_max=60.0,
+                    id=self.next_id,
+                    task_path="t.x",
+                    queue="default",
+                    priority=0,
+                    payload=None,
+                    attempt=self.rng.randint(1, max_attempts),
+                    max_attempts=max_attempts,
+                    backoff_base=1.0,
+                    backoff_max=60.0,
                 )
             )
             self.next_id += 1

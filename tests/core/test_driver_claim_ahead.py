@@ -168,7 +168,9 @@ def test_the_backpressure_bound_is_the_pool_and_the_room_ahead():
     jobs = JobFactory().make(3)
     bound = dict(queued=set(), obsolete=0, abandoned=0, pool_size=2, ahead=4)
     assert refusal(jobs, 3, {}, unreported=3, **bound) is None
-    assert refusal(jobs, 3, {}, unreported=4, **bound) == "backpressure violated: 4 unreported + 3 claimed > pool_size 2 + 4 ahead"
+    assert (
+        refusal(jobs, 3, {}, unreported=4, **bound) == "backpressure violated: 4 unreported + 3 claimed > pool_size 2 + 4 ahead"
+    )
 
 
 def test_jobs_ahead_defaults_to_three_claim_batches_less_the_pool_and_one_batch_at_least():

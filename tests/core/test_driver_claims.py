@@ -170,7 +170,9 @@ def test_a_short_claim_after_a_write_repolls_when_the_write_lands():
 
 def test_more_jobs_than_asked_is_refused():
     t = Trace.running(pool_size=2)
-    with pytest.raises(InvalidEvent, match=r"^ClaimReturned cannot be accepted in state RUNNING: the claim asked for 2 jobs and got 3$"):
+    with pytest.raises(
+        InvalidEvent, match=r"^ClaimReturned cannot be accepted in state RUNNING: the claim asked for 2 jobs and got 3$"
+    ):
         t.returned(*t.jobs.make(3), now=0.1)
     assert t.driver.executing == 0
     assert t.driver.free_slots == 0  # the claim is still in flight

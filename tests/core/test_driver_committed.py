@@ -22,7 +22,10 @@ def test_committed_and_buffered_outcomes_share_the_claim_of_the_flush():
     t, jobs = Trace.with_jobs(2, pool_size=4)
     assert t.finished(jobs[0], now=0.5) == []  # buffered: a plain task's success
     out = t.finished(jobs[1], "committed", now=0.6)
-    assert out == [cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=jobs[0].id, attempt=1, kind=OutcomeKind.SUCCEEDED),)), claim(4)]
+    assert out == [
+        cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=jobs[0].id, attempt=1, kind=OutcomeKind.SUCCEEDED),)),
+        claim(4),
+    ]
 
 
 def test_free_slots_that_fill_an_outcome_batch_are_claimed_at_once():

@@ -88,6 +88,7 @@ def test_a_whole_conversation_round_trip():
 
 # ---- the illegal (state, event) pairs -----------------------------------------------------------
 
+
 def _job_event(job_id=999):
     return ev.JobFinished(now=50.0, job_id=job_id, attempt=1, result="succeeded")
 
@@ -224,21 +225,65 @@ def _stopped_from_new():
 
 
 PRECONDITION_CASES = {
-    "lease opened with no open in flight": (_opening_after_failed_open, lambda t: ev.LeaseOpened(now=1, lease_id=LEASE), "no OpenLease is in flight"),
-    "lease opened in STOPPED with no open in flight": (_stopped_from_new, lambda t: ev.LeaseOpened(now=1, lease_id=LEASE), "no OpenLease is in flight"),
-    "claim returned with no claim in flight": (_in_running, lambda t: ev.ClaimReturned(now=1, jobs=()), "no ClaimJobs is in flight"),
-    "claim returned in DRAINING with no claim in flight": (_in_draining, lambda t: ev.ClaimReturned(now=1, jobs=()), "no ClaimJobs"),
+    "lease opened with no open in flight": (
+        _opening_after_failed_open,
+        lambda t: ev.LeaseOpened(now=1, lease_id=LEASE),
+        "no OpenLease is in flight",
+    ),
+    "lease opened in STOPPED with no open in flight": (
+        _stopped_from_new,
+        lambda t: ev.LeaseOpened(now=1, lease_id=LEASE),
+        "no OpenLease is in flight",
+    ),
+    "claim returned with no claim in flight": (
+        _in_running,
+        lambda t: ev.ClaimReturned(now=1, jobs=()),
+        "no ClaimJobs is in flight",
+    ),
+    "claim returned in DRAINING with no claim in flight": (
+        _in_draining,
+        lambda t: ev.ClaimReturned(now=1, jobs=()),
+        "no ClaimJobs",
+    ),
     "job finished that never ran": (_in_running, lambda t: _job_event(424242), "job 424242 is not executing"),
-    "job finished with the wrong attempt": (_in_running, lambda t: ev.JobFinished(now=1, job_id=2, attempt=2, result="failed"), "runs attempt 1, not 2"),
-    "job finished with an unknown result": (_in_running, lambda t: ev.JobFinished(now=1, job_id=2, attempt=1, result="exploded"), "unknown result 'exploded'"),
+    "job finished with the wrong attempt": (
+        _in_running,
+        lambda t: ev.JobFinished(now=1, job_id=2, attempt=2, result="failed"),
+        "runs attempt 1, not 2",
+    ),
+    "job finished with an unknown result": (
+        _in_running,
+        lambda t: ev.JobFinished(now=1, job_id=2, attempt=1, result="exploded"),
+        "unknown result 'exploded'",
+    ),
     # Jitter is the shell's draw; out of range, a failed attempt's backoff cannot be decided.
-    "job finished with jitter out of range": (_in_running, lambda t: ev.JobFinished(now=1, job_id=2, attempt=1, result="failed", jitter=1.0), "jitter must be in [0, 1)"),
+    "job finished with jitter out of range": (
+        _in_running,
+        lambda t: ev.JobFinished(now=1, job_id=2, attempt=1, result="failed", jitter=1.0),
+        "jitter must be in [0, 1)",
+    ),
     "job finished in OPENING that never ran": (_in_opening, lambda t: _job_event(5), "not executing"),
-    "outcomes written with no write in flight": (_in_running, lambda t: ev.OutcomesWritten(now=1, applied=frozenset()), "no WriteOutcomes is in flight"),
-    "lease renewed with no renew in flight": (_in_running, lambda t: ev.LeaseRenewed(now=1, held=True), "no RenewLease is in flight"),
-    "lease renewed in STOPPED with no renew in flight": (_in_stopped, lambda t: ev.LeaseRenewed(now=1, held=False), "accepted only in RUNNING, DRAINING"),
+    "outcomes written with no write in flight": (
+        _in_running,
+        lambda t: ev.OutcomesWritten(now=1, applied=frozenset()),
+        "no WriteOutcomes is in flight",
+    ),
+    "lease renewed with no renew in flight": (
+        _in_running,
+        lambda t: ev.LeaseRenewed(now=1, held=True),
+        "no RenewLease is in flight",
+    ),
+    "lease renewed in STOPPED with no renew in flight": (
+        _in_stopped,
+        lambda t: ev.LeaseRenewed(now=1, held=False),
+        "accepted only in RUNNING, DRAINING",
+    ),
     "lease released with no release in flight": (_in_draining, lambda t: ev.LeaseReleased(now=1), "no ReleaseLease is in flight"),
-    "store failed for something that is not a command": (_in_running, lambda t: ev.StoreFailed(now=1, command="ClaimJobs"), "unknown command 'ClaimJobs'"),
+    "store failed for something that is not a command": (
+        _in_running,
+        lambda t: ev.StoreFailed(now=1, command="ClaimJobs"),
+        "unknown command 'ClaimJobs'",
+    ),
 }
 
 

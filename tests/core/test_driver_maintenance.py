@@ -13,7 +13,9 @@ from backwave.core.options import Retention, WorkerGroupConfigError
 
 from .helpers import LEASE, MAINTENANCE, Trace, claim, internals, of_type
 
-RETAIN = Retention(succeeded=60.0, failed=None, cancelled=120.0, quarantined=None, pumps=600.0, task_stats_minutely=None, task_stats_hourly=None)
+RETAIN = Retention(
+    succeeded=60.0, failed=None, cancelled=120.0, quarantined=None, pumps=600.0, task_stats_minutely=None, task_stats_hourly=None
+)
 PURGE = cmd.PurgeJobs(retention=RETAIN, limit=PURGE_BATCH)
 FULL_MAINTENANCE = [*MAINTENANCE, PURGE, cmd.PurgePumps(older_than=600.0)]
 
@@ -182,7 +184,12 @@ def test_minted_jobs_are_counted():
 
 def test_retention_lists_only_the_states_it_purges_and_refuses_nonsense():
     assert RETAIN.job_states == (("succeeded", 60.0), ("cancelled", 120.0))
-    assert Retention().job_states == (("succeeded", 86_400.0), ("failed", 604_800.0), ("cancelled", 604_800.0), ("quarantined", 604_800.0))
+    assert Retention().job_states == (
+        ("succeeded", 86_400.0),
+        ("failed", 604_800.0),
+        ("cancelled", 604_800.0),
+        ("quarantined", 604_800.0),
+    )
     for bad in (-1, float("nan"), "1d", True):
         with pytest.raises(WorkerGroupConfigError, match="Retention succeeded must be a number of seconds >= 0 or None"):
             Retention(succeeded=bad)

@@ -64,7 +64,10 @@ def test_a_poll_tick_sizes_its_claim_before_the_buffer_drains():
     out = t.tick(1.0)
     # 5 - 2 executing - 1 buffered = 2, not 3: the claim runs before the write, so the buffered
     # outcome still holds its lease and its slot. And the claim comes first in the list.
-    assert out == [claim(2), cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=1, attempt=1, kind=OutcomeKind.SUCCEEDED),))]
+    assert out == [
+        claim(2),
+        cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=1, attempt=1, kind=OutcomeKind.SUCCEEDED),)),
+    ]
 
 
 def test_a_poll_tick_with_a_full_pool_only_writes():

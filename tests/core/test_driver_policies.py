@@ -29,10 +29,7 @@ def test_weighted_splits_the_first_pass_by_weight_one_claim_per_queue():
     ]
 
 
-@pytest.mark.parametrize(
-    "weights",
-    [{"a": 3, "b": 1}, {"a": 1, "b": 1, "c": 1}, {"a": 5, "b": 2, "c": 1}, {"a": 100, "b": 1}],
-)
+@pytest.mark.parametrize("weights", [{"a": 3, "b": 1}, {"a": 1, "b": 1, "c": 1}, {"a": 5, "b": 2, "c": 1}, {"a": 100, "b": 1}])
 def test_weighted_long_run_shares_follow_the_weights_within_one_percent(weights):
     """Every queue has an endless backlog: each claim comes back full, every job finishes at once."""
     t = Trace(policy=Weighted(weights), pool_size=10, max_claim_batch=10)
@@ -69,7 +66,7 @@ def test_weighted_never_starves_a_light_queue():
     state: dict[str, int] = {}
     sequence = []
     for _ in range(1010):
-        ((queue,), _), = policy.plan(1, state)
+        (((queue,), _),) = policy.plan(1, state)
         sequence.append(queue)
     for start in range(0, len(sequence) - 101):
         assert "light" in sequence[start : start + 101]

@@ -108,7 +108,10 @@ def test_an_interval_must_be_a_finite_positive_number_of_seconds_up_to_a_week(na
     group = WorkerGroupOptions(name="x", **{"lease_duration": 60.0, name: value})
     with pytest.raises(WorkerGroupConfigError) as caught:
         validate_groups([group])
-    assert str(caught.value) == f"Worker Group 'x': {name} must be a number of seconds above 0 and at most 604,800 (a week), got {value!r}."
+    assert (
+        str(caught.value)
+        == f"Worker Group 'x': {name} must be a number of seconds above 0 and at most 604,800 (a week), got {value!r}."
+    )
 
 
 def test_a_week_and_tiny_positive_intervals_are_accepted():
@@ -179,7 +182,10 @@ def test_a_store_timeout_must_be_a_positive_number_of_seconds(setting, value):
     keyword = {"WORKER_STATEMENT_TIMEOUT": "statement_timeout", "WORKER_LOCK_TIMEOUT": "lock_timeout"}[setting]
     with pytest.raises(WorkerGroupConfigError) as caught:
         store_timeouts([WorkerGroupOptions(name="g")], **{keyword: value})
-    assert str(caught.value) == f"BACKWAVE[{setting!r}] must be a number of seconds above 0 or None (derived from the lease), got {value!r}."
+    assert (
+        str(caught.value)
+        == f"BACKWAVE[{setting!r}] must be a number of seconds above 0 or None (derived from the lease), got {value!r}."
+    )
 
 
 # ---- Strict -------------------------------------------------------------------------------------

@@ -19,9 +19,26 @@ CORE_MODULES = sorted(f"backwave.core.{m.name}" for m in pkgutil.iter_modules([s
 
 # Top-level packages the core must never import, directly or lazily inside a function.
 FORBIDDEN_IMPORTS = {
-    "django", "psycopg", "psycopg2", "psycopg_pool", "threading", "_thread", "time", "random",
-    "secrets", "os", "socket", "select", "selectors", "asyncio", "subprocess", "multiprocessing",
-    "concurrent", "queue", "signal", "logging",
+    "django",
+    "psycopg",
+    "psycopg2",
+    "psycopg_pool",
+    "threading",
+    "_thread",
+    "time",
+    "random",
+    "secrets",
+    "os",
+    "socket",
+    "select",
+    "selectors",
+    "asyncio",
+    "subprocess",
+    "multiprocessing",
+    "concurrent",
+    "queue",
+    "signal",
+    "logging",
 }
 # Calls that read a clock or mint randomness, whatever they are imported as.
 FORBIDDEN_CALLS = {"now", "utcnow", "today", "uuid1", "uuid4", "monotonic", "perf_counter", "time_ns", "urandom"}
@@ -103,7 +120,9 @@ for name in {CORE_MODULES!r}:
     __import__(name)
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=CORE_DIR.parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=CORE_DIR.parent.parent
+    )
     loaded = json.loads(result.stdout)
     assert "backwave.core.driver" in loaded
     forbidden = sorted(m for m in loaded if m.split(".")[0] in FORBIDDEN_IMPORTS - {"os", "time"})

@@ -11,8 +11,16 @@ from backwave.core import transitions
 from backwave.core import events as ev
 from backwave.core.transitions import ACCEPTS, ANSWERS, STALE_TOLERANT, STORE_RESULTS, UNTRACKED, State
 
-EVENT_TYPES = {kind.__name__: kind for kind in vars(ev).values() if isinstance(kind, type) and issubclass(kind, ev.Event) and kind is not ev.Event}
-COMMAND_TYPES = {kind.__name__: kind for kind in vars(cmd).values() if isinstance(kind, type) and issubclass(kind, cmd.Command) and kind is not cmd.Command}
+EVENT_TYPES = {
+    kind.__name__: kind
+    for kind in vars(ev).values()
+    if isinstance(kind, type) and issubclass(kind, ev.Event) and kind is not ev.Event
+}
+COMMAND_TYPES = {
+    kind.__name__: kind
+    for kind in vars(cmd).values()
+    if isinstance(kind, type) and issubclass(kind, cmd.Command) and kind is not cmd.Command
+}
 STATE_WORDS = {"any": set(State), "any*": set(State) - {State.NEW}, **{state.value: {state} for state in State}}
 LEADING_NAMES = re.compile(r"^\s*([A-Z]\w*(?:\s*,\s*[A-Z]\w*)*)")
 

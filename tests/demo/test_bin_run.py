@@ -67,7 +67,9 @@ class BinRun:
             "PYTHONUNBUFFERED": "1",
         }
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen([str(ROOT / "bin" / "run")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                [str(ROOT / "bin" / "run")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     @property
     def output(self) -> str:
@@ -81,7 +83,9 @@ class BinRun:
             if self.process.poll() is not None:
                 break
             time.sleep(0.1)
-        raise AssertionError(f"{what} did not happen within {timeout}s (bin/run exit code {self.process.poll()}); output:\n{self.output}")
+        raise AssertionError(
+            f"{what} did not happen within {timeout}s (bin/run exit code {self.process.poll()}); output:\n{self.output}"
+        )
 
     def kill_everything(self) -> None:
         for pid in session_processes(self.process.pid):

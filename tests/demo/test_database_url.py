@@ -23,7 +23,11 @@ def database_settings(url: str) -> dict:
     env = {**os.environ, "DATABASE_URL": url, "SECRET_KEY": "test-only-key"}
     done = subprocess.run(
         [sys.executable, "-c", "import json, project.settings as s; print(json.dumps(s.DATABASES['default']))"],
-        cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPOSITORY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -35,21 +35,34 @@ def private_pgdata():
 
 
 def embedded_db(env, *args):
-    return subprocess.run([sys.executable, "manage.py", "embedded_db", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", "embedded_db", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_bin_test_says_the_embedded_server_it_started_keeps_running_and_how_to_stop_it(private_pgdata):
     data, env = private_pgdata
     run = subprocess.run(
         [str(ROOT / "bin" / "test"), "tests/demo/test_runs.py", "-q", "-p", "no:cacheprovider"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "bin/test: the embedded PostgreSQL this run started keeps running" in run.stderr, run.stderr
     assert f"stop it with: BACKWAVE_PGDATA={data} " in run.stderr and "manage.py embedded_db stop" in run.stderr
     assert embedded_db(env, "status").returncode == 0
 
-    again = subprocess.run([str(ROOT / "bin" / "test"), "tests/demo/test_runs.py", "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [str(ROOT / "bin" / "test"), "tests/demo/test_runs.py", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0 and "keeps running" not in again.stderr  # it started nothing this time
 
     assert_stops_it_from_anywhere(re.search(r"stop it with: (.+)$", run.stderr, re.MULTILINE).group(1), env)

@@ -6,13 +6,7 @@ from project.demo.runs import MAX_RUN_SIZE, decode_ids, encode_ids, ids_from_tok
 
 
 @pytest.mark.parametrize(
-    ("ids", "text"),
-    [
-        ([7], "7"),
-        ([1, 2, 3], "1-3"),
-        ([5, 1, 2, 3, 9, 10], "1-3,5,9-10"),
-        (list(range(101, 1101)), "101-1100"),
-    ],
+    ("ids", "text"), [([7], "7"), ([1, 2, 3], "1-3"), ([5, 1, 2, 3, 9, 10], "1-3,5,9-10"), (list(range(101, 1101)), "101-1100")]
 )
 def test_ids_travel_as_ranges(ids, text):
     assert encode_ids(ids) == text

@@ -15,5 +15,8 @@ def test_the_worker_s_start_writes_the_demo_s_schedule(settings):
 
     schedule = Schedule.objects.get(name="demo-report")
     assert (schedule.task_path, schedule.cron, schedule.queue, schedule.enabled) == (
-        "project.demo.tasks.report_job", "*/5 * * * *", "reports", True,
+        "project.demo.tasks.report_job",
+        "*/5 * * * *",
+        "reports",
+        True,
     )

@@ -34,7 +34,11 @@ def loaded_key(checkout: Path, **environment: str) -> subprocess.CompletedProces
     env.update(environment)
     return subprocess.run(
         [sys.executable, "-c", "import project.settings as s; print(s.SECRET_KEY)"],
-        cwd=checkout, env=env, capture_output=True, text=True, timeout=60,
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

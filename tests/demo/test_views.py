@@ -109,7 +109,14 @@ def test_results_page_counts_states_and_refreshes_until_finished(client):
     content = page.content.decode()
     assert 'http-equiv="refresh"' in content
     assert dict((value, count) for value, _label, count in page.context["states"]) == {
-        "waiting": 0, "held": 0, "ready": 2, "running": 0, "succeeded": 1, "failed": 0, "cancelled": 0, "quarantined": 0,
+        "waiting": 0,
+        "held": 0,
+        "ready": 2,
+        "running": 0,
+        "succeeded": 1,
+        "failed": 0,
+        "cancelled": 0,
+        "quarantined": 0,
     }
     for job in (first, second, third):
         assert f'href="/admin/backwave/job/{job.pk}/change/"' in content
@@ -134,8 +141,13 @@ def test_results_page_refuses_unsigned_runs(client, token):
 
 def healthy_pump(**fields):
     return Pump.objects.create(
-        worker_id=fields.pop("worker_id", "host:1:default:0:abc"), group="default", hostname="host", pid=1,
-        status=fields.pop("status", "healthy"), lease_duration=30, **fields,
+        worker_id=fields.pop("worker_id", "host:1:default:0:abc"),
+        group="default",
+        hostname="host",
+        pid=1,
+        status=fields.pop("status", "healthy"),
+        lease_duration=30,
+        **fields,
     )
 
 
@@ -173,8 +185,12 @@ def test_failed_rows_show_their_last_error(client):
     Job.objects.update(state="failed", attempts=2, finished_at=timezone.now())
     for number in (1, 2):
         Attempt.objects.create(
-            job=job, number=number, state="failed", worker_id="w", error_class="builtins.RuntimeError",
-            traceback=f"Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: demo failure, attempt {number}\n",
+            job=job,
+            number=number,
+            state="failed",
+            worker_id="w",
+            error_class="builtins.RuntimeError",
+            traceback=f'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: demo failure, attempt {number}\n',
         )
     content = client.get(run_url).content.decode()
     assert "<th>Error</th>" in content

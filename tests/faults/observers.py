@@ -14,7 +14,9 @@ SEEN = "backwave_test_seen"
 CRASH_ONCE = "BACKWAVE_TEST_CRASH_OBSERVER_ONCE"
 
 
-@observe("succeeded", "failed", "retried", "lapsed", tasks=["tests.faults.tasks.observed_work", "tests.faults.tasks.atomic_effect"])
+@observe(
+    "succeeded", "failed", "retried", "lapsed", tasks=["tests.faults.tasks.observed_work", "tests.faults.tasks.atomic_effect"]
+)
 def record_transition(transition):
     with connection.cursor() as cursor:
         cursor.execute(

@@ -29,14 +29,18 @@ def db_now():
 def test_8_a_skewed_worker_clock_changes_nothing(start_worker):
     # A job that finished two hours ago: inside the one-day retention by the database clock, three
     # days past it by the fast worker's clock.
-    kept = Job.objects.create(task_path=tasks.work.module_path, queue="faults-done", payload={"args": [], "kwargs": {}}, state="succeeded")
+    kept = Job.objects.create(
+        task_path=tasks.work.module_path, queue="faults-done", payload={"args": [], "kwargs": {}}, state="succeeded"
+    )
     sql("UPDATE backwave_job SET finished_at = now() - interval '2 hours' WHERE id = %s", [kept.id])
     retried = tasks.fails_once.enqueue()
     # A lease of another node, live for 10 more seconds by the database clock, with a running job.
     foreign = uuid.uuid4()
     with PostgresStore.from_django() as store:
         store.open_lease(lease_id=foreign, worker_id="other:1:g:0:x", group="g", hostname="other", pid=1, duration=10)
-        parked = Job.objects.create(task_path=tasks.work.module_path, queue="faults-parked", payload={"args": [], "kwargs": {}}, max_attempts=3)
+        parked = Job.objects.create(
+            task_path=tasks.work.module_path, queue="faults-parked", payload={"args": [], "kwargs": {}}, max_attempts=3
+        )
         store.claim_jobs(lease_id=foreign, worker_id="other:1:g:0:x", queues=["faults-parked"], limit=1)
     foreign_expires = Lease.objects.get(id=foreign).expires_at
 
@@ -47,7 +51,11 @@ def test_8_a_skewed_worker_clock_changes_nothing(start_worker):
     workers = [fast, slow]
 
     # Schedules: slots by the database clock, each once, not three days off.
-    wait_until(lambda: Job.objects.filter(schedule__isnull=False, state="succeeded").count() >= 3, what="three slots minted and run", workers=workers)
+    wait_until(
+        lambda: Job.objects.filter(schedule__isnull=False, state="succeeded").count() >= 3,
+        what="three slots minted and run",
+        workers=workers,
+    )
     now = db_now()
     slots = list(Job.objects.filter(schedule__isnull=False).values_list("schedule_slot", flat=True))
     assert len(slots) == len(set(slots))
@@ -55,8 +63,14 @@ def test_8_a_skewed_worker_clock_changes_nothing(start_worker):
 
     # Leases: stamped by the database's now (not three days off), lease_duration apart.
     for worker in workers:
-        wait_until(lambda: Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).exists(), what="the worker's lease", workers=workers)
-        (renewed_at, expires_at) = Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).values_list("renewed_at", "expires_at")[0]
+        wait_until(
+            lambda: Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).exists(),
+            what="the worker's lease",
+            workers=workers,
+        )
+        (renewed_at, expires_at) = Lease.objects.filter(worker_id__startswith=worker_prefix(worker)).values_list(
+            "renewed_at", "expires_at"
+        )[0]
         assert expires_at - renewed_at == timedelta(seconds=3)
         assert abs(db_now() - renewed_at) < timedelta(minutes=1)
 

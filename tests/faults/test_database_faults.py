@@ -60,7 +60,9 @@ def test_4a_terminated_backends_degrade_the_pumps_which_recover_and_lose_nothing
 def test_4b_a_postgresql_restart_mid_run_degrades_then_recovers(start_worker, private_postgres):
     server = private_postgres
     with PostgresStore(server.conninfo) as store:
-        store.enqueue_many([NewJob(task_path=tasks.work.module_path, payload={"args": [0.04], "kwargs": {}}, queue="faults") for _ in range(400)])
+        store.enqueue_many(
+            [NewJob(task_path=tasks.work.module_path, payload={"args": [0.04], "kwargs": {}}, queue="faults") for _ in range(400)]
+        )
 
     def count(state: str) -> int:
         try:

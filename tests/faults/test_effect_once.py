@@ -24,9 +24,9 @@ from .conftest import FAST, faults_env, sql, wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # A dead deliverer's claims lapse after OBSERVER_LEASE: 2 s here, not the default minute.
-OBSERVE_FAST = faults_env(backwave={
-    "OBSERVER_POLL_INTERVAL": 0.05, "OBSERVER_BACKOFF_BASE": 0.05, "OBSERVER_BACKOFF_MAX": 0.05, "OBSERVER_LEASE": 2.0,
-})
+OBSERVE_FAST = faults_env(
+    backwave={"OBSERVER_POLL_INTERVAL": 0.05, "OBSERVER_BACKOFF_BASE": 0.05, "OBSERVER_BACKOFF_MAX": 0.05, "OBSERVER_LEASE": 2.0}
+)
 
 
 @pytest.fixture
@@ -50,10 +50,13 @@ def seen() -> list[tuple]:
     return sql(f"SELECT transition_id, job_id, attempt, kind, delivery FROM {SEEN} ORDER BY transition_id, delivery")
 
 
-@pytest.mark.parametrize(("task", "rows"), [
-    pytest.param(tasks.atomic_effect, [2], id="atomic: the zombie's writes roll back with its refused outcome"),
-    pytest.param(tasks.plain_effect, [1, 2], id="plain (the control): the zombie's writes landed"),
-])
+@pytest.mark.parametrize(
+    ("task", "rows"),
+    [
+        pytest.param(tasks.atomic_effect, [2], id="atomic: the zombie's writes roll back with its refused outcome"),
+        pytest.param(tasks.plain_effect, [1, 2], id="plain (the control): the zombie's writes landed"),
+    ],
+)
 def test_a_zombie_cannot_double_apply_an_atomic_tasks_writes(start_worker, tables, tmp_path, task, rows):
     job = task.enqueue(marker_dir=str(tmp_path))
     job_id = int(job.id)
@@ -62,11 +65,17 @@ def test_a_zombie_cannot_double_apply_an_atomic_tasks_writes(start_worker, table
     zombie.signal(signal.SIGSTOP)
 
     rescuer = start_worker("--queues", "faults", "--pool-size", "1", *FAST, env=OBSERVE_FAST)
-    wait_until(lambda: Job.objects.get(id=job.id).state == "succeeded", what="the second worker finishing the job", workers=[zombie, rescuer])
+    wait_until(
+        lambda: Job.objects.get(id=job.id).state == "succeeded",
+        what="the second worker finishing the job",
+        workers=[zombie, rescuer],
+    )
     (tmp_path / "go").touch()  # the zombie's handler returns as soon as it runs again
     zombie.signal(signal.SIGCONT)
     if task is tasks.atomic_effect:
-        wait_until(lambda: "the lease fence refused its outcome" in zombie.output, what="the zombie's outcome refused", workers=[zombie])
+        wait_until(
+            lambda: "the lease fence refused its outcome" in zombie.output, what="the zombie's outcome refused", workers=[zombie]
+        )
     else:
         wait_until(lambda: "gave up its lease" in zombie.output, what="the zombie giving its lease up", workers=[zombie])
     for worker in (zombie, rescuer):
@@ -79,7 +88,10 @@ def test_a_zombie_cannot_double_apply_an_atomic_tasks_writes(start_worker, table
     assert list(Attempt.objects.filter(job_id=job.id).values_list("state", flat=True)) == ["lapsed", "succeeded"]
     if task is tasks.atomic_effect:
         # The observer saw the lapse and the rescuer's success, never the zombie's refused one.
-        assert [(seen_job, attempt, kind) for _, seen_job, attempt, kind, _ in seen()] == [(job_id, 1, "lapsed"), (job_id, 2, "succeeded")]
+        assert [(seen_job, attempt, kind) for _, seen_job, attempt, kind, _ in seen()] == [
+            (job_id, 1, "lapsed"),
+            (job_id, 2, "succeeded"),
+        ]
         assert not Transition.objects.exists()  # every transition delivered
 
 
@@ -89,13 +101,17 @@ def test_an_observer_that_crashes_mid_delivery_is_delivered_again(start_worker, 
     the pass was settled; the next worker delivers everything, that one again."""
     jobs = [int(tasks.observed_work.enqueue(fail_first=(n == 0)).id) for n in range(3)]
     marker = tmp_path / "crashed"
-    crashing = start_worker("--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
+    crashing = start_worker(
+        "--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)}
+    )
     wait_until(lambda: crashing.process.poll() is not None, what="the observer killing its worker", workers=[crashing])
     assert crashing.process.returncode == 9, crashing.output
     assert len(seen()) == 1  # it recorded one delivery, then died before settling it
 
     # Every job finishes; the next worker's loop delivers what the dead one left.
-    survivor = start_worker("--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)})
+    survivor = start_worker(
+        "--queues", "faults", "--pool-size", "3", "--lease-duration", "2", *FAST, env={**OBSERVE_FAST, CRASH_ONCE: str(marker)}
+    )
     applied = lambda: sorted(  # noqa: E731
         # A job still running when the observer killed its worker lapses with it (forgiven, run again).
         (a.job_id, a.number, {"succeeded": "succeeded", "failed": "retried", "lapsed": "lapsed"}[a.state])
@@ -103,7 +119,8 @@ def test_an_observer_that_crashes_mid_delivery_is_delivered_again(start_worker, 
     )
     wait_until(
         lambda: all(Job.objects.get(id=j).state == "succeeded" for j in jobs) and not Transition.objects.exists(),
-        what="every job finished and every transition delivered", workers=[survivor],
+        what="every job finished and every transition delivered",
+        workers=[survivor],
     )
     survivor.signal(signal.SIGTERM)
     assert survivor.wait() == 0, survivor.output

@@ -36,7 +36,17 @@ def test_5a_one_pump_halts_alone_and_its_sibling_inherits_its_work(start_worker)
     poison = tasks.trips_the_driver.enqueue()
     first = enqueue_many([(tasks.work, (), {}) for _ in range(50)])
     worker = start_worker(
-        "--queues", "faults", "--pumps", "2", "--pool-size", "4", "--lease-duration", "1", "--health-port", "0", *FAST,
+        "--queues",
+        "faults",
+        "--pumps",
+        "2",
+        "--pool-size",
+        "4",
+        "--lease-duration",
+        "1",
+        "--health-port",
+        "0",
+        *FAST,
         env=faults_env(halt_on_task=POISON),
     )
     url = health_url(worker)
@@ -55,7 +65,9 @@ def test_5a_one_pump_halts_alone_and_its_sibling_inherits_its_work(start_worker)
     statuses = sorted(p["status"] for p in body["pumps"])
     assert statuses == ["halted", "healthy"]
     (halted,) = [p for p in body["pumps"] if p["status"] == "halted"]
-    assert halted["reason"].startswith("InvalidEvent: OutcomesWritten cannot be accepted in state RUNNING") and not halted["alive"]
+    assert (
+        halted["reason"].startswith("InvalidEvent: OutcomesWritten cannot be accepted in state RUNNING") and not halted["alive"]
+    )
 
     row = Pump.objects.get(worker_id=halted["worker_id"])
     assert (row.status, row.reason) == ("halted", halted["reason"])
@@ -75,7 +87,9 @@ def test_5b_a_group_whose_only_pump_halted_reads_halted(start_worker):
         {"name": "sound", "queues": ["faults"], "pumps": 1, "pool_size": 2},
     ]
     Job.objects.create(task_path=POISON, queue="faults-doomed", payload={"args": [], "kwargs": {}})
-    worker = start_worker("--health-port", "0", "--lease-duration", "2", *FAST, env=faults_env(halt_on_task=POISON, worker_groups=groups))
+    worker = start_worker(
+        "--health-port", "0", "--lease-duration", "2", *FAST, env=faults_env(halt_on_task=POISON, worker_groups=groups)
+    )
     url = health_url(worker)
     wait_until(lambda: http_get(url)[0] == 503, what="the endpoint answering 503", workers=[worker])
     code, body = http_get(url)
@@ -98,7 +112,9 @@ def test_5c_a_process_whose_every_pump_halted_stays_up_and_answers_503(start_wor
     health endpoint (503) until it is signalled, then exits 1."""
     groups = [{"name": "doomed", "queues": ["faults-doomed"], "pumps": 1, "pool_size": 2}]
     Job.objects.create(task_path=POISON, queue="faults-doomed", payload={"args": [], "kwargs": {}})
-    worker = start_worker("--health-port", "0", "--lease-duration", "2", *FAST, env=faults_env(halt_on_task=POISON, worker_groups=groups))
+    worker = start_worker(
+        "--health-port", "0", "--lease-duration", "2", *FAST, env=faults_env(halt_on_task=POISON, worker_groups=groups)
+    )
     url = health_url(worker)
     wait_until(lambda: "the process stays up" in worker.output, what="every pump halted", workers=[worker])
     code, body = http_get(url)

@@ -32,8 +32,12 @@ def running_job_under_a_lease(*, duration: float) -> tuple[uuid.UUID, int]:
     queue = f"parked-{uuid.uuid4().hex[:8]}"
     with PostgresStore.from_django() as store:
         lease_id = uuid.uuid4()
-        store.open_lease(lease_id=lease_id, worker_id="elsewhere:1:g:0:x", group="g", hostname="elsewhere", pid=1, duration=duration)
-        job = Job.objects.create(task_path=tasks.work.module_path, queue=queue, payload={"args": [], "kwargs": {}}, max_attempts=3)
+        store.open_lease(
+            lease_id=lease_id, worker_id="elsewhere:1:g:0:x", group="g", hostname="elsewhere", pid=1, duration=duration
+        )
+        job = Job.objects.create(
+            task_path=tasks.work.module_path, queue=queue, payload={"args": [], "kwargs": {}}, max_attempts=3
+        )
         (claimed,) = store.claim_jobs(lease_id=lease_id, worker_id="elsewhere:1:g:0:x", queues=[queue], limit=1)
         assert claimed.id == job.id
     return lease_id, job.id
@@ -77,11 +81,17 @@ def test_3_a_job_finishing_while_its_lease_is_expired_is_not_resurrected(start_w
     assert applied == [(job_a, 0)]  # (job id, dependents released)
     lapse(lease_a)  # the lease lapses while the write is still open
     lapse(canary)  # a lapsed lease nobody holds: proof that maintenance runs meanwhile
-    wait_until(lambda: not Lease.objects.filter(id=canary).exists(), what="maintenance expiring the canary lease", workers=[maintainer])
+    wait_until(
+        lambda: not Lease.objects.filter(id=canary).exists(), what="maintenance expiring the canary lease", workers=[maintainer]
+    )
     assert Lease.objects.filter(id=lease_a).exists(), "expiry must skip a lease whose write is in flight"
     write.commit()
     write.close()
-    wait_until(lambda: not Lease.objects.filter(id=lease_a).exists(), what="the lapsed lease being expired after the write", workers=[maintainer])
+    wait_until(
+        lambda: not Lease.objects.filter(id=lease_a).exists(),
+        what="the lapsed lease being expired after the write",
+        workers=[maintainer],
+    )
     assert (Job.objects.get(id=job_a).state, Job.objects.get(id=job_a).return_value) == ("succeeded", "done")
     assert list(Attempt.objects.filter(job_id=job_a).values_list("state", flat=True)) == ["succeeded"]
     assert list(Attempt.objects.filter(job_id=canary_job).values_list("state", flat=True)) == ["lapsed"]
@@ -119,7 +129,10 @@ def test_7_concurrent_maintenance_releases_each_lapsed_lease_and_mints_each_slot
             lease_id = uuid.uuid4()
             store.open_lease(lease_id=lease_id, worker_id=f"gone:{n}:g:0:x", group="g", hostname="gone", pid=n, duration=60)
             Job.objects.bulk_create(
-                [Job(task_path=tasks.work.module_path, queue="faults", payload={"args": [], "kwargs": {}}, max_attempts=3) for _ in range(2)]
+                [
+                    Job(task_path=tasks.work.module_path, queue="faults", payload={"args": [], "kwargs": {}}, max_attempts=3)
+                    for _ in range(2)
+                ]
             )
             assert len(store.claim_jobs(lease_id=lease_id, worker_id=f"gone:{n}:g:0:x", queues=["faults"], limit=2)) == 2
             leases.append(lease_id)
@@ -155,8 +168,14 @@ def test_7_concurrent_maintenance_releases_each_lapsed_lease_and_mints_each_slot
     sql("UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE id = ANY(%s)", [second])
 
     # Every released job runs (a 'work' job is instant), and slots keep coming for a while.
-    wait_until(lambda: Job.objects.filter(schedule__isnull=True, state="succeeded").count() == 120, what="every released job running", workers=workers)
-    wait_until(lambda: Job.objects.filter(schedule__isnull=False).count() >= 8 * 3, what="three slots of each schedule", workers=workers)
+    wait_until(
+        lambda: Job.objects.filter(schedule__isnull=True, state="succeeded").count() == 120,
+        what="every released job running",
+        workers=workers,
+    )
+    wait_until(
+        lambda: Job.objects.filter(schedule__isnull=False).count() >= 8 * 3, what="three slots of each schedule", workers=workers
+    )
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
@@ -171,7 +190,10 @@ def test_7_concurrent_maintenance_releases_each_lapsed_lease_and_mints_each_slot
     assert sum(released_by_threads) + logged == 120
 
     minted = Job.objects.filter(schedule__isnull=False)
-    assert sql("SELECT schedule_id, schedule_slot FROM backwave_job WHERE schedule_id IS NOT NULL GROUP BY 1, 2 HAVING count(*) > 1") == []
+    assert (
+        sql("SELECT schedule_id, schedule_slot FROM backwave_job WHERE schedule_id IS NOT NULL GROUP BY 1, 2 HAVING count(*) > 1")
+        == []
+    )
     minted_logged = sum(int(n) for w in workers for n in re.findall(r"Minted (\d+) job\(s\) from schedules", w.output))
     assert minted_logged == minted.count()
     assert Schedule.objects.count() == 8

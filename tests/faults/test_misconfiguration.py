@@ -37,7 +37,11 @@ def test_a_worker_on_a_database_it_can_never_use_halts_with_the_reason_and_answe
     worker = start_worker("--queues", "faults", "--pumps", "2", "--health-port", "0", *FAST, env=env)
     url = health_url(worker)
     # A halted pump tries to record why before its thread ends: wait for both to be over.
-    wait_until(lambda: http_get(url)[0] == 503 and not any(p["alive"] for p in http_get(url)[1]["pumps"]), what="503, every pump stopped", workers=[worker])
+    wait_until(
+        lambda: http_get(url)[0] == 503 and not any(p["alive"] for p in http_get(url)[1]["pumps"]),
+        what="503, every pump stopped",
+        workers=[worker],
+    )
     code, body = http_get(url)
     assert body["status"] == "halted" and body["groups"] == {"cli": "halted"}
     assert [p["status"] for p in body["pumps"]] == ["halted", "halted"]

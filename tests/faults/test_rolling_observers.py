@@ -43,8 +43,7 @@ def deliverer_connections() -> int:
     """Connections of other processes to this database whose last statement read the
     transitions: each observer loop's, once it has claimed."""
     (count,) = sql(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-        "AND query LIKE %s",
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
         ["%UPDATE backwave_transition AS t%"],
     )[0]
     return count
@@ -63,14 +62,22 @@ def test_a_worker_without_an_observer_leaves_its_deliveries_to_one_that_has_it(s
     # their transitions.
     wait_until(lambda: deliverer_connections() >= 2, what="both observer loops claiming", workers=[older, newer])
     Job.objects.filter(id__in=jobs).update(run_at=Now())
-    wait_until(lambda: Job.objects.filter(id__in=jobs, state="succeeded").count() == 5, what="the newer worker running the jobs", workers=[newer])
+    wait_until(
+        lambda: Job.objects.filter(id__in=jobs, state="succeeded").count() == 5,
+        what="the newer worker running the jobs",
+        workers=[newer],
+    )
+
     # Seen inside the pass; settled (deleted, or kept for 'added') at its end.
-    delivered_kept = lambda: [job for name, job in seen_by() if name == "kept"] == jobs and not Transition.objects.exclude(  # noqa: E731
-        delivered_to__contains=[KEPT]
-    ).exists()
+    def delivered_kept():
+        seen = [job for name, job in seen_by() if name == "kept"]
+        return seen == jobs and not Transition.objects.exclude(delivered_to__contains=[KEPT]).exists()
+
     wait_until(delivered_kept, what="the older worker delivering 'kept'", workers=[older])
     left = list(Transition.objects.order_by("job_id"))
-    assert [(t.job_id, sorted(t.observers), list(t.delivered_to)) for t in left] == [(job, sorted([KEPT, ADDED]), [KEPT]) for job in jobs]
+    assert [(t.job_id, sorted(t.observers), list(t.delivered_to)) for t in left] == [
+        (job, sorted([KEPT, ADDED]), [KEPT]) for job in jobs
+    ]
     # What the Transitions page reads: the older worker's loop, live, without 'added'.
     (registered,) = [d.observers for d in Deliverer.objects.filter(pid=older.process.pid)]
     assert KEPT in registered and ADDED not in registered
@@ -78,7 +85,11 @@ def test_a_worker_without_an_observer_leaves_its_deliveries_to_one_that_has_it(s
     newer.signal(signal.SIGTERM)  # the newer release's next worker delivers what waits for 'added'
     assert newer.wait() == 0, newer.output
     another = start_worker("--queues", "faults", *FAST, env=release(NEWER))
-    wait_until(lambda: not Transition.objects.exists(), what="the newer worker delivering what was left for 'added'", workers=[older, another])
+    wait_until(
+        lambda: not Transition.objects.exists(),
+        what="the newer worker delivering what was left for 'added'",
+        workers=[older, another],
+    )
     for worker in (older, another):
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0, worker.output

@@ -32,7 +32,11 @@ def test_1_a_worker_killed_holding_a_full_batch_loses_nothing(start_worker):
     results = enqueue_many([(tasks.slow_first_attempt, (60,), {}) for _ in range(8)])
     ids = {int(r.id) for r in results}
     doomed = start_worker("--queues", "faults", "--pool-size", "8", "--max-claim-batch", "8", "--lease-duration", "1.5", *FAST)
-    wait_until(lambda: Job.objects.filter(state="running").count() == 8, what="the first worker holding a full batch of 8", workers=[doomed])
+    wait_until(
+        lambda: Job.objects.filter(state="running").count() == 8,
+        what="the first worker holding a full batch of 8",
+        workers=[doomed],
+    )
     assert set(Job.objects.filter(state="running").values_list("id", flat=True)) == ids
     doomed.process.kill()
     doomed.wait()
@@ -72,7 +76,9 @@ def test_2_a_zombie_writes_late_and_changes_nothing(start_worker, stall):
     results = enqueue_many([(tasks.outlived, (), {}) for _ in range(4)])
     env = faults_env(trust_lease_for_ever=True, no_heartbeat=True) if stall == "blocked-heartbeat" else None
     zombie = start_worker("--queues", "faults", "--pool-size", "4", "--lease-duration", "1", *FAST, env=env)
-    wait_until(lambda: Job.objects.filter(state="running").count() == 4, what="the first worker running all four", workers=[zombie])
+    wait_until(
+        lambda: Job.objects.filter(state="running").count() == 4, what="the first worker running all four", workers=[zombie]
+    )
     if stall == "sigstop":
         zombie.signal(signal.SIGSTOP)
 
@@ -86,7 +92,11 @@ def test_2_a_zombie_writes_late_and_changes_nothing(start_worker, stall):
         zombie.signal(signal.SIGCONT)
         wait_until(lambda: "gave up its lease" in zombie.output, what="the zombie giving its lease up", workers=[zombie])
         # It carries on with a new lease, as a healthy pump.
-        wait_until(lambda: Lease.objects.filter(worker_id__startswith=worker_prefix(zombie)).exists(), what="the zombie opening a new lease", workers=[zombie])
+        wait_until(
+            lambda: Lease.objects.filter(worker_id__startswith=worker_prefix(zombie)).exists(),
+            what="the zombie opening a new lease",
+            workers=[zombie],
+        )
     else:
         # Written in one batch or several, as the handlers finish: four refused in all.
         wait_until(lambda: refused(zombie.output) == 4, what="the late writes being refused", workers=[zombie])
@@ -126,7 +136,9 @@ def test_6_a_job_that_kills_its_worker_every_time_fails_after_max_attempts(start
 
     # The survivor is not in a crash loop: it goes on running ordinary work.
     after = worker_tasks.noop.enqueue(5)
-    wait_until(lambda: Job.objects.get(id=after.id).state == "succeeded", what="the survivor running the next job", workers=[survivor])
+    wait_until(
+        lambda: Job.objects.get(id=after.id).state == "succeeded", what="the survivor running the next job", workers=[survivor]
+    )
     survivor.signal(signal.SIGTERM)
     assert survivor.wait() == 0, survivor.output
 
@@ -144,7 +156,11 @@ def test_7_a_crashing_job_costs_the_jobs_claimed_with_it_nothing(start_worker):
     restarts the worker after each death, as a supervisor would. Only the crasher pays: it fails
     once its attempts are used up, and each of the ten succeeds, its attempt killed beside the
     crasher not counted."""
-    results = enqueue_many([(tasks.work, (0.5,), {}) for _ in range(5)] + [(tasks.kills_its_worker, (), {})] + [(tasks.work, (0.5,), {}) for _ in range(5)])
+    results = enqueue_many(
+        [(tasks.work, (0.5,), {}) for _ in range(5)]
+        + [(tasks.kills_its_worker, (), {})]
+        + [(tasks.work, (0.5,), {}) for _ in range(5)]
+    )
     crasher = int(results[5].id)
     innocent = {int(r.id) for r in results} - {crasher}
 
@@ -154,7 +170,11 @@ def test_7_a_crashing_job_costs_the_jobs_claimed_with_it_nothing(start_worker):
     deaths, survivor = 0, None
     for _ in range(8):
         worker = start_worker("--queues", "faults", "--lease-duration", "1", *FAST)  # the default pool of 20
-        wait_until(lambda: worker.process.poll() is not None or settled(), what="the worker dying or every job settling", workers=[worker])
+        wait_until(
+            lambda: worker.process.poll() is not None or settled(),
+            what="the worker dying or every job settling",
+            workers=[worker],
+        )
         if worker.process.poll() is None:
             survivor = worker
             break

@@ -17,16 +17,25 @@ RETENTION = Retention(succeeded=3600.0, failed=86_400.0, cancelled=86_400.0, qua
 
 def job(state: str, *, finished_hours_ago: float | None, attempts: int = 0) -> int:
     """A job in ``state`` that finished that many hours ago by the database clock."""
-    created = Job.objects.create(task_path="app.tasks.t", payload={"args": [], "kwargs": {}}, state=state, attempts=attempts, max_attempts=3)
+    created = Job.objects.create(
+        task_path="app.tasks.t", payload={"args": [], "kwargs": {}}, state=state, attempts=attempts, max_attempts=3
+    )
     if finished_hours_ago is not None:
-        sql("UPDATE backwave_job SET finished_at = now() - make_interval(secs => %s) WHERE id = %s", [finished_hours_ago * 3600, created.id])
+        sql(
+            "UPDATE backwave_job SET finished_at = now() - make_interval(secs => %s) WHERE id = %s",
+            [finished_hours_ago * 3600, created.id],
+        )
     for number in range(1, attempts + 1):
         Attempt.objects.create(job=created, number=number, state="failed", worker_id="w")
     return created.id
 
 
 def test_only_finished_jobs_past_their_states_retention_are_purged(store):
-    old = [job("succeeded", finished_hours_ago=2, attempts=2), job("failed", finished_hours_ago=25, attempts=3), job("cancelled", finished_hours_ago=48)]
+    old = [
+        job("succeeded", finished_hours_ago=2, attempts=2),
+        job("failed", finished_hours_ago=25, attempts=3),
+        job("cancelled", finished_hours_ago=48),
+    ]
     kept = [
         job("succeeded", finished_hours_ago=0.5),  # too recent
         job("failed", finished_hours_ago=23),  # failures are kept longer
@@ -34,7 +43,9 @@ def test_only_finished_jobs_past_their_states_retention_are_purged(store):
         job("ready", finished_hours_ago=None),
     ]
     # A running job under a lease: never purged, whatever its timestamps say.
-    sql("INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, expires_at) VALUES (gen_random_uuid(), 'w', 'g', 'h', 1, now())")
+    sql(
+        "INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, expires_at) VALUES (gen_random_uuid(), 'w', 'g', 'h', 1, now())"
+    )
     running = Job.objects.create(task_path="t", payload={}, state="running", lease_id=sql("SELECT id FROM backwave_lease")[0][0])
     sql("UPDATE backwave_job SET finished_at = now() - interval '100 days' WHERE id = %s", [running.id])
 
@@ -82,8 +93,7 @@ def test_the_purge_walks_the_finished_index_not_the_table(store):
         cursor.execute("SET enable_seqscan = off")
         try:
             cursor.execute(
-                "EXPLAIN " + QUERIES["purge_jobs"],
-                {"older_than": '[{"state": "succeeded", "seconds": 60}]', "limit": 10},
+                "EXPLAIN " + QUERIES["purge_jobs"], {"older_than": '[{"state": "succeeded", "seconds": 60}]', "limit": 10}
             )
             plan = "\n".join(row[0] for row in cursor.fetchall())
         finally:

@@ -44,17 +44,36 @@ def test_sync_writes_each_schedule_with_the_job_fields_of_its_task(store):
         store,
         {
             "every-five": {"task": NOOP, "cron": "*/5 * * * *", "args": [7], "kwargs": {}},
-            "retried": {"task": worker_tasks.flaky.module_path, "cron": "0 3 * * *", "kwargs": {"succeed_on": 2}, "priority": 5, "queue": "slow"},
+            "retried": {
+                "task": worker_tasks.flaky.module_path,
+                "cron": "0 3 * * *",
+                "kwargs": {"succeed_on": 2},
+                "priority": 5,
+                "queue": "slow",
+            },
         },
         REGISTRY,
     )
     assert disabled == []
     five = Schedule.objects.get(name="every-five")
-    assert (five.task_path, five.cron, five.args, five.kwargs, five.queue, five.enabled) == (NOOP, "*/5 * * * *", [7], {}, "e2e", True)
+    assert (five.task_path, five.cron, five.args, five.kwargs, five.queue, five.enabled) == (
+        NOOP,
+        "*/5 * * * *",
+        [7],
+        {},
+        "e2e",
+        True,
+    )
     assert (five.max_attempts, five.backend, five.last_slot, five.next_run) == (3, "default", None, None)
     retried = Schedule.objects.get(name="retried")
     # The task's own retry options, the schedule's queue and priority.
-    assert (retried.queue, retried.priority, retried.max_attempts, retried.backoff_base, retried.backoff_max) == ("slow", 5, 3, 0.05, 0.05)
+    assert (retried.queue, retried.priority, retried.max_attempts, retried.backoff_base, retried.backoff_max) == (
+        "slow",
+        5,
+        3,
+        0.05,
+        0.05,
+    )
 
 
 def test_resync_keeps_next_run_unless_the_expression_changes_and_disables_what_is_gone(store):
@@ -64,7 +83,9 @@ def test_resync_keeps_next_run_unless_the_expression_changes_and_disables_what_i
     first = dict(Schedule.objects.values_list("name", "next_run"))
     assert all(first.values())
 
-    disabled = sync_schedules(store, {"a": {"task": NOOP, "cron": "*/5 * * * *", "args": [1]}, "c": {"task": NOOP, "cron": "0 0 * * *"}}, REGISTRY)
+    disabled = sync_schedules(
+        store, {"a": {"task": NOOP, "cron": "*/5 * * * *", "args": [1]}, "c": {"task": NOOP, "cron": "0 0 * * *"}}, REGISTRY
+    )
     assert disabled == ["b"]
     rows = {s.name: s for s in Schedule.objects.all()}
     assert rows["a"].next_run == first["a"] and rows["a"].args == [1]
@@ -86,7 +107,10 @@ def test_a_schedule_disabled_in_settings_mints_nothing(store):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ({"task": "tests.shell.worker_tasks.nop", "cron": "* * * * *"}, "not registered in this worker. Did you mean 'tests.shell.worker_tasks.noop'?"),
+        (
+            {"task": "tests.shell.worker_tasks.nop", "cron": "* * * * *"},
+            "not registered in this worker. Did you mean 'tests.shell.worker_tasks.noop'?",
+        ),
         ({"task": NOOP, "cron": "* * * * *", "args": [object()]}, "must be plain JSON"),
         ({"task": NOOP, "cron": "* * * * *", "queue": "nowhere"}, "is not one of backend 'default''s QUEUES"),
     ],
@@ -122,7 +146,14 @@ def test_a_due_slot_becomes_one_job_like_an_enqueued_one(store):
     assert job.schedule_id == schedule.id and job.schedule_slot == schedule.last_slot == job.run_at
     assert job.schedule_slot <= now and job.schedule_slot.minute % 5 == 0 and job.schedule_slot.second == 0
     assert now - job.schedule_slot < timedelta(minutes=5), "the latest slot that has passed"
-    assert (job.task_path, job.payload, job.queue, job.state, job.attempts, job.max_attempts) == (NOOP, {"args": [42], "kwargs": {}}, "e2e", "ready", 0, 3)
+    assert (job.task_path, job.payload, job.queue, job.state, job.attempts, job.max_attempts) == (
+        NOOP,
+        {"args": [42], "kwargs": {}},
+        "e2e",
+        "ready",
+        0,
+        3,
+    )
     assert schedule.next_run > now
     assert mint_due(store) == []
 
@@ -141,7 +172,9 @@ def test_a_minted_job_carries_its_tasks_per_key_limit_key(store):
     """A schedule of a task with limit_by mints jobs under that key, as an enqueue would: without
     it a scheduled job would run outside its queue's per-key limit."""
     registry = TaskRegistry([worker_tasks.per_customer])
-    sync_schedules(store, {"nightly": {"task": worker_tasks.per_customer.module_path, "cron": "*/5 * * * *", "args": ["acme"]}}, registry)
+    sync_schedules(
+        store, {"nightly": {"task": worker_tasks.per_customer.module_path, "cron": "*/5 * * * *", "args": ["acme"]}}, registry
+    )
     assert Schedule.objects.get().limit_key == "acme"
     mint_due(store)
     due_in_the_past("nightly", minutes=10)
@@ -194,7 +227,9 @@ def test_each_slot_is_one_job_by_constraint(store):
         Job.objects.create(task_path=NOOP, payload={"args": [], "kwargs": {}}, schedule=schedule, schedule_slot=slot)
     # The mint runs into it and does nothing, whatever last_slot says.
     sql("UPDATE backwave_schedule SET next_run = %s", [slot])
-    minted = store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=slot, next_run=slot + timedelta(minutes=1))])
+    minted = store.mint_schedules_many(
+        slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=slot, next_run=slot + timedelta(minutes=1))]
+    )
     assert minted == []
     assert Job.objects.filter(schedule=schedule).count() == 1
 
@@ -206,7 +241,9 @@ def test_an_older_slot_than_the_last_minted_is_never_minted(store):
     (job_id,) = mint_due(store)
     schedule = Schedule.objects.get()
     sql("UPDATE backwave_schedule SET next_run = now() - interval '1 second'")  # due again
-    stale = ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot - timedelta(minutes=5), next_run=schedule.next_run)
+    stale = ScheduleSlot(
+        schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot - timedelta(minutes=5), next_run=schedule.next_run
+    )
     assert store.mint_schedules_many(slots=[stale]) == []
     assert Schedule.objects.get().last_slot == schedule.last_slot
 

@@ -57,7 +57,10 @@ class Bouncer:
         """A SHOW command of PgBouncer's admin console (simple query protocol: psql)."""
         out = subprocess.run(
             ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "pgbouncer", "--csv", "-c", f"SHOW {what}"],
-            capture_output=True, text=True, check=True, env={**os.environ, "PGCONNECT_TIMEOUT": "5"},
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PGCONNECT_TIMEOUT": "5"},
         ).stdout
         lines = out.strip().splitlines()
         header = lines[0].split(",")
@@ -103,7 +106,12 @@ def pgbouncer(django_db_setup, django_db_blocker) -> Bouncer:
     port = free_port()
     target = " ".join(
         f"{key}={value}"
-        for key, value in (("host", server.get("HOST") or "127.0.0.1"), ("port", server.get("PORT") or 5432), ("user", server.get("USER") or "postgres"), ("password", server.get("PASSWORD")))
+        for key, value in (
+            ("host", server.get("HOST") or "127.0.0.1"),
+            ("port", server.get("PORT") or 5432),
+            ("user", server.get("USER") or "postgres"),
+            ("password", server.get("PASSWORD")),
+        )
         if value
     )
     settings = [
@@ -130,7 +138,9 @@ def pgbouncer(django_db_setup, django_db_blocker) -> Bouncer:
         user = pwd.getpwnam(run_as[1])
         for path in (folder, *folder.iterdir()):
             os.chown(path, user.pw_uid, user.pw_gid)
-    process = subprocess.Popen([PGBOUNCER, *run_as, str(folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [PGBOUNCER, *run_as, str(folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     bouncer = Bouncer(port=port, version=version, log_path=folder / "pgbouncer.log", process=process)
     deadline = time.monotonic() + 15
     while True:

@@ -45,8 +45,12 @@ def finished(metrics_url: str) -> float:
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
         body = response.read().decode()
     return sum(
-        sample.value for family in text_string_to_metric_families(body) for sample in family.samples
-        if sample.name == "backwave_jobs_finished_total" and sample.labels["task"] == NOOP and sample.labels["outcome"] == "succeeded"
+        sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "backwave_jobs_finished_total"
+        and sample.labels["task"] == NOOP
+        and sample.labels["outcome"] == "succeeded"
     )
 
 
@@ -68,7 +72,9 @@ def test_a_worker_polling_through_pgbouncer_does_everything(pgbouncer, start_wor
     # A dead worker's lease, lapsed, with three jobs still running under it: maintenance must
     # release them through PgBouncer, and the worker run them again.
     dead = make_lease("dead:1:cli:0:gone", -5, group="cli")
-    stranded = JobFactory.create_batch(3, task_path=NOOP, queue="e2e", state="running", lease_id=dead.id, attempts=1, payload={"args": [7], "kwargs": {}})
+    stranded = JobFactory.create_batch(
+        3, task_path=NOOP, queue="e2e", state="running", lease_id=dead.id, attempts=1, payload={"args": [7], "kwargs": {}}
+    )
     before = pgbouncer.transactions(database)
 
     manage(pgbouncer, "shell", "-c", ENQUEUE % {"noops": 60})  # one INSERT for many jobs
@@ -76,7 +82,9 @@ def test_a_worker_polling_through_pgbouncer_does_everything(pgbouncer, start_wor
     assert Job.objects.filter(state="ready").count() == 62, "enqueued through PgBouncer"
 
     worker = start_worker(*WORKER, "--no-hints", "--poll-interval", "0.05", env=pgbouncer.worker_env())
-    wait_until(lambda: not Job.objects.exclude(state__in=["succeeded", "failed"]).exists(), what="every job finished", workers=[worker])
+    wait_until(
+        lambda: not Job.objects.exclude(state__in=["succeeded", "failed"]).exists(), what="every job finished", workers=[worker]
+    )
 
     assert Job.objects.filter(task_path=NOOP, state="succeeded").count() == 63
     failing = Job.objects.get(task_path="tests.shell.worker_tasks.always_fails")
@@ -91,9 +99,12 @@ def test_a_worker_polling_through_pgbouncer_does_everything(pgbouncer, start_wor
 
     # Heartbeats: the worker's lease is renewed (every 2/3 s at a 2 s lease), and so is its health row.
     wait_until(
-        lambda: Lease.objects.filter(worker_id__contains=":cli:", renewed_at__gt=F("created_at")).exists()
-        and Pump.objects.filter(last_heartbeat_at__gt=F("started_at")).exists(),
-        what="a heartbeat landing", workers=[worker],
+        lambda: (
+            Lease.objects.filter(worker_id__contains=":cli:", renewed_at__gt=F("created_at")).exists()
+            and Pump.objects.filter(last_heartbeat_at__gt=F("started_at")).exists()
+        ),
+        what="a heartbeat landing",
+        workers=[worker],
     )
     assert pgbouncer.transactions(database) - before > 20, "the work went through PgBouncer"
 
@@ -111,7 +122,9 @@ def test_wake_up_hints_over_a_direct_connection_while_the_rest_goes_through_pgbo
     # Polls an hour apart: a job that runs at once was woken by a hint.
     worker = start_worker(*WORKER, "--poll-interval", "3600", "--health-port", "0", env=pgbouncer.worker_env(hints_direct=True))
     url = health_url(worker)
-    wait_until(lambda: http_get(url)[1]["hints"]["default"]["status"] == "listening", what="the listener listening", workers=[worker])
+    wait_until(
+        lambda: http_get(url)[1]["hints"]["default"]["status"] == "listening", what="the listener listening", workers=[worker]
+    )
     wait_until(lambda: Pump.objects.exists(), what="the pump opening its lease", workers=[worker])
 
     manage(pgbouncer, "shell", "-c", ENQUEUE % {"noops": 5}, hints_direct=True)
@@ -139,7 +152,9 @@ def test_prepared_statements_survive_a_change_of_server_connection_only_as_docum
 
     conninfo = {**django_conninfo(connection.settings_dict), "host": "127.0.0.1", "port": pgbouncer.port}
     options = pgbouncer.options if documented else {}
-    store = PostgresStore(conninfo, **({"prepare_threshold": options["prepare_threshold"]} if "prepare_threshold" in options else {}))
+    store = PostgresStore(
+        conninfo, **({"prepare_threshold": options["prepare_threshold"]} if "prepare_threshold" in options else {})
+    )
     lease = make_lease("pinned:1:g:0:x", 30)
     try:
         for _ in range(3):  # prepared on the server connection the store is on

@@ -43,11 +43,7 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "backwave_worker", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "manage.py", "backwave_worker", *args], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     @property

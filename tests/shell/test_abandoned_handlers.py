@@ -22,7 +22,6 @@ from tests.shell.conftest import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 class LeaseWatchingStore:
     """A real PostgresStore that records the leases opened, renewals landed and jobs claimed."""
 
@@ -64,7 +63,9 @@ class LeaseWatchingStore:
 def expire_the_lease_of(pump: Pump) -> int:
     """What maintenance on another node does once a lease lapsed: its jobs are ready again."""
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE worker_id = %s", [pump.worker_id])
+        cursor.execute(
+            "UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE worker_id = %s", [pump.worker_id]
+        )
     with PostgresStore.from_django() as store:
         return store.expire_leases(limit=10)
 
@@ -81,7 +82,13 @@ def test_after_a_lease_loss_a_job_is_claimed_only_when_a_thread_is_free_for_it(h
     hung = int(enqueue_many([(handlers.hangs_until_released, (), {})])[0].id)
     store = LeaseWatchingStore()
     options = WorkerGroupOptions(
-        name="abandon", policy=Strict("e2e"), pool_size=1, poll_interval=0.05, lease_duration=2.0, maintenance_interval=3600, drain_timeout=5
+        name="abandon",
+        policy=Strict("e2e"),
+        pool_size=1,
+        poll_interval=0.05,
+        lease_duration=2.0,
+        maintenance_interval=3600,
+        drain_timeout=5,
     )
     registry = TaskRegistry([handlers.hangs_until_released, handlers.records_start])
     pump = Pump(options, 0, store_factory=lambda: store, registry=registry)

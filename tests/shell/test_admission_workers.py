@@ -60,7 +60,9 @@ def test_a_rate_limit_of_fifty_a_second_holds_across_two_workers(start_worker):
     total = 650
     enqueue_many([(worker_tasks.rated_noop, (n,), {}) for n in range(total)])
     workers = [start_worker("--queues", "rated", "--pool-size", "10", *FAST) for _ in range(2)]
-    workers[0].wait_for(lambda: Job.objects.filter(queue="rated", state="succeeded").count() == total, timeout=60, what="every rated job done")
+    workers[0].wait_for(
+        lambda: Job.objects.filter(queue="rated", state="succeeded").count() == total, timeout=60, what="every rated job done"
+    )
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
@@ -72,12 +74,22 @@ def test_a_rate_limit_of_fifty_a_second_holds_across_two_workers(start_worker):
     first = min(windows)
     ten_seconds = sum(windows[first + n] for n in range(1, 11))  # the ten full windows after the first
     assert 450 <= ten_seconds <= 550, sorted(windows.items())
-    assert len({":".join(worker_id.split(":")[:2]) for worker_id in Job.objects.filter(queue="rated").values_list("worker_id", flat=True)}) == 2
+    assert (
+        len(
+            {
+                ":".join(worker_id.split(":")[:2])
+                for worker_id in Job.objects.filter(queue="rated").values_list("worker_id", flat=True)
+            }
+        )
+        == 2
+    )
     assert math.isclose(Queue.objects.get(name="rated").rate_period, 1.0)
 
 
 @pytest.mark.parametrize(
-    "task", [worker_tasks.overruns_under_a_key.using(limit_key="acme"), worker_tasks.overruns_in_a_queue], ids=["per-key", "queue"]
+    "task",
+    [worker_tasks.overruns_under_a_key.using(limit_key="acme"), worker_tasks.overruns_in_a_queue],
+    ids=["per-key", "queue"],
 )
 def test_a_handler_past_its_time_limit_counts_against_the_limit_until_it_returns(start_worker, tmp_path, task):
     """Each first attempt runs a second past its 0.2 s time limit, never looking at should_stop:
@@ -88,12 +100,14 @@ def test_a_handler_past_its_time_limit_counts_against_the_limit_until_it_returns
     results = enqueue_many([(task, (str(tally),), {}) for _ in range(3)])
     worker = start_worker("--queues", task.queue_name, "--pool-size", "4", *FAST)
     ids = [result.id for result in results]
+
     def tally_read():
         return json.loads(tally.read_text() or "{}") if tally.exists() else {}
 
     worker.wait_for(
         lambda: Job.objects.filter(id__in=ids, state="succeeded").count() == 3 and tally_read().get("running") == 0,
-        timeout=60, what="every job's retry succeeding and every handler returning",
+        timeout=60,
+        what="every job's retry succeeding and every handler returning",
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output

@@ -39,7 +39,9 @@ def test_a_timed_out_attempt_is_retried_while_its_thread_goes_on(start_worker):
 def test_a_handler_past_its_hard_limit_costs_its_process_and_a_fresh_one_runs_the_retry(start_worker):
     result = worker_tasks.hangs_on_first_attempt.enqueue()
     worker = start_worker("--queues", "e2e", "--processes", "1", "--hard-time-limits", "0.5", "--drain-timeout", "2", *FAST)
-    worker.wait_for(lambda: Job.objects.get(id=result.id).state == "succeeded", timeout=60, what="the retry succeeding in a new process")
+    worker.wait_for(
+        lambda: Job.objects.get(id=result.id).state == "succeeded", timeout=60, what="the retry succeeding in a new process"
+    )
     worker.signal(signal.SIGTERM)
     worker.wait()
     first, second = _attempts(result.id)
@@ -63,7 +65,7 @@ def test_a_running_job_cancelled_from_the_admin_ends_cancelled(start_worker):
     client = Client()
     client.force_login(operator)
     response = client.post(
-        reverse("admin:backwave_job_changelist"), {"action": "cancel", "_selected_action": [result.id]}, follow=True,
+        reverse("admin:backwave_job_changelist"), {"action": "cancel", "_selected_action": [result.id]}, follow=True
     )
     assert "ends cancelled" in response.content.decode()
     worker.wait_for(lambda: Job.objects.get(id=result.id).state == "cancelled", what="the job ending cancelled", timeout=30)

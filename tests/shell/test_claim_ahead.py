@@ -24,8 +24,15 @@ def drain_on_one_thread(task, *, claim_ahead: int, store_factory=PostgresStore.f
     linger); it drains cleanly and stays healthy."""
     enqueue_many([(task, (), {}) for _ in range(8)])
     options = WorkerGroupOptions(
-        name="ahead", policy=Strict("e2e"), pool_size=1, max_claim_batch=4, claim_ahead=claim_ahead, outcome_linger=0.0,
-        poll_interval=0.05, maintenance_interval=3600, lease_duration=600,
+        name="ahead",
+        policy=Strict("e2e"),
+        pool_size=1,
+        max_claim_batch=4,
+        claim_ahead=claim_ahead,
+        outcome_linger=0.0,
+        poll_interval=0.05,
+        maintenance_interval=3600,
+        lease_duration=600,
     )
     pump = Pump(options, 0, store_factory=store_factory, registry=TaskRegistry([task]))
     pump.start()

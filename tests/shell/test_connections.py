@@ -29,8 +29,7 @@ def test_orm_jobs_open_at_most_one_session_per_handler_thread(start_worker):
 def test_a_connection_past_the_worker_max_age_is_replaced(start_worker):
     enqueue_many([(worker_tasks.backend_pid, (), {}) for _ in range(20)])
     worker = start_worker(
-        "--queues", "e2e", "--pool-size", "1", "--until-idle", *FAST,
-        env={"BACKWAVE_TEST_WORKER_CONN_MAX_AGE": "0"},
+        "--queues", "e2e", "--pool-size", "1", "--until-idle", *FAST, env={"BACKWAVE_TEST_WORKER_CONN_MAX_AGE": "0"}
     )
     assert worker.wait() == 0, worker.output
     # A maximum age of 0 gives each attempt a fresh session, as Django's request cycle would.

@@ -27,7 +27,9 @@ FAST = ("--poll-interval", "0.05", "--maintenance-interval", "0.5", "--log-every
 
 def _listeners(alias: str) -> int:
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()"
+        )
         return cursor.fetchone()[0]
 
 
@@ -42,12 +44,16 @@ def test_jobs_of_a_backend_on_another_database_run_woken_by_that_databases_hints
     # Poll every 60 s: only a wake-up hint from the other database can start its jobs in time.
     worker = start_worker("--queues", "e2e,remote", "--poll-interval", "60", "--log-every", "60")
     worker.wait_for(lambda: _listeners("default") == 1 and _listeners("other") == 1, what="a hint listener on each database")
-    worker.wait_for(lambda: Lease.objects.count() == 1 and Lease.objects.using("other").count() == 1, what="a pump on each database")
+    worker.wait_for(
+        lambda: Lease.objects.count() == 1 and Lease.objects.using("other").count() == 1, what="a pump on each database"
+    )
     time.sleep(0.3)  # let the pumps' first (empty) claims finish: the jobs must come from the hint
     results = enqueue_many([(worker_tasks.remote_echo, (i,), {}) for i in range(5)])
     assert Job.objects.using("other").count() == 5 and Job.objects.count() == 0
 
-    worker.wait_for(lambda: Job.objects.using("other").filter(state="succeeded").count() == 5, timeout=20, what="the remote jobs running")
+    worker.wait_for(
+        lambda: Job.objects.using("other").filter(state="succeeded").count() == 5, timeout=20, what="the remote jobs running"
+    )
     assert [worker_tasks.remote_echo.get_result(r.id).return_value for r in results] == [{"n": i} for i in range(5)]
     # The pump of the other database keeps its health row there.
     assert set(Pump.objects.using("other").values_list("group", flat=True)) == {"cli"}
@@ -70,7 +76,8 @@ def test_configured_groups_write_schedules_and_queue_settings_to_their_database(
     worker = start_worker(*FAST, env=env)
     # Maintenance on the other database mints the remote schedule's slots, and its pump runs them.
     worker.wait_for(
-        lambda: Job.objects.using("other").filter(state="succeeded", return_value={"n": 7}).exists(), what="a minted remote job running"
+        lambda: Job.objects.using("other").filter(state="succeeded", return_value={"n": 7}).exists(),
+        what="a minted remote job running",
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output
@@ -100,7 +107,10 @@ def test_a_misspelt_database_is_a_clear_error_at_start(settings):
     with pytest.raises(CommandError, match=r"--database 'othre' is not in DATABASES \(default, other\)\. Did you mean 'other'\?"):
         call_command("backwave_worker", "--queues", "remote", "--database", "othre")
     settings.BACKWAVE = {"WORKER_GROUPS": [{"name": "pinned", "queues": ["e2e"], "database": "othre"}]}
-    with pytest.raises(CommandError, match=r"Worker Group 'pinned': database 'othre' is not in DATABASES \(default, other\)\. Did you mean 'other'\?"):
+    with pytest.raises(
+        CommandError,
+        match=r"Worker Group 'pinned': database 'othre' is not in DATABASES \(default, other\)\. Did you mean 'other'\?",
+    ):
         call_command("backwave_worker")
 
 
@@ -128,6 +138,8 @@ def test_a_groups_database_must_be_an_alias():
     from backwave.core.options import WorkerGroupConfigError
     from backwave.conf import group_from_mapping
 
-    with pytest.raises(WorkerGroupConfigError, match=r"Worker Group 'g': database must be a DATABASES alias \(a string\) or None, got 5"):
+    with pytest.raises(
+        WorkerGroupConfigError, match=r"Worker Group 'g': database must be a DATABASES alias \(a string\) or None, got 5"
+    ):
         group_from_mapping({"name": "g", "database": 5})
     assert group_from_mapping({"name": "g", "database": "other"}).database == "other"

@@ -33,11 +33,20 @@ def test_the_executor_loads_without_django():
 
 def test_the_executor_starts_no_thread_and_reads_no_clock_or_randomness_of_its_own():
     tree = ast.parse(Path(executor_module.__file__).read_text())
-    typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING" for node in ast.walk(block)}
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in ast.walk(block)
+    }
     nodes = [node for node in ast.walk(tree) if id(node) not in typing_only]
     imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module and not node.level}
-    called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "") for node in nodes if isinstance(node, ast.Call)}
+    called = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in nodes
+        if isinstance(node, ast.Call)
+    }
     assert not imported & {"threading", "time", "random", "secrets", "asyncio", "queue", "socket", "os"}
     assert not called & {"now", "monotonic", "perf_counter", "time", "uuid1", "uuid4", "urandom", "Thread", "sleep"}
 
@@ -46,8 +55,15 @@ def test_the_executor_starts_no_thread_and_reads_no_clock_or_randomness_of_its_o
 def test_lease_expiry_releases_as_many_jobs_as_the_command_says():
     store = PostgresStore.from_django()
     executor = Executor(
-        store, options=OPTIONS, worker_id="test:1:g:0", hostname="test", pid=1, clock=lambda: 0.0, jitter=lambda: 0.0,
-        time_zone=lambda: UTC, new_lease_id=uuid.uuid4,
+        store,
+        options=OPTIONS,
+        worker_id="test:1:g:0",
+        hostname="test",
+        pid=1,
+        clock=lambda: 0.0,
+        jitter=lambda: 0.0,
+        time_zone=lambda: UTC,
+        new_lease_id=uuid.uuid4,
     )
     try:
         JobFactory.create_batch(3)

@@ -23,8 +23,9 @@ from tests.shell.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REGISTRY = TaskRegistry([worker_tasks.noop, worker_tasks.flaky, worker_tasks.waits_for_gate_on_first_attempt, worker_tasks.overruns_first_attempt])
-
+REGISTRY = TaskRegistry(
+    [worker_tasks.noop, worker_tasks.flaky, worker_tasks.waits_for_gate_on_first_attempt, worker_tasks.overruns_first_attempt]
+)
 
 
 def _recorder():
@@ -34,16 +35,18 @@ def _recorder():
 
     def record(sender, task_result, **kwargs):
         written = Attempt.objects.filter(job_id=int(task_result.id)).count()
-        seen.append({
-            "sender": sender,
-            "job": int(task_result.id),
-            "attempt": task_result.attempts,
-            "status": task_result.status.name,
-            "value": task_result.return_value if task_result.status.name == "SUCCESSFUL" else None,
-            "errors": [e.exception_class_path for e in task_result.errors],
-            "written": written,
-            "thread": threading.current_thread().name,
-        })
+        seen.append(
+            {
+                "sender": sender,
+                "job": int(task_result.id),
+                "attempt": task_result.attempts,
+                "status": task_result.status.name,
+                "value": task_result.return_value if task_result.status.name == "SUCCESSFUL" else None,
+                "errors": [e.exception_class_path for e in task_result.errors],
+                "written": written,
+                "thread": threading.current_thread().name,
+            }
+        )
 
     return seen, record
 
@@ -61,7 +64,9 @@ def pump_factory():
     pumps = []
 
     def start(**overrides):
-        options = dict(name="signals", policy=Strict("e2e"), pool_size=4, poll_interval=0.05, maintenance_interval=3600, lease_duration=600)
+        options = dict(
+            name="signals", policy=Strict("e2e"), pool_size=4, poll_interval=0.05, maintenance_interval=3600, lease_duration=600
+        )
         pump = Pump(WorkerGroupOptions(**{**options, **overrides}), 0, store_factory=PostgresStore.from_django, registry=REGISTRY)
         pumps.append(pump)
         pump.start()
@@ -119,7 +124,9 @@ def test_an_outcome_the_fence_refuses_sends_nothing(received, pump_factory):
     pump = pump_factory()  # heartbeat every 200 s: the pump does not notice the lease lapse before it writes
     wait_until(lambda: worker_tasks.ENTERED == [int(result.id)], what="the first attempt starting")
     with connection.cursor() as cursor:  # lapsed by the database clock, before the outcome is written
-        cursor.execute("UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE worker_id = %s", [pump.worker_id])
+        cursor.execute(
+            "UPDATE backwave_lease SET expires_at = now() - interval '1 second' WHERE worker_id = %s", [pump.worker_id]
+        )
 
     worker_tasks.GATE.set()
     wait_until(lambda: pump.driver.stats.lost == 1, what="the fence refusing the outcome")

@@ -141,12 +141,15 @@ def test_a_broken_snapshot_is_a_500_not_a_healthy_answer():
 
 def pump(worker_id, group="g", status="healthy", *, seconds_ago=0.0, reason="", lease_duration=30.0, lease_expires_in=30.0):
     """A pump's row and (unless ``lease_expires_in`` is None) its lease, as a running pump holds one."""
-    Pump.objects.create(worker_id=worker_id, group=group, hostname="h", pid=1, status=status, reason=reason, lease_duration=lease_duration)
+    Pump.objects.create(
+        worker_id=worker_id, group=group, hostname="h", pid=1, status=status, reason=reason, lease_duration=lease_duration
+    )
     if lease_expires_in is not None:
         make_lease(worker_id, lease_expires_in, group=group, hostname="h", pid=1)
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE backwave_pump SET last_heartbeat_at = now() - make_interval(secs => %s) WHERE worker_id = %s", [seconds_ago, worker_id]
+            "UPDATE backwave_pump SET last_heartbeat_at = now() - make_interval(secs => %s) WHERE worker_id = %s",
+            [seconds_ago, worker_id],
         )
 
 
@@ -275,10 +278,24 @@ def test_the_health_port_of_a_worker_under_hard_time_limits_outlives_its_replace
         port = probe.getsockname()[1]
     result = worker_tasks.hangs_on_first_attempt.enqueue()
     worker = start_worker(
-        "--queues", "e2e", "--hard-time-limits", "0.5", "--drain-timeout", "2", "--health-port", str(port),
-        "--poll-interval", "0.05", "--maintenance-interval", "0.5", "--log-every", "0.5",
+        "--queues",
+        "e2e",
+        "--hard-time-limits",
+        "0.5",
+        "--drain-timeout",
+        "2",
+        "--health-port",
+        str(port),
+        "--poll-interval",
+        "0.05",
+        "--maintenance-interval",
+        "0.5",
+        "--log-every",
+        "0.5",
     )
-    worker.wait_for(lambda: Job.objects.get(id=result.id).state == "succeeded", timeout=60, what="the retry succeeding in a new process")
+    worker.wait_for(
+        lambda: Job.objects.get(id=result.id).state == "succeeded", timeout=60, what="the retry succeeding in a new process"
+    )
     served = re.findall(r"Health endpoint on http://127\.0\.0\.1:(\d+)/ \(pid (\d+)\)", worker.output)
     assert [int(p) for p, _ in served] == [port, port], worker.output  # the first process, then its replacement
     code, body = get(f"http://127.0.0.1:{port}/")
@@ -323,7 +340,9 @@ def test_a_worker_calls_a_due_queue_that_no_live_pump_serves_degraded_and_says_w
 @pytest.mark.django_db(databases=["default", "other"])
 def test_pumps_of_other_databases_are_read_with_database_and_judged_per_database():
     pump("h:1:g:0", group="g")
-    Pump.objects.using("other").create(worker_id="h:1:g:1", group="g", hostname="h", pid=1, status="halted", reason="boom", lease_duration=30.0)
+    Pump.objects.using("other").create(
+        worker_id="h:1:g:1", group="g", hostname="h", pid=1, status="halted", reason="boom", lease_duration=30.0
+    )
     code, out = run_health()
     assert code == 0 and "h:1:g:1" not in out, "default only, unless told"
     code, out = run_health("--database", "default", "--database", "other")

@@ -37,7 +37,6 @@ from tests.shell.conftest import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def notify(queue: str) -> None:
     """What a committed enqueue sends."""
     with psycopg.connect(**django_conninfo(connection.settings_dict), autocommit=True) as conn:
@@ -57,7 +56,9 @@ def listener():
     made = []
 
     def make(**connect_overrides) -> HintListener:
-        made.append(HintListener({**django_conninfo(connection.settings_dict), **connect_overrides}, max_backoff=0.2, wait_step=0.05))
+        made.append(
+            HintListener({**django_conninfo(connection.settings_dict), **connect_overrides}, max_backoff=0.2, wait_step=0.05)
+        )
         return made[-1]
 
     yield make
@@ -128,9 +129,15 @@ def running_worker():
     started = []
 
     def start(hints: HintListener) -> Worker:
-        group = WorkerGroupOptions(name="health", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, database="default")
+        group = WorkerGroupOptions(
+            name="health", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, database="default"
+        )
         worker = Worker(
-            [group], store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.noop]), hints={"default": hints}, health_port=0
+            [group],
+            store_factory=PostgresStore.from_django,
+            registry=TaskRegistry([worker_tasks.noop]),
+            hints={"default": hints},
+            health_port=0,
         )
         thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, name="worker-main")
         thread.start()
@@ -211,9 +218,21 @@ def test_hints_idle_checks_and_health_never_touch_the_driver_off_the_pump_thread
     (the deque a hint used to iterate is mutated by the pump thread at the same time)."""
     enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(300)])
     group = WorkerGroupOptions(
-        name="threads", policy=Strict("e2e"), pool_size=8, max_claim_batch=4, poll_interval=0.05, maintenance_interval=3600, database="default"
+        name="threads",
+        policy=Strict("e2e"),
+        pool_size=8,
+        max_claim_batch=4,
+        poll_interval=0.05,
+        maintenance_interval=3600,
+        database="default",
     )
-    worker = Worker([group], store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.noop]), health_port=0, log_every=0.05)
+    worker = Worker(
+        [group],
+        store_factory=PostgresStore.from_django,
+        registry=TaskRegistry([worker_tasks.noop]),
+        health_port=0,
+        log_every=0.05,
+    )
     (pump,) = worker.pumps
     stop, sent = threading.Event(), Counter()
 
@@ -271,7 +290,9 @@ class BlockingFirstClaim:
 def test_a_burst_of_hints_while_the_pump_is_busy_wakes_it_once_and_costs_one_claim(owned_driver):
     store = BlockingFirstClaim()
     # Room left while the first claim is in flight (it asks for 2 of 4 slots), and no poll due.
-    options = WorkerGroupOptions(name="burst", policy=Strict("e2e"), pool_size=4, max_claim_batch=2, poll_interval=3600, maintenance_interval=3600)
+    options = WorkerGroupOptions(
+        name="burst", policy=Strict("e2e"), pool_size=4, max_claim_batch=2, poll_interval=3600, maintenance_interval=3600
+    )
     pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.noop]))
     pump.start()
     try:

@@ -44,7 +44,9 @@ def finished_jobs(database: MemoryDatabase, kinds):
     for _ in kinds:
         database.insert_job(task_path="app.tasks.t", queue="default", priority=0, max_attempts=3, backoff_base=1, backoff_max=1)
     jobs = store.claim_jobs(lease_id=lease, worker_id="w", queues=["default"], limit=len(kinds))
-    store.write_outcomes_many(lease_id=lease, outcomes=[OutcomeRecord(job_id=j.id, attempt=1, kind=k, retry_delay=1) for j, k in zip(jobs, kinds)])
+    store.write_outcomes_many(
+        lease_id=lease, outcomes=[OutcomeRecord(job_id=j.id, attempt=1, kind=k, retry_delay=1) for j, k in zip(jobs, kinds)]
+    )
     return [j.id for j in jobs]
 
 
@@ -52,8 +54,11 @@ def loop_on(database: MemoryDatabase, **options) -> ObserverLoop:
     SEEN.clear()
     SCOPES.clear()
     return ObserverLoop(
-        store_factory=lambda: InMemoryStore(database), registry=REGISTRY, options=DeliveryOptions(backoff_base=0, backoff_max=0, **options),
-        enter=lambda: SCOPES.append("enter"), leave=lambda: SCOPES.append("leave"),
+        store_factory=lambda: InMemoryStore(database),
+        registry=REGISTRY,
+        options=DeliveryOptions(backoff_base=0, backoff_max=0, **options),
+        enter=lambda: SCOPES.append("enter"),
+        leave=lambda: SCOPES.append("leave"),
     )
 
 

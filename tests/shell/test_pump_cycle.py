@@ -62,7 +62,13 @@ def test_a_batch_of_32_costs_two_round_trips():
     enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(32)])
     store = RecordingStore()
     options = WorkerGroupOptions(
-        name="cycle", policy=Strict("e2e"), pool_size=32, max_claim_batch=32, poll_interval=3600, maintenance_interval=3600, lease_duration=600
+        name="cycle",
+        policy=Strict("e2e"),
+        pool_size=32,
+        max_claim_batch=32,
+        poll_interval=3600,
+        maintenance_interval=3600,
+        lease_duration=600,
     )
     pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.noop]))
     pump.start()
@@ -148,8 +154,14 @@ def test_the_reports_that_came_in_during_a_write_ride_the_next_one_together(post
     enqueue_many([(worker_tasks.first_returns_the_rest_wait, (n,), {}) for n in range(4)])
     store = FirstWriteWaitsForTheRest(others=3, posted=posted)
     options = WorkerGroupOptions(
-        name="cycle", policy=Strict("e2e"), pool_size=4, max_claim_batch=4, outcome_linger=0.0, poll_interval=3600,
-        maintenance_interval=3600, lease_duration=600,
+        name="cycle",
+        policy=Strict("e2e"),
+        pool_size=4,
+        max_claim_batch=4,
+        outcome_linger=0.0,
+        poll_interval=3600,
+        maintenance_interval=3600,
+        lease_duration=600,
     )
     pump = Pump(options, 0, store_factory=lambda: store, registry=TaskRegistry([worker_tasks.first_returns_the_rest_wait]))
     pump.start()

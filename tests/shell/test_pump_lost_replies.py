@@ -69,7 +69,9 @@ def test_a_lost_reply_of_a_retry_that_reclaimed_its_job_does_not_strand_it():
     finally:
         pump.drain(timeout=5)
         assert pump.join(10)
-    assert finished, f"job {job.id} is {job.state} at attempt {job.attempts}, under the pump's live lease: {job.lease_id == live_lease}"
+    assert finished, (
+        f"job {job.id} is {job.state} at attempt {job.attempts}, under the pump's live lease: {job.lease_id == live_lease}"
+    )
     assert store.lost_replies == 1
     assert (job.attempts, job.return_value) == (2, 2)
     assert list(Attempt.objects.filter(job=job).values_list("number", "state")) == [(1, "failed"), (2, "succeeded")]

@@ -18,7 +18,9 @@ from tests.shell import worker_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-OPTIONS = WorkerGroupOptions(name="start", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, lease_duration=30)
+OPTIONS = WorkerGroupOptions(
+    name="start", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, lease_duration=30
+)
 
 
 def wait_until(predicate, timeout=30.0):

@@ -36,7 +36,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LOCK_TIMEOUT = "canceling statement due to lock timeout"
 
 
-
 def get(url: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -79,9 +78,17 @@ class Switchable:
 def test_a_pump_whose_store_calls_all_fail_for_a_lease_is_unhealthy_until_it_recovers(admin_client):
     failing = threading.Event()
     group = WorkerGroupOptions(
-        name="stall", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, lease_duration=1.0, maintenance_interval=3600, database="default"
+        name="stall",
+        policy=Strict("e2e"),
+        pool_size=2,
+        poll_interval=0.05,
+        lease_duration=1.0,
+        maintenance_interval=3600,
+        database="default",
     )
-    worker = Worker([group], store_factory=lambda alias: Switchable(failing), registry=TaskRegistry([worker_tasks.noop]), health_port=0)
+    worker = Worker(
+        [group], store_factory=lambda alias: Switchable(failing), registry=TaskRegistry([worker_tasks.noop]), health_port=0
+    )
     url = f"http://127.0.0.1:{worker.health_server.port}/"
     thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, name="worker-main")
     thread.start()
@@ -98,7 +105,9 @@ def test_a_pump_whose_store_calls_all_fail_for_a_lease_is_unhealthy_until_it_rec
         assert LOCK_TIMEOUT in pump["reason"]
         # Its row stopped being refreshed when its heartbeats stopped landing: stale, with the error.
         # Its lease lapses first (backwave_health exits 1: lost), then its row goes stale.
-        wait_until(lambda: (lambda code, out: code == 1 and "(stale)" in out)(*backwave_health()), "backwave_health exiting 1, stale")
+        wait_until(
+            lambda: (lambda code, out: code == 1 and "(stale)" in out)(*backwave_health()), "backwave_health exiting 1, stale"
+        )
         code, out = backwave_health()
         assert "degraded (stale)" in out and LOCK_TIMEOUT in out, out
         assert "lost: degraded (stale)" in out and "is lost: it holds no live lease" in out, out

@@ -71,7 +71,17 @@ LEASE = __import__("uuid").UUID(int=1)
 
 
 def _job(job_id: int) -> ClaimedJob:
-    return ClaimedJob(id=job_id, task_path="t", queue="default", priority=0, payload={}, attempt=1, max_attempts=1, backoff_base=1.0, backoff_max=1.0)
+    return ClaimedJob(
+        id=job_id,
+        task_path="t",
+        queue="default",
+        priority=0,
+        payload={},
+        attempt=1,
+        max_attempts=1,
+        backoff_base=1.0,
+        backoff_max=1.0,
+    )
 
 
 class Written:
@@ -94,8 +104,16 @@ class Written:
 
 def _executor(store) -> Executor:
     return Executor(
-        store, options=OPTIONS, worker_id="test:1:g:0", hostname="test", pid=1, clock=lambda: 1.0, jitter=lambda: 0.0,
-        time_zone=lambda: UTC, new_lease_id=lambda: LEASE, on_fault=lambda error: None,
+        store,
+        options=OPTIONS,
+        worker_id="test:1:g:0",
+        hostname="test",
+        pid=1,
+        clock=lambda: 1.0,
+        jitter=lambda: 0.0,
+        time_zone=lambda: UTC,
+        new_lease_id=lambda: LEASE,
+        on_fault=lambda error: None,
     )
 
 
@@ -118,9 +136,7 @@ def _run(store, *, aside_given: bool):
     seen: list = []
     done: list = []  # what was carried out, in order: ("job", id) or ("store", ...)
     later = cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=2, attempt=1, kind=OutcomeKind.SUCCEEDED),))
-    handle = _scripted(
-        {ev.Started: [WRITE, CLAIM], ev.JobFinished: [cmd.ExecuteJob(job=_job(3)), later]}, seen,
-    )
+    handle = _scripted({ev.Started: [WRITE, CLAIM], ev.JobFinished: [cmd.ExecuteJob(job=_job(3)), later]}, seen)
 
     finishes = [FINISHED]
 
@@ -132,8 +148,11 @@ def _run(store, *, aside_given: bool):
 
     executor = _executor(store)
     executor.process(
-        handle, ev.Started(now=0.0), execute_job=lambda job: done.append(("job", job.id)),
-        arrived=(lambda: ()) if aside_given else (lambda: [finishes.pop()] if finishes else ()), aside=aside if aside_given else None,
+        handle,
+        ev.Started(now=0.0),
+        execute_job=lambda job: done.append(("job", job.id)),
+        arrived=(lambda: ()) if aside_given else (lambda: [finishes.pop()] if finishes else ()),
+        aside=aside if aside_given else None,
     )
     return seen, done
 
@@ -200,7 +219,11 @@ def test_a_deadline_that_passes_during_a_call_is_fed_as_a_tick_before_the_next_c
     def handle(event):
         seen.append(type(event).__name__)
         if isinstance(event, ev.JobFinished) and len(calls) < 5:
-            return [cmd.WriteOutcomes(lease_id=LEASE, outcomes=(Outcome(job_id=len(calls) + 10, attempt=1, kind=OutcomeKind.SUCCEEDED),))]
+            return [
+                cmd.WriteOutcomes(
+                    lease_id=LEASE, outcomes=(Outcome(job_id=len(calls) + 10, attempt=1, kind=OutcomeKind.SUCCEEDED),)
+                )
+            ]
         return []
 
     def aside(call, early):
@@ -209,8 +232,10 @@ def test_a_deadline_that_passes_during_a_call_is_fed_as_a_tick_before_the_next_c
         return call()
 
     executor = _executor(Written())
-    executor.process(handle, FINISHED, execute_job=lambda job: None, aside=aside, due=lambda: ev.Tick(now=2.0) if len(calls) == 2 else None)
+    executor.process(
+        handle, FINISHED, execute_job=lambda job: None, aside=aside, due=lambda: ev.Tick(now=2.0) if len(calls) == 2 else None
+    )
     assert len(calls) == 5
     # The Tick comes after the second call's answer, with three calls of the chain still to go.
     assert seen.index("Tick") == seen.index("OutcomesWritten") + 2
-    assert seen[seen.index("Tick") + 1:].count("OutcomesWritten") == 4
+    assert seen[seen.index("Tick") + 1 :].count("OutcomesWritten") == 4

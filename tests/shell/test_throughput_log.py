@@ -20,16 +20,19 @@ from tests.shell.conftest import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def test_the_throughput_line_is_written_only_for_intervals_in_which_something_happened(caplog):
-    group = WorkerGroupOptions(name="log", policy=Strict("e2e"), pool_size=4, poll_interval=0.05, maintenance_interval=3600, database="default")
+    group = WorkerGroupOptions(
+        name="log", policy=Strict("e2e"), pool_size=4, poll_interval=0.05, maintenance_interval=3600, database="default"
+    )
     # An interval far shorter than the pump's idle poll: every poll spans several intervals.
     worker = Worker([group], store_factory=PostgresStore.from_django, registry=TaskRegistry([worker_tasks.noop]), log_every=0.01)
     (pump,) = worker.pumps
     caplog.set_level(logging.INFO, logger="backwave.worker")
 
     def throughput_lines():
-        return [r.getMessage() for r in caplog.records if r.name == "backwave.worker" and r.getMessage().startswith("throughput:")]
+        return [
+            r.getMessage() for r in caplog.records if r.name == "backwave.worker" and r.getMessage().startswith("throughput:")
+        ]
 
     runner = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, name="worker-under-test")
     runner.start()

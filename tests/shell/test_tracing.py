@@ -109,7 +109,9 @@ def test_the_tasks_own_spans_are_children_of_the_attempt(spans):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("context", [{"traceparent": "not a traceparent"}, ["a", "list"], {"traceparent": 5}, {"tracestate": "a=b"}])
+@pytest.mark.parametrize(
+    "context", [{"traceparent": "not a traceparent"}, ["a", "list"], {"traceparent": 5}, {"tracestate": "a=b"}]
+)
 def test_a_trace_context_that_does_not_parse_starts_a_new_trace(spans, context):
     JobFactory(task_path=NOOP, queue="e2e", trace_context=context)
     pump = DeterministicPump(tasks=[worker_tasks.noop], queues=["e2e"])
@@ -165,7 +167,10 @@ def test_a_workers_atomic_successes_and_snoozes_are_not_error_spans(spans, runni
         assert "error.type" not in span.attributes
     # The outcome stored: an atomic success is a success, however it was written.
     assert atomic_span.attributes["backwave.outcome"] == "succeeded"
-    assert [(s.attributes["backwave.attempt"], s.attributes["backwave.outcome"]) for s in snooze_spans] == [(1, "snoozed"), (2, "succeeded")]
+    assert [(s.attributes["backwave.attempt"], s.attributes["backwave.outcome"]) for s in snooze_spans] == [
+        (1, "snoozed"),
+        (2, "succeeded"),
+    ]
 
 
 @pytest.mark.django_db

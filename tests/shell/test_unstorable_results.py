@@ -48,7 +48,13 @@ def _run_pump(expected_finished: int) -> Pump:
     """One pump with room for the whole batch: one claim, one outcome write. Stopped by a drain
     once ``expected_finished`` jobs are finished (or the pump died trying)."""
     options = WorkerGroupOptions(
-        name="unstorable", policy=Strict("e2e"), pool_size=32, max_claim_batch=32, poll_interval=0.05, maintenance_interval=3600, lease_duration=600
+        name="unstorable",
+        policy=Strict("e2e"),
+        pool_size=32,
+        max_claim_batch=32,
+        poll_interval=0.05,
+        maintenance_interval=3600,
+        lease_duration=600,
     )
     pump = Pump(options, 0, store_factory=PostgresStore.from_django, registry=REGISTRY)
     pump.start()
@@ -94,9 +100,9 @@ def test_each_unstorable_return_value_fails_its_own_job_and_its_batch_mates_succ
 
 @pytest.mark.parametrize("kind", ["surrogate", "nul", "long_class"])
 def test_an_exception_whose_text_no_column_holds_is_stored_cleaned(kind):
-    before, strange, after = enqueue_many([
-        (worker_tasks.noop, (1,), {}), (worker_tasks.raises_strange_text, (kind,), {}), (worker_tasks.noop, (2,), {}),
-    ])
+    before, strange, after = enqueue_many(
+        [(worker_tasks.noop, (1,), {}), (worker_tasks.raises_strange_text, (kind,), {}), (worker_tasks.noop, (2,), {})]
+    )
 
     _run_pump(expected_finished=3)
 
@@ -117,7 +123,9 @@ def test_an_exception_whose_text_no_column_holds_is_stored_cleaned(kind):
 
 def test_a_traceback_is_cut_to_max_traceback_chars_marker_included():
     (result,) = enqueue_many([(worker_tasks.raises_strange_text, ("nul",), {})])
-    options = WorkerGroupOptions(name="cut", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, lease_duration=600)
+    options = WorkerGroupOptions(
+        name="cut", policy=Strict("e2e"), pool_size=2, poll_interval=0.05, maintenance_interval=3600, lease_duration=600
+    )
     pump = Pump(options, 0, store_factory=PostgresStore.from_django, registry=REGISTRY, max_traceback_chars=200)
     pump.start()
     try:

@@ -73,8 +73,12 @@ def test_failing_job_ends_failed_after_max_attempts(start_worker):
 
 
 def test_unknown_task_and_bad_payload_are_quarantined_not_retried(start_worker):
-    unknown = Job.objects.create(task_path="somewhere.not_registered", queue="e2e", payload={"args": [], "kwargs": {}}, max_attempts=5)
-    bad_payload = Job.objects.create(task_path=worker_tasks.noop.module_path, queue="e2e", payload=["not", "an", "object"], max_attempts=5)
+    unknown = Job.objects.create(
+        task_path="somewhere.not_registered", queue="e2e", payload={"args": [], "kwargs": {}}, max_attempts=5
+    )
+    bad_payload = Job.objects.create(
+        task_path=worker_tasks.noop.module_path, queue="e2e", payload=["not", "an", "object"], max_attempts=5
+    )
     returns_set = worker_tasks.returns_set.enqueue()
     worker = start_worker("--queues", "e2e", "--until-idle", *FAST)
     assert worker.wait() == 0, worker.output
@@ -148,7 +152,9 @@ def _listener_backends():
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()"
+        )
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -171,7 +177,9 @@ def test_with_the_listener_dead_polling_still_runs_every_job(start_worker):
     worker = start_worker("--queues", "e2e", "--poll-interval", "0.3", "--log-every", "60")
     worker.wait_for(lambda: len(_listener_backends()) == 1, what="the hint listener connecting")
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()"
+        )
     results = enqueue_many([(worker_tasks.noop, (i,), {}) for i in range(20)])
     worker.wait_for(lambda: Job.objects.filter(state="succeeded").count() == 20, what="every job running by polling")
     assert "hint listener lost its connection" in worker.output
@@ -186,7 +194,9 @@ def test_processes_supervises_children_and_sigterm_drains_them_all(start_worker)
     worker = start_worker("--queues", "e2e", "--processes", "2", "--pool-size", "4", *FAST)
     worker.wait_for(lambda: Job.objects.filter(state="succeeded").count() == 200, what="every job done by the children")
     # Two child processes, each with its own lease (worker ids are host:pid:group:pump:token).
-    worker.wait_for(lambda: len({w.split(":")[1] for w in Lease.objects.values_list("worker_id", flat=True)}) == 2, what="two children")
+    worker.wait_for(
+        lambda: len({w.split(":")[1] for w in Lease.objects.values_list("worker_id", flat=True)}) == 2, what="two children"
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output
     assert Lease.objects.count() == 0
@@ -266,14 +276,28 @@ def test_a_killed_child_is_restarted_and_its_jobs_come_back_through_its_lease(st
 
     enqueue_many([(worker_tasks.sleeper, (0.3,), {}) for _ in range(16)])
     worker = start_worker(
-        "--queues", "slow", "--processes", "2", "--pool-size", "4", "--lease-duration", "1", "--maintenance-interval", "0.3",
-        "--poll-interval", "0.05", "--log-every", "60",
+        "--queues",
+        "slow",
+        "--processes",
+        "2",
+        "--pool-size",
+        "4",
+        "--lease-duration",
+        "1",
+        "--maintenance-interval",
+        "0.3",
+        "--poll-interval",
+        "0.05",
+        "--log-every",
+        "60",
     )
 
     def child_pids():
         return {int(w.split(":")[1]) for w in Lease.objects.values_list("worker_id", flat=True)}
 
-    worker.wait_for(lambda: len(child_pids()) == 2 and Job.objects.filter(state="running").count() >= 4, what="two children running jobs")
+    worker.wait_for(
+        lambda: len(child_pids()) == 2 and Job.objects.filter(state="running").count() >= 4, what="two children running jobs"
+    )
     victim = next(iter(child_pids()))
     os.kill(victim, signal.SIGKILL)
     # The supervisor starts a replacement (a third pid shows up among the leases) ...

@@ -12,8 +12,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def test_a_worker_without_any_logging_setting_says_it_started_and_what_it_did(start_worker):
     worker_tasks.noop.enqueue()
-    worker = start_worker("--queues", "e2e", "--until-idle", "--no-hints", "--poll-interval", "0.05",
-                          env={"DJANGO_SETTINGS_MODULE": "tests.settings_nologging"})
+    worker = start_worker(
+        "--queues",
+        "e2e",
+        "--until-idle",
+        "--no-hints",
+        "--poll-interval",
+        "0.05",
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings_nologging"},
+    )
     assert worker.wait() == 0, worker.output
     output = worker.output
     from backwave import __version__

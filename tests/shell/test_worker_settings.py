@@ -56,7 +56,10 @@ def test_a_setting_the_worker_cannot_run_on_stops_it_before_it_starts(settings, 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_s_stores_run_under_timeouts_from_its_shortest_lease(settings):
     settings.BACKWAVE = {key: value for key, value in settings.BACKWAVE.items() if not key.endswith("_TIMEOUT")}
-    groups = [group_from_mapping({"name": "long", "lease_duration": 60}), group_from_mapping({"name": "short", "lease_duration": 12})]
+    groups = [
+        group_from_mapping({"name": "long", "lease_duration": 60}),
+        group_from_mapping({"name": "short", "lease_duration": 12}),
+    ]
     store = store_factory_for(groups)("default")
     try:
         applied = in_effect(store)

@@ -21,7 +21,9 @@ NOT_BEFORE_THE_FIRST_CLAIM = {
 @pytest.mark.django_db(transaction=True)
 def test_the_first_claim_loads_none_of_what_only_later_work_needs(start_worker, tmp_path):
     loaded_path = tmp_path / "modules.json"
-    worker = start_worker("--queues", "e2e", "--no-hints", "--until-idle", env=faults_env(modules_at_first_claim=str(loaded_path)))
+    worker = start_worker(
+        "--queues", "e2e", "--no-hints", "--until-idle", env=faults_env(modules_at_first_claim=str(loaded_path))
+    )
     assert worker.wait() == 0, worker.output
     loaded = set(json.loads(loaded_path.read_text()))
     # The modules that import them at the top before are there: this is the worker's claim.

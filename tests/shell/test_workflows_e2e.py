@@ -27,8 +27,12 @@ def test_a_diamond_and_a_fan_in_run_in_order_on_a_real_worker(start_worker):
         },
         after={"b": ["a"], "c": ["a"], "d": ["b", "c"]},
     )
-    members, fan_in = group([(worker_tasks.workflow_source, [f"m{n}", 1]) for n in range(200)], then=(worker_tasks.workflow_combine, ["sum"]))
-    bad, doomed = dag({"bad": (worker_tasks.workflow_fails,), "doomed": (worker_tasks.workflow_combine, ["x"])}, after={"doomed": ["bad"]}).values()
+    members, fan_in = group(
+        [(worker_tasks.workflow_source, [f"m{n}", 1]) for n in range(200)], then=(worker_tasks.workflow_combine, ["sum"])
+    )
+    bad, doomed = dag(
+        {"bad": (worker_tasks.workflow_fails,), "doomed": (worker_tasks.workflow_combine, ["x"])}, after={"doomed": ["bad"]}
+    ).values()
 
     worker = start_worker("--queues", "e2e", "--pool-size", "4", "--pumps", "2", "--until-idle", *FAST)
     assert worker.wait() == 0, worker.output
@@ -55,7 +59,9 @@ def test_a_chain_costs_one_round_trip_a_link(start_worker):
     elsewhere); the pump that wrote it took its own hint too, and each link cost a second claim,
     which found nothing (a chain of 3,000 drained at 6% of the rate of as many independent jobs)."""
     chain(*[(worker_tasks.noop, (n,), {}) for n in range(100)])
-    worker = start_worker("--queues", "e2e", "--pool-size", "4", "--until-idle", "--poll-interval", "5", "--maintenance-interval", "60")
+    worker = start_worker(
+        "--queues", "e2e", "--pool-size", "4", "--until-idle", "--poll-interval", "5", "--maintenance-interval", "60"
+    )
     assert worker.wait() == 0, worker.output
     jobs, trips = map(int, re.search(r"stopped after (\d+) job\(s\) and (\d+) store round-trips", worker.output).groups())
     assert jobs == 100

@@ -21,7 +21,9 @@ from backwave.core.jobs import ClaimedJob
 from backwave.core.options import WorkerGroupOptions
 from backwave.testing.simulation import CLASSIC, run_seed
 
-FIRST = ClaimedJob(id=7, task_path="t.t", queue="default", priority=0, payload={}, attempt=1, max_attempts=3, backoff_base=1, backoff_max=1)
+FIRST = ClaimedJob(
+    id=7, task_path="t.t", queue="default", priority=0, payload={}, attempt=1, max_attempts=3, backoff_base=1, backoff_max=1
+)
 
 
 def abandon_twice() -> NodeDriver:

@@ -61,7 +61,9 @@ class BrokenStore:
 
 
 def job(job_id: int, queue: str) -> ClaimedJob:
-    return ClaimedJob(id=job_id, task_path="t.t", queue=queue, priority=0, payload={}, attempt=1, max_attempts=1, backoff_base=1, backoff_max=1)
+    return ClaimedJob(
+        id=job_id, task_path="t.t", queue=queue, priority=0, payload={}, attempt=1, max_attempts=1, backoff_base=1, backoff_max=1
+    )
 
 
 def one_job_left(driver: NodeDriver) -> NodeDriver:

@@ -89,7 +89,11 @@ def test_a_seed_replays_the_same_in_another_process_whatever_its_hash_seed():
     for hash_seed in ("1", "2"):
         done = subprocess.run(
             [sys.executable, "-m", "backwave.testing.simulation", "--seed", "77"],
-            env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True, timeout=120, check=True,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
         )
         outputs.add(done.stdout.strip().rsplit("log ", 1)[-1])
     assert outputs == {run_seed(77).digest}
@@ -100,7 +104,10 @@ def test_a_widened_seed_replays_the_same_in_another_process_whatever_its_hash_se
     for hash_seed in ("1", "2"):
         done = subprocess.run(
             [sys.executable, "-m", "backwave.testing.simulation", "--seed", "30", "--ambiguous-faults"],
-            env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         outputs.add((done.returncode, done.stdout))
     assert len(outputs) == 1
@@ -109,12 +116,24 @@ def test_a_widened_seed_replays_the_same_in_another_process_whatever_its_hash_se
 def test_a_config_replays_through_its_flags():
     assert replay_command(7) == "python -m backwave.testing.simulation --seed 7 --log"
     config = Config(ambiguous_faults=True, max_jobs=12, faults=False)
-    assert replay_command(7, config) == "python -m backwave.testing.simulation --seed 7 --no-faults --ambiguous-faults --max-jobs 12 --log"
+    assert (
+        replay_command(7, config)
+        == "python -m backwave.testing.simulation --seed 7 --no-faults --ambiguous-faults --max-jobs 12 --log"
+    )
 
 
 def test_every_knob_is_a_flag_and_classic_replays_through_them():
     command = replay_command(3, CLASSIC)
-    for knob in ("hostile-values", "tiny-backoffs", "crashers", "lease-losses", "pool-threads", "thread-checks", "observers", "report-checks"):
+    for knob in (
+        "hostile-values",
+        "tiny-backoffs",
+        "crashers",
+        "lease-losses",
+        "pool-threads",
+        "thread-checks",
+        "observers",
+        "report-checks",
+    ):
         assert f" --no-{knob} " in command
     assert " --max-databases 1 " in command
     args = _parser().parse_args(command.split()[3:])
@@ -138,7 +157,9 @@ def test_a_hostile_traceback_is_cut_as_the_shell_cuts_it():
     lengths = set()
     rng = random.Random(3)
     for _ in range(400):
-        report = handlers.run_handler(rng, job_id=1, attempt=1, task_path="sim.tasks.work", result="failed", duration=0.1, hostile_rate=1.0)
+        report = handlers.run_handler(
+            rng, job_id=1, attempt=1, task_path="sim.tasks.work", result="failed", duration=0.1, hostile_rate=1.0
+        )
         assert len(report.traceback) <= handlers.MAX_TRACEBACK_CHARS
         lengths.add(report.traceback.startswith("…(truncated)\n"))
     assert lengths == {True, False}  # both huge ones, cut, and short ones
@@ -200,10 +221,14 @@ def test_an_expiry_that_forgets_the_jobs_is_caught(monkeypatch):
 def test_a_claim_that_ignores_the_pool_is_caught(monkeypatch):
     real_claim = memory.InMemoryStore._claim
     monkeypatch.setattr(
-        memory.InMemoryStore, "_claim", staticmethod(lambda db, now, claim: real_claim(db, now, (claim[0], {**claim[1], "limit": claim[1]["limit"] + 1})))
+        memory.InMemoryStore,
+        "_claim",
+        staticmethod(lambda db, now, claim: real_claim(db, now, (claim[0], {**claim[1], "limit": claim[1]["limit"] + 1}))),
     )
     failure = first_failure()
-    assert "claimed-and-unreported" in failure.problem or "pool_size" in failure.problem or "refused an event" in failure.problem, failure.problem
+    assert (
+        "claimed-and-unreported" in failure.problem or "pool_size" in failure.problem or "refused an event" in failure.problem
+    ), failure.problem
 
 
 def test_a_claim_that_ignores_concurrency_limits_is_caught(monkeypatch):
@@ -261,8 +286,13 @@ def test_an_expiry_that_charges_every_batch_mate_of_a_crash_is_caught(monkeypatc
                 job.state, job.lease_id = ("ready" if again else "failed"), None
                 job.run_at, job.finished_at = (now, None) if again else (job.run_at, now)
                 db.attempts[(job.id, job.attempts)] = memory.AttemptRow(
-                    id=db.next_attempt_id(), job_id=job.id, number=job.attempts, state="lapsed", worker_id=job.worker_id,
-                    started_at=job.last_attempted_at, finished_at=now,
+                    id=db.next_attempt_id(),
+                    job_id=job.id,
+                    number=job.attempts,
+                    state="lapsed",
+                    worker_id=job.worker_id,
+                    started_at=job.last_attempted_at,
+                    finished_at=now,
                 )
             return len(released)
 
@@ -310,7 +340,9 @@ def test_the_command_line_runs_seeds_and_one_seed_with_its_log(capsys):
 
 
 def test_the_command_line_prints_each_failure_with_its_replay(monkeypatch, capsys):
-    monkeypatch.setattr(memory.InMemoryStore, "_write", staticmethod(lambda db, now, lease_id, rows, observed: set()))  # no outcome ever lands
+    monkeypatch.setattr(
+        memory.InMemoryStore, "_write", staticmethod(lambda db, now, lease_id, rows, observed: set())
+    )  # no outcome ever lands
     assert main(["--seeds", "2", "--quiesce-limit", "20.0"]) == 1
     out = capsys.readouterr().out
     assert "replay: python -m backwave.testing.simulation --seed 0 --quiesce-limit 20.0 --log" in out

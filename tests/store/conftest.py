@@ -84,7 +84,9 @@ def open_lease(store):
 
     def open_(worker_id: str = "host:1:default:0", *, on=None, duration: float = 60.0) -> LeaseRef:
         lease = LeaseRef(id=uuid.uuid4(), worker_id=worker_id)
-        (on or store).open_lease(lease_id=lease.id, worker_id=worker_id, group="default", hostname="host", pid=1, duration=duration)
+        (on or store).open_lease(
+            lease_id=lease.id, worker_id=worker_id, group="default", hostname="host", pid=1, duration=duration
+        )
         return lease
 
     return open_

@@ -65,10 +65,18 @@ class PostgresRows:
     def set_queue(self, name: str, *, concurrency_limit: int | None = None, paused: bool = False) -> None:
         Queue.objects.update_or_create(name=name, defaults={"concurrency_limit": concurrency_limit, "paused": paused})
 
-    def set_admission(self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None, key_rate_limit=None) -> None:
-        Queue.objects.update_or_create(name=name, defaults={
-            "key_concurrency_limit": key_concurrency_limit, "rate_limit": rate_limit, "rate_period": rate_period, "key_rate_limit": key_rate_limit,
-        })
+    def set_admission(
+        self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None, key_rate_limit=None
+    ) -> None:
+        Queue.objects.update_or_create(
+            name=name,
+            defaults={
+                "key_concurrency_limit": key_concurrency_limit,
+                "rate_limit": rate_limit,
+                "rate_period": rate_period,
+                "key_rate_limit": key_rate_limit,
+            },
+        )
 
     def key_rate_windows(self, name: str) -> dict:
         return {w.limit_key: w.used for w in KeyRateWindow.objects.filter(queue=name)}
@@ -223,7 +231,19 @@ class PostgresRows:
             )
 
 
-STAT_FIELDS = ("succeeded", "retried", "failed", "quarantined", "lapsed", "cancelled", "snoozed", "reruns", "timed", "duration_sum", "duration_max")
+STAT_FIELDS = (
+    "succeeded",
+    "retried",
+    "failed",
+    "quarantined",
+    "lapsed",
+    "cancelled",
+    "snoozed",
+    "reruns",
+    "timed",
+    "duration_sum",
+    "duration_max",
+)
 
 
 def summed_stats(rows) -> dict[str, dict]:
@@ -235,11 +255,10 @@ def summed_stats(rows) -> dict[str, dict]:
         if histogram is None:
             histogram = row.histogram
         summaries.setdefault(task, TaskSummary(task_path=task)).add(
-            **{name: getattr(row, name) for name in STAT_FIELDS}, histogram=histogram,
+            **{name: getattr(row, name) for name in STAT_FIELDS}, histogram=histogram
         )
     return {
-        task: {**{name: round(getattr(s, name), 6) for name in STAT_FIELDS}, "bins": s.histogram}
-        for task, s in summaries.items()
+        task: {**{name: round(getattr(s, name), 6) for name in STAT_FIELDS}, "bins": s.histogram} for task, s in summaries.items()
     }
 
 
@@ -271,7 +290,9 @@ class MemoryRows:
         with self.database.lock:
             self.database.queues[name] = (concurrency_limit, paused)
 
-    def set_admission(self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None, key_rate_limit=None) -> None:
+    def set_admission(
+        self, name: str, *, key_concurrency_limit=None, rate_limit=None, rate_period=None, key_rate_limit=None
+    ) -> None:
         self.database.admission[name] = QueueAdmission(key_concurrency_limit, rate_limit, rate_period, key_rate_limit)
 
     def key_rate_windows(self, name: str) -> dict:
@@ -295,7 +316,9 @@ class MemoryRows:
         rows = []
         for job in built:
             values = {name: getattr(job, name) for name in _JOB_COLUMNS}
-            values = {name: value for name, value in values.items() if not isinstance(value, DatabaseDefault) and value is not None}
+            values = {
+                name: value for name, value in values.items() if not isinstance(value, DatabaseDefault) and value is not None
+            }
             rows.append(self.database.insert_job(**values))
         return rows
 
@@ -348,7 +371,13 @@ class MemoryRows:
 
     def add_attempt(self, *, job_id: int, number: int, state: str, worker_id: str) -> None:
         self.database.attempts[(job_id, number)] = AttemptRow(
-            id=self.database.next_attempt_id(), job_id=job_id, number=number, state=state, worker_id=worker_id, started_at=None, finished_at=self.now()
+            id=self.database.next_attempt_id(),
+            job_id=job_id,
+            number=number,
+            state=state,
+            worker_id=worker_id,
+            started_at=None,
+            finished_at=self.now(),
         )
 
     def sql_null_return_values(self) -> tuple[list, list]:
@@ -399,7 +428,25 @@ class MemoryRows:
 
 
 _JOB_COLUMNS = (
-    "task_path", "queue", "priority", "payload", "state", "backend", "tags", "run_at", "enqueued_at", "started_at",
-    "last_attempted_at", "finished_at", "attempts", "max_attempts", "backoff_base", "backoff_max", "lease_id", "worker_id",
-    "forgiven_attempts", "suspect", "timeout",
+    "task_path",
+    "queue",
+    "priority",
+    "payload",
+    "state",
+    "backend",
+    "tags",
+    "run_at",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
+    "finished_at",
+    "attempts",
+    "max_attempts",
+    "backoff_base",
+    "backoff_max",
+    "lease_id",
+    "worker_id",
+    "forgiven_attempts",
+    "suspect",
+    "timeout",
 )

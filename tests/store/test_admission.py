@@ -11,7 +11,12 @@ QUEUE = "default"
 
 
 def _jobs(store, keys, *, queue=QUEUE):
-    return store.enqueue_many([NewJob(task_path="tests.t", payload={"args": [i], "kwargs": {}}, queue=queue, limit_key=key) for i, key in enumerate(keys)])
+    return store.enqueue_many(
+        [
+            NewJob(task_path="tests.t", payload={"args": [i], "kwargs": {}}, queue=queue, limit_key=key)
+            for i, key in enumerate(keys)
+        ]
+    )
 
 
 def _keys(rows, claimed):
@@ -128,8 +133,14 @@ def test_past_key_windows_are_deleted_by_the_next_claim(make_store, rows, lease)
 
 
 def _debounced(number, run_at, key="k", replace=("args", "run_at")):
-    return NewJob(task_path="tests.t", payload={"args": [number], "kwargs": {}}, run_at=run_at, unique_key=key,
-                  unique_states=("ready",), unique_replace=replace)
+    return NewJob(
+        task_path="tests.t",
+        payload={"args": [number], "kwargs": {}},
+        run_at=run_at,
+        unique_key=key,
+        unique_states=("ready",),
+        unique_replace=replace,
+    )
 
 
 def _as_stored(rows, job_id):
@@ -155,6 +166,10 @@ def test_a_batch_of_duplicates_of_a_waiting_job_replaces_as_one_by_one(store, ro
     for key in ("apart", "together"):
         store.enqueue_many([_debounced(0, soon, key=key)])
     calls = [(1, later), (2, soon, ("args",)), (3, soon, ("run_at",))]
-    one_by_one = [store.enqueue_many([_debounced(n, at, key="apart", replace=r[0] if r else ("args", "run_at"))])[0] for n, at, *r in calls]
-    batch = store.enqueue_many([_debounced(n, at, key="together", replace=r[0] if r else ("args", "run_at")) for n, at, *r in calls])
+    one_by_one = [
+        store.enqueue_many([_debounced(n, at, key="apart", replace=r[0] if r else ("args", "run_at"))])[0] for n, at, *r in calls
+    ]
+    batch = store.enqueue_many(
+        [_debounced(n, at, key="together", replace=r[0] if r else ("args", "run_at")) for n, at, *r in calls]
+    )
     assert _as_stored(rows, batch[0]) == _as_stored(rows, one_by_one[0]) == ({"args": [2], "kwargs": {}}, later)

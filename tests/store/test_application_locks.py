@@ -31,8 +31,12 @@ IN_FLIGHT = ("ready", "running")
 
 def unique(number: int = 1, *, states=IN_FLIGHT, replace=(), **fields) -> NewJob:
     return NewJob(
-        task_path="tests.t", payload={"args": [number], "kwargs": {}}, unique_key="k", unique_states=states,
-        unique_replace=replace, **fields,
+        task_path="tests.t",
+        payload={"args": [number], "kwargs": {}},
+        unique_key="k",
+        unique_states=states,
+        unique_replace=replace,
+        **fields,
     )
 
 
@@ -73,9 +77,13 @@ def test_a_duplicate_of_a_running_job_held_open_locks_nothing_the_engine_writes(
     with application() as cursor:
         (duplicate,) = enqueue_jobs(cursor, [unique(2, replace=("args", "run_at"))])
         assert duplicate.duplicate and duplicate.id == job_id and duplicate.state == "running"
-        heartbeat = engine.heartbeat(lease_id=lease.id, duration=60, progress=[ProgressReport(job_id=job_id, attempt=job.attempt, progress=1)])
+        heartbeat = engine.heartbeat(
+            lease_id=lease.id, duration=60, progress=[ProgressReport(job_id=job_id, attempt=job.attempt, progress=1)]
+        )
         assert heartbeat.held
-        applied = engine.write_outcomes_many(lease_id=lease.id, outcomes=[OutcomeRecord(job_id=job_id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED)])
+        applied = engine.write_outcomes_many(
+            lease_id=lease.id, outcomes=[OutcomeRecord(job_id=job_id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED)]
+        )
         assert applied == {job_id}
         assert not locked_against_update(job_id)
     assert rows.job(job_id).state == "succeeded"
@@ -83,7 +91,9 @@ def test_a_duplicate_of_a_running_job_held_open_locks_nothing_the_engine_writes(
 
 
 def test_a_duplicate_that_replaces_locks_the_ready_job_alone_and_the_claim_passes_it_over(engine, lease, rows):
-    (job_id, other_id) = engine.enqueue_many([unique(states=("ready",)), NewJob(task_path="tests.o", payload={"args": [], "kwargs": {}})])
+    (job_id, other_id) = engine.enqueue_many(
+        [unique(states=("ready",)), NewJob(task_path="tests.o", payload={"args": [], "kwargs": {}})]
+    )
     with application() as cursor:
         (duplicate,) = enqueue_jobs(cursor, [unique(2, states=("ready",), replace=("args",))])
         assert duplicate.duplicate and duplicate.payload == {"args": [2], "kwargs": {}}

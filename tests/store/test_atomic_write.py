@@ -51,8 +51,12 @@ def write_atomically(store, lease_id, job):
     with transaction.atomic():
         connection.ensure_connection()
         return write_outcome(
-            connection.connection, lease_id=lease_id, record=succeeded(job), observed=NOTHING_OBSERVED,
-            plain=not store.claimed_with_dependents(job.id), prepare=prepares_atomic_writes(connection.settings_dict),
+            connection.connection,
+            lease_id=lease_id,
+            record=succeeded(job),
+            observed=NOTHING_OBSERVED,
+            plain=not store.claimed_with_dependents(job.id),
+            prepare=prepares_atomic_writes(connection.settings_dict),
         )
 
 
@@ -84,7 +88,9 @@ def test_every_atomic_write_is_prepared_and_runs_a_generic_plan_under_djangos_de
 
     statements = prepared()
     assert statements, "write_outcome prepared no statement"
-    assert all(custom == 0 and generic > 0 for _text, generic, custom in statements), [(generic, custom) for _text, generic, custom in statements]
+    assert all(custom == 0 and generic > 0 for _text, generic, custom in statements), [
+        (generic, custom) for _text, generic, custom in statements
+    ]
 
 
 def test_a_job_nobody_waits_for_is_written_by_the_plain_write_alone(store, lease_id):
@@ -166,7 +172,11 @@ def test_a_project_that_sets_prepare_threshold_none_gets_nothing_prepared(store,
     with transaction.atomic():
         connection.ensure_connection()
         applied = write_outcome(
-            connection.connection, lease_id=lease_id, record=succeeded(claimed), observed=NOTHING_OBSERVED, plain=True,
+            connection.connection,
+            lease_id=lease_id,
+            record=succeeded(claimed),
+            observed=NOTHING_OBSERVED,
+            plain=True,
             prepare=prepares_atomic_writes({"OPTIONS": {"prepare_threshold": None}}),
         )
 

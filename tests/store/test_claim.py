@@ -99,8 +99,16 @@ def test_only_ready_jobs_are_claimed(store, lease, rows):
 
 
 def test_claim_counts_the_attempt_and_stamps_the_database_clock(store, lease, rows):
-    job = rows.make_jobs(1, task_path="app.tasks.send", payload={"args": [1], "kwargs": {"x": "y"}}, priority=7, max_attempts=4,
-                    backoff_base=2.0, backoff_max=60.0, backend="other")[0]
+    job = rows.make_jobs(
+        1,
+        task_path="app.tasks.send",
+        payload={"args": [1], "kwargs": {"x": "y"}},
+        priority=7,
+        max_attempts=4,
+        backoff_base=2.0,
+        backoff_max=60.0,
+        backend="other",
+    )[0]
     (claimed,) = claim(store, lease)
 
     row = rows.job(job.pk)
@@ -108,8 +116,19 @@ def test_claim_counts_the_attempt_and_stamps_the_database_clock(store, lease, ro
     assert row.started_at == row.last_attempted_at == claimed.attempted_at == claimed.started_at
     assert claimed.enqueued_at == row.enqueued_at
     assert (claimed.id, claimed.task_path, claimed.queue, claimed.priority, claimed.payload) == (
-        job.pk, "app.tasks.send", "default", 7, {"args": [1], "kwargs": {"x": "y"}})
-    assert (claimed.attempt, claimed.max_attempts, claimed.backoff_base, claimed.backoff_max, claimed.backend) == (1, 4, 2.0, 60.0, "other")
+        job.pk,
+        "app.tasks.send",
+        "default",
+        7,
+        {"args": [1], "kwargs": {"x": "y"}},
+    )
+    assert (claimed.attempt, claimed.max_attempts, claimed.backoff_base, claimed.backoff_max, claimed.backend) == (
+        1,
+        4,
+        2.0,
+        60.0,
+        "other",
+    )
     assert claimed.previous_worker_ids == ()
 
 
@@ -180,9 +199,11 @@ def test_the_trace_context_stored_at_enqueue_comes_back_with_the_claim(store, le
     from backwave.store.contract import NewJob
 
     context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "vendor=x"}
-    traced, untraced = store.enqueue_many([
-        NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}, trace_context=context),
-        NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}),
-    ])
+    traced, untraced = store.enqueue_many(
+        [
+            NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}, trace_context=context),
+            NewJob(task_path="a.b", payload={"args": [], "kwargs": {}}),
+        ]
+    )
     claimed = {job.id: job.trace_context for job in claim(store, lease, queues=queues)}
     assert claimed == {traced: context, untraced: None}

@@ -34,12 +34,25 @@ def claim(store, lease, limit=10):
 
 
 def test_django_settings_become_connection_keywords():
-    params = django_conninfo({
-        "ENGINE": "django.db.backends.postgresql", "NAME": "app", "USER": "u", "PASSWORD": "p",
-        "HOST": "/run/postgresql", "PORT": 5433,
-        "OPTIONS": {"sslmode": "prefer", "pool": True, "server_side_binding": True, "isolation_level": 1, "assume_role": "r"},
-    })
-    assert params == {"dbname": "app", "user": "u", "password": "p", "host": "/run/postgresql", "port": "5433", "sslmode": "prefer"}
+    params = django_conninfo(
+        {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "app",
+            "USER": "u",
+            "PASSWORD": "p",
+            "HOST": "/run/postgresql",
+            "PORT": 5433,
+            "OPTIONS": {"sslmode": "prefer", "pool": True, "server_side_binding": True, "isolation_level": 1, "assume_role": "r"},
+        }
+    )
+    assert params == {
+        "dbname": "app",
+        "user": "u",
+        "password": "p",
+        "host": "/run/postgresql",
+        "port": "5433",
+        "sslmode": "prefer",
+    }
 
 
 def test_a_database_that_is_not_postgresql_is_refused():
@@ -84,8 +97,12 @@ def test_a_connection_lost_before_a_pipelined_write_is_transient_too(store, leas
     outcomes = [OutcomeRecord(job_id=job.id, attempt=1, kind=OutcomeKind.SUCCEEDED)]
 
     with pytest.raises(TransientStoreError):
-        store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=outcomes, queues=["default"], limit=5)
-    applied, claimed = store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=outcomes, queues=["default"], limit=5)
+        store.write_outcomes_then_claim(
+            lease_id=lease.id, worker_id=lease.worker_id, outcomes=outcomes, queues=["default"], limit=5
+        )
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=outcomes, queues=["default"], limit=5
+    )
     assert applied == {job.id}
     assert len(claimed) == 1
 
@@ -191,7 +208,7 @@ def test_a_role_out_of_connection_slots_is_transient():
         'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  the database system is shutting down',
         'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  the database system is in recovery mode',
         'connection failed: connection to server at "10.0.0.5", port 5432 failed: FATAL:  sorry, too many clients already',
-        'connection failed: FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute',
+        "connection failed: FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute",
     ],
 )
 def test_connect_faults_that_pass_are_transient(message):
@@ -257,7 +274,9 @@ def test_a_statement_that_runs_too_long_becomes_a_transient_statement_timeout(ma
     assert isinstance(caught.value.__cause__, psycopg.errors.QueryCanceled)
 
 
-def test_by_default_statements_run_under_timeouts_from_the_lease_and_the_database_s_commit_setting(settings, store_kind, make_store):
+def test_by_default_statements_run_under_timeouts_from_the_lease_and_the_database_s_commit_setting(
+    settings, store_kind, make_store
+):
     worker_settings = ("WORKER_SYNCHRONOUS_COMMIT", "WORKER_STATEMENT_TIMEOUT", "WORKER_LOCK_TIMEOUT")
     settings.BACKWAVE = {key: value for key, value in settings.BACKWAVE.items() if key not in worker_settings}
     applied = in_effect(make_store())
@@ -304,7 +323,10 @@ def test_a_store_may_leave_every_setting_as_the_session_has_it(transactional_db)
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "5"])
 @pytest.mark.parametrize("keyword", ["statement_timeout", "lock_timeout"])
 def test_a_timeout_must_be_a_positive_number_of_seconds(keyword, value):
-    with pytest.raises(ValueError, match=rf"^{keyword} must be a finite number of seconds above 0, or None to leave the session's value; got {value!r}$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{keyword} must be a finite number of seconds above 0, or None to leave the session's value; got {value!r}$",
+    ):
         PostgresStore({"host": "/nonexistent", "dbname": "x"}, **{keyword: value})
 
 
@@ -322,7 +344,11 @@ def client_socket_options(backend_pid: int) -> dict[str, int]:
         except OSError:
             continue  # not a socket
         with sock:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != port:
+            if (
+                sock.family not in (socket.AF_INET, socket.AF_INET6)
+                or sock.type != socket.SOCK_STREAM
+                or sock.getsockname()[1] != port
+            ):
                 continue
             return {
                 "keepalives": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
@@ -336,7 +362,13 @@ def client_socket_options(backend_pid: int) -> dict[str, int]:
 
 # A dead peer is noticed within seconds, not the kernel's two hours of silence before a first
 # keepalive probe, nor its quarter of an hour of retransmissions.
-BACKWAVE_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10_000}
+BACKWAVE_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def test_a_store_connection_carries_tcp_keepalives(store):
@@ -355,7 +387,9 @@ def test_the_hint_listener_connection_carries_tcp_keepalives(transactional_db):
     try:
         assert listener.connected.wait(10)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()")
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'backwave-hints' AND datname = current_database()"
+            )
             (pid,) = cursor.fetchone()
         assert client_socket_options(pid) == BACKWAVE_KEEPALIVES
     finally:
@@ -363,7 +397,9 @@ def test_the_hint_listener_connection_carries_tcp_keepalives(transactional_db):
 
 
 def succeed_and_claim(store, lease, jobs, limit=4):
-    outcomes = [OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=job.id) for job in jobs]
+    outcomes = [
+        OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED, return_value=job.id) for job in jobs
+    ]
     applied, claimed = store.write_outcomes_then_claim(
         lease_id=lease.id, worker_id=lease.worker_id, outcomes=outcomes, queues=["default"], limit=limit
     )

@@ -32,7 +32,9 @@ def outcome(job, kind=OutcomeKind.SUCCEEDED, **fields):
 
 
 def test_dependents_wait_and_roots_are_ready(store, rows):
-    a, b, c = store.enqueue_many([new(), new(after=[After(position=0)]), new(after=[After(position=0), After(position=1, on_failure="hold")])])
+    a, b, c = store.enqueue_many(
+        [new(), new(after=[After(position=0)]), new(after=[After(position=0), After(position=1, on_failure="hold")])]
+    )
     assert rows.states([a, b, c]) == {a: "ready", b: "waiting", c: "waiting"}
     assert (rows.job(b).waiting_on, rows.job(c).waiting_on) == (1, 2)
     d = store.enqueue_many([new(after=[After(job_id=c)])])[0]
@@ -70,7 +72,9 @@ def test_a_released_dependent_wakes_the_pumps_of_its_own_queue(store, lease, row
     listener = psycopg.connect(**{**django_connection.get_connection_params(), "autocommit": True})
     try:
         listener.execute("LISTEN backwave_hint")
-        a, *_ = store.enqueue_many([new(), new(after=[After(position=0)], queue="reports"), new(after=[After(position=0)], queue="reports")])
+        a, *_ = store.enqueue_many(
+            [new(), new(after=[After(position=0)], queue="reports"), new(after=[After(position=0)], queue="reports")]
+        )
         list(listener.notifies(timeout=0.2))  # the enqueue's own hint for "default"
         (job,) = claim(store, lease)
         assert store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job)]).released == 2
@@ -91,15 +95,17 @@ def test_a_retry_or_a_snooze_settles_nothing(store, lease, rows, kind):
 
 @pytest.mark.parametrize("kind", [OutcomeKind.FAILED, OutcomeKind.QUARANTINED, OutcomeKind.CANCELLED])
 def test_a_failed_ancestor_cancels_runs_or_holds_each_dependent_by_policy(store, lease, rows, kind):
-    ids = store.enqueue_many([
-        new(),  # 0: the ancestor that fails
-        new(after=[After(position=0)]),  # 1: cancelled
-        new(after=[After(position=1)]),  # 2: cancelled in turn
-        new(after=[After(position=1, on_failure="run")]),  # 3: runs anyway once 1 is cancelled
-        new(after=[After(position=0, on_failure="run")]),  # 4: runs anyway
-        new(after=[After(position=0, on_failure="hold")]),  # 5: held
-        new(after=[After(position=5)]),  # 6: keeps waiting behind the held job
-    ])
+    ids = store.enqueue_many(
+        [
+            new(),  # 0: the ancestor that fails
+            new(after=[After(position=0)]),  # 1: cancelled
+            new(after=[After(position=1)]),  # 2: cancelled in turn
+            new(after=[After(position=1, on_failure="run")]),  # 3: runs anyway once 1 is cancelled
+            new(after=[After(position=0, on_failure="run")]),  # 4: runs anyway
+            new(after=[After(position=0, on_failure="hold")]),  # 5: held
+            new(after=[After(position=5)]),  # 6: keeps waiting behind the held job
+        ]
+    )
     (ancestor,) = claim(store, lease)
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor, kind, error_class="x.E")])
     assert applied.released == 2  # 3 and 4
@@ -115,10 +121,20 @@ def test_a_failed_ancestor_cancels_runs_or_holds_each_dependent_by_policy(store,
 def test_output_merges_and_tag_deltas_apply_whatever_the_kind(store, lease, rows):
     a, b = store.enqueue_many([new(tags=["x", "y"]), new(tags=["keep"])])
     first, second = claim(store, lease)
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(first, OutcomeKind.RETRY, retry_delay=0, output={"rows": 1, "stage": "a"}, tags_added=("z", "x"), tags_removed=("y",)),
-        outcome(second, OutcomeKind.FAILED, output={"why": "it broke"}, tags_added=("broken",)),
-    ])
+    store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[
+            outcome(
+                first,
+                OutcomeKind.RETRY,
+                retry_delay=0,
+                output={"rows": 1, "stage": "a"},
+                tags_added=("z", "x"),
+                tags_removed=("y",),
+            ),
+            outcome(second, OutcomeKind.FAILED, output={"why": "it broke"}, tags_added=("broken",)),
+        ],
+    )
     assert (rows.job(a).output, rows.job(a).tags) == ({"rows": 1, "stage": "a"}, ["x", "z"])
     assert (rows.job(b).output, rows.job(b).tags) == ({"why": "it broke"}, ["keep", "broken"])
     (again,) = claim(store, lease)
@@ -129,9 +145,9 @@ def test_output_merges_and_tag_deltas_apply_whatever_the_kind(store, lease, rows
 def test_an_unstorable_output_costs_its_row_alone(store, lease, rows):
     a, b = store.enqueue_many([new(), new()])
     first, second = claim(store, lease)
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(first, output={"bad": float("nan")}), outcome(second, output={"fine": 1}),
-    ])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id, outcomes=[outcome(first, output={"bad": float("nan")}), outcome(second, output={"fine": 1})]
+    )
     assert applied == {a, b}
     assert applied.replaced[a].kind is OutcomeKind.FAILED
     assert "its output cannot be stored: the output holds NaN at ['bad']" in applied.replaced[a].traceback
@@ -216,7 +232,10 @@ def test_the_stores_prepared_statements_are_planned_once(rows):
     jobs = store.claim_jobs(lease_id=lease_id, worker_id="w", queues=["default"], limit=10)
     for _ in range(12):
         _, jobs = store.write_outcomes_then_claim(
-            lease_id=lease_id, worker_id="w", queues=["default"], limit=10,
+            lease_id=lease_id,
+            worker_id="w",
+            queues=["default"],
+            limit=10,
             outcomes=[OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED) for job in jobs],
         )
     # The settings statement itself is planned before its set_config runs (by the session's
@@ -267,7 +286,9 @@ def test_an_ancestor_claimed_with_its_dependents_is_written_behind_the_lock_and_
     sent = _statements_sent(store, monkeypatch)
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)])
     assert applied == {ancestor_id} and applied.released == 1
-    assert [[name for name in trip if name != "set_transaction_settings"] for trip in sent] == [["lock_outcome_jobs", "write_outcomes_many"]]
+    assert [[name for name in trip if name != "set_transaction_settings"] for trip in sent] == [
+        ["lock_outcome_jobs", "write_outcomes_many"]
+    ]
     assert rows.states([ancestor_id, dependent_id]) == {ancestor_id: "succeeded", dependent_id: "ready"}
 
 
@@ -282,9 +303,14 @@ def test_a_dependent_enqueued_while_its_ancestor_ran_is_released_by_a_second_wri
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor), outcome(other)])
     assert applied == {ancestor_id, other_id} and applied.released == 1
     assert [[name for name in trip if name != "set_transaction_settings"] for trip in sent] == [
-        ["write_outcomes_plain"], ["lock_outcome_jobs", "write_outcomes_many"],
+        ["write_outcomes_plain"],
+        ["lock_outcome_jobs", "write_outcomes_many"],
     ]
-    assert rows.states([ancestor_id, other_id, dependent_id]) == {ancestor_id: "succeeded", other_id: "succeeded", dependent_id: "ready"}
+    assert rows.states([ancestor_id, other_id, dependent_id]) == {
+        ancestor_id: "succeeded",
+        other_id: "succeeded",
+        dependent_id: "ready",
+    }
 
 
 @pytest.mark.stores("postgres")
@@ -329,7 +355,9 @@ def test_a_wide_fan_in_checks_its_edges_by_index_whatever_the_session_planned_be
     # The statement's own plan may scan the nine rows there were (and another session's count
     # may land meanwhile); one scan per edge is 2,000 scans and a million tuples.
     scans, tuples = after_scans - scans, after_tuples - tuples
-    assert scans < 10 and tuples < fan_in, f"enqueueing a fan-in of {fan_in} read backwave_job by {scans} sequential scans ({tuples} tuples)"
+    assert scans < 10 and tuples < fan_in, (
+        f"enqueueing a fan-in of {fan_in} read backwave_job by {scans} sequential scans ({tuples} tuples)"
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -372,7 +400,10 @@ def test_the_edges_keys_are_checked_when_their_statement_ends_and_cascade():
     with _session() as session, session.cursor() as cursor:
         first, middle, last = insert_jobs(cursor, [new(), new(after=[After(position=0)]), new(after=[After(position=1)])])
         with pytest.raises(psycopg.errors.ForeignKeyViolation):
-            cursor.execute("INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position) VALUES (%s, 987654321, 'run', 1)", [last])
+            cursor.execute(
+                "INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position) VALUES (%s, 987654321, 'run', 1)",
+                [last],
+            )
         cursor.execute("DELETE FROM backwave_job WHERE id = %s", [middle])  # a purge's delete: its edges both ways go
         assert cursor.execute("SELECT job_id, ancestor_id FROM backwave_dependency").fetchall() == []
 
@@ -394,10 +425,14 @@ def test_a_purge_deletes_dependency_rows_by_index_whatever_the_session_planned_b
             assert len(operator.act_on_jobs(cursor, "purge", selection, finished)) == 10  # the session's first purge
             fan_in = 1000
             insert_jobs(cursor, [*(new() for _ in range(fan_in)), new(after=[After(position=n) for n in range(fan_in)])])
-            cursor.execute("UPDATE backwave_job SET state = 'succeeded' WHERE id IN (SELECT id FROM backwave_job ORDER BY id LIMIT 200)")
+            cursor.execute(
+                "UPDATE backwave_job SET state = 'succeeded' WHERE id IN (SELECT id FROM backwave_job ORDER BY id LIMIT 200)"
+            )
             with session.transaction():
                 purged = operator.act_on_jobs(cursor, "purge", selection, finished)
-                scans = cursor.execute("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'backwave_dependency'").fetchone()[0]
+                scans = cursor.execute(
+                    "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'backwave_dependency'"
+                ).fetchone()[0]
                 assert cursor.execute("SELECT current_setting('enable_seqscan')").fetchone() == ("on",)  # the caller's, back
     assert len(purged) == 200 and all(changed for _id, _state, changed, _path in purged)
     assert scans < 5, f"purging 200 jobs read backwave_dependency by {scans} sequential scans"

@@ -68,7 +68,10 @@ def test_no_host_time_is_ever_sent(store, lease, sent_parameters, rows):
     jobs = claim(store, lease)
     store.renew_lease(lease_id=lease.id, duration=60)
     store.write_outcomes_then_claim(
-        lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=1,
+        lease_id=lease.id,
+        worker_id=lease.worker_id,
+        queues=["default"],
+        limit=1,
         outcomes=[OutcomeRecord(job_id=jobs[0].id, attempt=1, kind=OutcomeKind.RETRY, retry_delay=5.0, duration=0.5)],
     )
     store.release_jobs_many(lease_id=lease.id, job_ids=[jobs[1].id])
@@ -116,7 +119,9 @@ def test_release_lease_hands_running_jobs_back_and_deletes_the_lease(store, leas
     rows.make_jobs(5)
     finished, *running = claim(store, lease, limit=4)
     (theirs,) = claim(store, other, limit=1)
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[OutcomeRecord(job_id=finished.id, attempt=1, kind=OutcomeKind.SUCCEEDED)])
+    store.write_outcomes_many(
+        lease_id=lease.id, outcomes=[OutcomeRecord(job_id=finished.id, attempt=1, kind=OutcomeKind.SUCCEEDED)]
+    )
     before = store.round_trips
 
     assert store.release_lease(lease_id=lease.id) == sorted(job.id for job in running)
@@ -182,7 +187,12 @@ def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease,
     assert rows.lease(lease.id) is None
     assert rows.lease(live.id) is not None
     jobs = rows.jobs()
-    assert (jobs[again.pk].state, jobs[again.pk].attempts, jobs[again.pk].lease_id, jobs[again.pk].finished_at) == ("ready", 1, None, None)
+    assert (jobs[again.pk].state, jobs[again.pk].attempts, jobs[again.pk].lease_id, jobs[again.pk].finished_at) == (
+        "ready",
+        1,
+        None,
+        None,
+    )
     assert (jobs[last.pk].state, jobs[last.pk].lease_id) == ("failed", None)
     assert jobs[last.pk].finished_at is not None
     assert jobs[live_job.id].state == "running"
@@ -190,7 +200,12 @@ def test_expiry_releases_a_lapsed_lease_and_leaves_live_ones_alone(store, lease,
     attempts = {a.job_id: a for a in rows.attempts()}
     assert set(attempts) == {again.pk, last.pk}
     for job_id, attempt in attempts.items():
-        assert (attempt.number, attempt.state, attempt.worker_id, attempt.error_class) == (1, "lapsed", lease.worker_id, "backwave.results.LeaseLapsed")
+        assert (attempt.number, attempt.state, attempt.worker_id, attempt.error_class) == (
+            1,
+            "lapsed",
+            lease.worker_id,
+            "backwave.results.LeaseLapsed",
+        )
         assert attempt.started_at == jobs[job_id].last_attempted_at
         # When it last ran for sure (the lease's renewal, or its claim if later), not when the
         # lapse was noticed.
@@ -271,7 +286,11 @@ def test_expiry_never_resurrects_a_finished_job(store, lease, rows):
     rows.lapse(lease.id)
 
     assert store.expire_leases(limit=10) == 1
-    assert rows.states([done.id, cancelled.id, running.id]) == {done.id: "succeeded", cancelled.id: "cancelled", running.id: "ready"}
+    assert rows.states([done.id, cancelled.id, running.id]) == {
+        done.id: "succeeded",
+        cancelled.id: "cancelled",
+        running.id: "ready",
+    }
     assert [(a.job_id, a.state) for a in rows.attempts()] == [(done.id, "succeeded"), (running.id, "lapsed")]
 
 
@@ -329,7 +348,9 @@ def test_reconcile_gives_back_a_later_attempt_of_a_job_the_pump_knows_at_an_earl
     rows.make_jobs(2, max_attempts=3)
     first, kept = claim(store, lease, limit=2)
     retry = OutcomeRecord(job_id=first.id, attempt=1, kind=OutcomeKind.RETRY, retry_delay=0.0)
-    applied, (second,) = store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[retry], queues=["default"], limit=1)
+    applied, (second,) = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[retry], queues=["default"], limit=1
+    )
     assert (applied, second.id, second.attempt) == ({first.id}, first.id, 2)
 
     assert store.reconcile_lease(lease_id=lease.id, known=[(first.id, 1), (kept.id, 1)]) == {(first.id, 2)}

@@ -29,9 +29,23 @@ def health(worker_id="h:1:g:0:ab", status="healthy", **fields) -> PumpHealth:
 
 
 def test_sync_writes_rows_and_disables_the_undeclared(store, rows):
-    assert store.sync_schedules(schedules=[definition("a", args=[7], queue="e2e", priority=5, tags=("t",)), definition("b", "0 * * * *")]) == []
+    assert (
+        store.sync_schedules(
+            schedules=[definition("a", args=[7], queue="e2e", priority=5, tags=("t",)), definition("b", "0 * * * *")]
+        )
+        == []
+    )
     a = rows.schedules()["a"]
-    assert (a.task_path, a.cron, a.args, a.kwargs, a.queue, a.priority, a.tags, a.enabled) == (NOOP, "* * * * *", [7], {}, "e2e", 5, ["t"], True)
+    assert (a.task_path, a.cron, a.args, a.kwargs, a.queue, a.priority, a.tags, a.enabled) == (
+        NOOP,
+        "* * * * *",
+        [7],
+        {},
+        "e2e",
+        5,
+        ["t"],
+        True,
+    )
     assert (a.last_slot, a.next_run) == (None, None)
     mint_due(store)  # computes next_run for both
     first = {name: row.next_run for name, row in rows.schedules().items()}
@@ -50,7 +64,15 @@ def test_sync_writes_rows_and_disables_the_undeclared(store, rows):
 
 
 def test_due_schedules_come_unknown_first_then_oldest_with_the_database_clock(store, rows):
-    store.sync_schedules(schedules=[definition("late"), definition("new"), definition("later"), definition("off", enabled=False), definition("future")])
+    store.sync_schedules(
+        schedules=[
+            definition("late"),
+            definition("new"),
+            definition("later"),
+            definition("off", enabled=False),
+            definition("future"),
+        ]
+    )
     rows.make_due("late", seconds_ago=120)
     rows.make_due("later", seconds_ago=60)
     rows.make_due("future", seconds_ago=-3600)
@@ -73,7 +95,14 @@ def test_a_due_slot_becomes_one_job_like_an_enqueued_one(store, rows):
     assert job.schedule_slot <= now and job.schedule_slot.minute % 5 == 0 and job.schedule_slot.second == 0
     assert now - job.schedule_slot < timedelta(minutes=5), "the latest slot that has passed"
     assert (job.task_path, job.payload, job.queue, job.state, job.attempts, job.max_attempts, job.backoff_base) == (
-        NOOP, {"args": [42], "kwargs": {}}, "e2e", "ready", 0, 3, 2.0)
+        NOOP,
+        {"args": [42], "kwargs": {}},
+        "e2e",
+        "ready",
+        0,
+        3,
+        2.0,
+    )
     assert schedule.next_run > now
     assert mint_due(store) == []
 
@@ -103,7 +132,9 @@ def test_an_older_slot_a_taken_slot_and_a_changed_expression_mint_nothing(store,
     (job_id,) = mint_due(store)
     schedule = rows.schedules()["s"]
     rows.make_due("s", seconds_ago=1)
-    older = ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot - timedelta(minutes=5), next_run=schedule.next_run)
+    older = ScheduleSlot(
+        schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot - timedelta(minutes=5), next_run=schedule.next_run
+    )
     assert store.mint_schedules_many(slots=[older]) == []
     rows.set_schedule("s", last_slot=None)
     taken = ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=schedule.last_slot, next_run=schedule.next_run)
@@ -119,10 +150,16 @@ def test_a_slot_of_none_only_moves_next_run_and_a_schedule_not_due_is_skipped(st
     store.sync_schedules(schedules=[definition("s")])
     (schedule,) = rows.schedules().values()
     later = rows.now() + timedelta(hours=1)
-    assert store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=None, next_run=later)]) == []
+    assert (
+        store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=None, next_run=later)])
+        == []
+    )
     assert (rows.schedules()["s"].next_run, rows.schedules()["s"].last_slot) == (later, None)
     slot = rows.now() - timedelta(minutes=1)
-    assert store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=slot, next_run=later)]) == []
+    assert (
+        store.mint_schedules_many(slots=[ScheduleSlot(schedule_id=schedule.id, cron="* * * * *", slot=slot, next_run=later)])
+        == []
+    )
     assert rows.count() == 0
 
 
@@ -142,7 +179,10 @@ def roll_up_everything(store) -> int:
 
 
 def test_only_finished_jobs_past_their_states_retention_are_purged_with_their_attempts(store, rows):
-    old = [rows.finished_job("succeeded", seconds_ago=7200, attempts=2), rows.finished_job("failed", seconds_ago=90_000, attempts=3)]
+    old = [
+        rows.finished_job("succeeded", seconds_ago=7200, attempts=2),
+        rows.finished_job("failed", seconds_ago=90_000, attempts=3),
+    ]
     kept = [
         rows.finished_job("succeeded", seconds_ago=1800),
         rows.finished_job("failed", seconds_ago=80_000),
@@ -231,7 +271,9 @@ def test_a_due_queue_no_live_pump_serves_is_unserved(store, rows, open_lease):
     assert [queue for queue, _ in store.unserved_queues()] == ["default", "emails"]  # no pump at all
 
     serving = open_lease("h:1:g:0:ab")
-    store.record_pumps_many(pumps=[health("h:1:g:0:ab", queues=("default",)), health("h:2:g:0:cd", status="halted", queues=("emails",))])
+    store.record_pumps_many(
+        pumps=[health("h:1:g:0:ab", queues=("default",)), health("h:2:g:0:cd", status="halted", queues=("emails",))]
+    )
     open_lease("h:2:g:0:cd")
     ((queue, waited),) = store.unserved_queues()
     assert queue == "emails" and 19 < waited < 3600, "the oldest due job of any priority, by the database clock"

@@ -53,8 +53,11 @@ def test_the_hot_path_parses_no_query_text(store, lease, rows, monkeypatch):
     jobs = store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=20)
     for _ in range(2):
         applied, jobs = store.write_outcomes_then_claim(
-            lease_id=lease.id, worker_id=lease.worker_id, outcomes=[OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED) for job in jobs],
-            queues=["default"], limit=10,
+            lease_id=lease.id,
+            worker_id=lease.worker_id,
+            outcomes=[OutcomeRecord(job_id=job.id, attempt=job.attempt, kind=OutcomeKind.SUCCEEDED) for job in jobs],
+            queues=["default"],
+            limit=10,
         )
         assert len(applied) > 0
     store.heartbeat(lease_id=lease.id, duration=60.0)

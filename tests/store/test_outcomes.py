@@ -26,16 +26,23 @@ def outcome(job, kind=OutcomeKind.SUCCEEDED, **fields):
 def test_each_kind_moves_the_job_on(store, lease, rows):
     rows.make_jobs(4)
     ok, retry, dead, unroutable = claim(store, lease)
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(ok, return_value={"sent": 3}),
-        outcome(retry, OutcomeKind.RETRY, retry_delay=30, error_class="builtins.ValueError", traceback="tb"),
-        outcome(dead, OutcomeKind.FAILED, error_class="builtins.KeyError"),
-        outcome(unroutable, OutcomeKind.QUARANTINED, error_class="backwave.Unroutable"),
-    ])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[
+            outcome(ok, return_value={"sent": 3}),
+            outcome(retry, OutcomeKind.RETRY, retry_delay=30, error_class="builtins.ValueError", traceback="tb"),
+            outcome(dead, OutcomeKind.FAILED, error_class="builtins.KeyError"),
+            outcome(unroutable, OutcomeKind.QUARANTINED, error_class="backwave.Unroutable"),
+        ],
+    )
     assert applied == {ok.id, retry.id, dead.id, unroutable.id}
     jobs = {pk: rows.job(pk) for pk in applied}
     assert {pk: row.state for pk, row in jobs.items()} == {
-        ok.id: "succeeded", retry.id: "ready", dead.id: "failed", unroutable.id: "quarantined"}
+        ok.id: "succeeded",
+        retry.id: "ready",
+        dead.id: "failed",
+        unroutable.id: "quarantined",
+    }
     assert all(row.lease_id is None for row in jobs.values())
     assert jobs[ok.id].return_value == {"sent": 3}
     assert jobs[retry.id].finished_at is None
@@ -46,11 +53,21 @@ def test_each_kind_moves_the_job_on(store, lease, rows):
 def test_one_attempt_row_per_applied_outcome_with_its_fields(store, lease, rows):
     rows.make_jobs(3)
     ok, retry, unroutable = claim(store, lease)
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(ok, return_value=[1, "two"], duration=1.5),
-        outcome(retry, OutcomeKind.RETRY, retry_delay=5, error_class="builtins.ValueError", traceback="Traceback: boom", duration=0.25),
-        outcome(unroutable, OutcomeKind.QUARANTINED, error_class="backwave.Unroutable", traceback="no such task"),
-    ])
+    store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[
+            outcome(ok, return_value=[1, "two"], duration=1.5),
+            outcome(
+                retry,
+                OutcomeKind.RETRY,
+                retry_delay=5,
+                error_class="builtins.ValueError",
+                traceback="Traceback: boom",
+                duration=0.25,
+            ),
+            outcome(unroutable, OutcomeKind.QUARANTINED, error_class="backwave.Unroutable", traceback="no such task"),
+        ],
+    )
     attempts = {a.job_id: a for a in rows.attempts()}
     assert len(attempts) == 3
     assert {pk: (a.number, a.state, a.worker_id) for pk, a in attempts.items()} == {
@@ -95,7 +112,9 @@ def test_a_retry_or_snooze_at_the_maximum_delay_is_written_as_one(store, lease, 
     rows.make_jobs(1, max_attempts=3)
     (job,) = claim(store, lease)
     before = rows.now()
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, kind, retry_delay=MAX_DELAY, error_class="app.Boom")])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id, outcomes=[outcome(job, kind, retry_delay=MAX_DELAY, error_class="app.Boom")]
+    )
     assert applied == {job.id} and not applied.replaced
     stored = rows.job(job.id)
     assert stored.state == "ready"
@@ -185,20 +204,25 @@ def _written_as_unstorable(rows, job_id, reason, state="failed"):
     return attempt
 
 
-@pytest.mark.parametrize(("value", "reason"), [
-    ({1, 2}, "the return value is a set, which is not JSON-serialisable"),
-    ({"name": "a\x00b"}, "the return value holds a NUL character at ['name']"),
-    ({"rows": [1.0, float("nan")]}, "the return value holds NaN at ['rows'][1]"),
-    (10**5000, "the return value is an int of 5,001 digits"),
-], ids=["set", "nul", "nan", "huge_int"])
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ({1, 2}, "the return value is a set, which is not JSON-serialisable"),
+        ({"name": "a\x00b"}, "the return value holds a NUL character at ['name']"),
+        ({"rows": [1.0, float("nan")]}, "the return value holds NaN at ['rows'][1]"),
+        (10**5000, "the return value is an int of 5,001 digits"),
+    ],
+    ids=["set", "nul", "nan", "huge_int"],
+)
 def test_a_value_json_cannot_encode_fails_that_job_alone_in_the_same_round_trip(store, lease, value, reason, rows):
     rows.make_jobs(3)
     before, bad, after = claim(store, lease)
     trips = store.round_trips
 
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(before, return_value=1), outcome(bad, return_value=value), outcome(after, return_value=2),
-    ])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[outcome(before, return_value=1), outcome(bad, return_value=value), outcome(after, return_value=2)],
+    )
 
     assert applied == {before.id, bad.id, after.id}
     assert store.round_trips == trips + 1  # found and replaced before anything was sent
@@ -222,7 +246,9 @@ def test_a_row_postgresql_refuses_is_isolated_by_bisection_and_the_rest_written(
     # The batch (refused), then halves down to the row: [0:4] written, [4:8] refused, [4:6]
     # refused, [4] written, [5] refused and its replacement written, [6:8] written.
     assert store.round_trips == trips + 8
-    assert {job.id: rows.job(job.id).return_value for job in jobs if job is not bad} == {job.id: job.id for job in jobs if job is not bad}
+    assert {job.id: rows.job(job.id).return_value for job in jobs if job is not bad} == {
+        job.id: job.id for job in jobs if job is not bad
+    }
     _written_as_unstorable(rows, bad.id, "PostgreSQL refused it [22P02]")
     assert set(applied.replaced) == {bad.id}
 
@@ -233,7 +259,10 @@ def test_a_refused_row_keeps_the_claim_that_rode_on_the_write(store, lease, rows
     fresh = rows.make_jobs(3)
 
     applied, claimed = store.write_outcomes_then_claim(
-        lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=3,
+        lease_id=lease.id,
+        worker_id=lease.worker_id,
+        queues=["default"],
+        limit=3,
         outcomes=[outcome(good, return_value="ok"), outcome(bad, return_value=["\udc00"])],
     )
 
@@ -249,9 +278,9 @@ def test_a_refused_retry_delay_fails_the_job_saying_why(store, lease, rows):
 
     # A delay past timestamptz's range (22008): the replacement keeps the decision (and the
     # delay), is refused too, and the job fails instead.
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(doomed, OutcomeKind.RETRY, retry_delay=1e300, error_class="app.Boom"), outcome(mate),
-    ])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id, outcomes=[outcome(doomed, OutcomeKind.RETRY, retry_delay=1e300, error_class="app.Boom"), outcome(mate)]
+    )
 
     assert applied == {doomed.id, mate.id}
     assert rows.job(mate.id).state == "succeeded"
@@ -267,10 +296,15 @@ def test_a_text_the_database_cannot_hold_is_written_escaped_and_the_retry_kept(s
     with connection.cursor() as cursor:
         cursor.execute(_REFUSE_NON_ASCII_TEXT)
     try:
-        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-            outcome(retry, OutcomeKind.RETRY, retry_delay=0, error_class="app.Boom", traceback="app.Boom: no caf\u00e9 \U0001f600"),
-            outcome(mate),
-        ])
+        applied = store.write_outcomes_many(
+            lease_id=lease.id,
+            outcomes=[
+                outcome(
+                    retry, OutcomeKind.RETRY, retry_delay=0, error_class="app.Boom", traceback="app.Boom: no caf\u00e9 \U0001f600"
+                ),
+                outcome(mate),
+            ],
+        )
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP TRIGGER refuse_non_ascii ON backwave_attempt; DROP FUNCTION refuse_non_ascii()")
@@ -298,9 +332,10 @@ def test_a_lone_surrogate_in_an_error_text_is_stored_escaped(store, lease, rows)
     rows.make_jobs(1)
     (job,) = claim(store, lease)
     trips = store.round_trips
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(job, OutcomeKind.FAILED, error_class="app.Bad\udce9Error", traceback="reading caf\udce9.csv"),
-    ])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[outcome(job, OutcomeKind.FAILED, error_class="app.Bad\udce9Error", traceback="reading caf\udce9.csv")],
+    )
     assert applied == {job.id} and not applied.replaced
     assert store.round_trips == trips + 1
     (attempt,) = rows.attempts()
@@ -318,9 +353,10 @@ def test_an_error_class_is_cut_to_its_column(store, lease, rows):
 def test_a_nul_in_an_error_text_is_stored_escaped(store, lease, rows):
     rows.make_jobs(1)
     (job,) = claim(store, lease)
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(job, OutcomeKind.FAILED, error_class="app.Bad\x00Error", traceback="line 1\x00line 2"),
-    ])
+    applied = store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[outcome(job, OutcomeKind.FAILED, error_class="app.Bad\x00Error", traceback="line 1\x00line 2")],
+    )
     assert applied == {job.id}
     (attempt,) = rows.attempts()
     assert (attempt.error_class, attempt.traceback) == ("app.Bad\\x00Error", "line 1\\x00line 2")
@@ -337,7 +373,10 @@ def test_write_then_claim_is_one_round_trip_and_claims_after_the_write(store, le
     before = store.round_trips
 
     applied, claimed = store.write_outcomes_then_claim(
-        lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=4,
+        lease_id=lease.id,
+        worker_id=lease.worker_id,
+        queues=["default"],
+        limit=4,
         outcomes=[outcome(done), outcome(retried, OutcomeKind.RETRY, retry_delay=0)],
     )
 
@@ -354,7 +393,9 @@ def test_write_then_claim_is_one_round_trip_and_claims_after_the_write(store, le
 def test_write_then_claim_with_nothing_to_write_is_a_claim(store, lease, rows):
     rows.make_jobs(2)
     before = store.round_trips
-    applied, claimed = store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[], queues=["default"], limit=5)
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[], queues=["default"], limit=5
+    )
     assert (applied, len(claimed), store.round_trips) == (set(), 2, before + 1)
 
 
@@ -362,7 +403,9 @@ def test_write_then_claim_with_no_room_is_a_write(store, lease, rows):
     rows.make_jobs(2)
     (job,) = claim(store, lease, limit=1)
     before = store.round_trips
-    applied, claimed = store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(job)], queues=["default"], limit=0)
+    applied, claimed = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(job)], queues=["default"], limit=0
+    )
     assert (applied, claimed, store.round_trips) == ({job.id}, [], before + 1)
 
 
@@ -374,7 +417,9 @@ def test_a_failed_write_stops_the_claim_and_the_error_propagates(store, lease, r
     rows.add_attempt(job_id=job.id, number=job.attempt, state="failed", worker_id="someone")
 
     with pytest.raises(StoreError, match="23505"):
-        store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(job)], queues=["default"], limit=5)
+        store.write_outcomes_then_claim(
+            lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(job)], queues=["default"], limit=5
+        )
 
     assert rows.count("ready") == 2  # the claim never ran
     assert rows.states([job.id]) == {job.id: "running"}  # the write was rolled back
@@ -390,7 +435,9 @@ def test_a_failed_claim_rolls_the_write_back(store, lease, monkeypatch, rows):
     monkeypatch.setitem(queries.QUERIES, "claim_jobs_one_queue", "SELECT 1 / (%(limit)s - %(limit)s)")
 
     with pytest.raises(StoreError, match="22012"):  # division_by_zero
-        store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(job)], queues=["default"], limit=5)
+        store.write_outcomes_then_claim(
+            lease_id=lease.id, worker_id=lease.worker_id, outcomes=[outcome(job)], queues=["default"], limit=5
+        )
 
     assert rows.states([job.id]) == {job.id: "running"}
     assert rows.attempts() == []

@@ -19,7 +19,9 @@ QUEUE = "default"
 
 
 def _enqueue(store, count, *, key="acme"):
-    return store.enqueue_many([NewJob(task_path="tests.t", payload={"args": [n], "kwargs": {}}, limit_key=key, max_attempts=3) for n in range(count)])
+    return store.enqueue_many(
+        [NewJob(task_path="tests.t", payload={"args": [n], "kwargs": {}}, limit_key=key, max_attempts=3) for n in range(count)]
+    )
 
 
 def _claim(store, lease, limit=10):
@@ -28,8 +30,13 @@ def _claim(store, lease, limit=10):
 
 def _timed_out(job, *, overrun=True, kind=OutcomeKind.RETRY):
     return OutcomeRecord(
-        job_id=job.id, attempt=job.attempt, kind=kind, retry_delay=0.0, error_class="backwave.TimeLimitExceeded",
-        traceback="ran past its time limit", overrun=overrun,
+        job_id=job.id,
+        attempt=job.attempt,
+        kind=kind,
+        retry_delay=0.0,
+        error_class="backwave.TimeLimitExceeded",
+        traceback="ran past its time limit",
+        overrun=overrun,
     )
 
 
@@ -60,7 +67,7 @@ def test_the_claim_riding_the_write_already_counts_the_overrun(limited, rows, le
     _enqueue(limited, 2)
     (job,) = _claim(limited, lease)
     applied, claimed = limited.write_outcomes_then_claim(
-        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[_timed_out(job)], queues=[QUEUE], limit=10,
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[_timed_out(job)], queues=[QUEUE], limit=10
     )
     assert applied == {job.id} and claimed == []
 

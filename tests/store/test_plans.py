@@ -30,11 +30,14 @@ def run_under_a_lease(cursor, selection: str) -> uuid.UUID:
     """A new live lease, and the jobs ``SELECT id FROM backwave_job <selection>`` running under it."""
     lease_id = uuid.uuid4()
     cursor.execute(
-        "INSERT INTO backwave_lease (id, worker_id, \"group\", hostname, pid, created_at, renewed_at, expires_at)"
+        'INSERT INTO backwave_lease (id, worker_id, "group", hostname, pid, created_at, renewed_at, expires_at)'
         " VALUES (%s, 'w', 'g', 'h', 1, now(), now(), now() + interval '1 hour')",
         [lease_id],
     )
-    cursor.execute(f"UPDATE backwave_job SET state = 'running', lease_id = %s, attempts = 1 WHERE id IN (SELECT id FROM backwave_job {selection})", [lease_id])
+    cursor.execute(
+        f"UPDATE backwave_job SET state = 'running', lease_id = %s, attempts = 1 WHERE id IN (SELECT id FROM backwave_job {selection})",
+        [lease_id],
+    )
     return lease_id
 
 
@@ -72,7 +75,11 @@ def backlog(transactional_db):
 def _counts_running(node: dict) -> bool:
     """The heap side of a bitmap scan of backwave_job_running_queue (a limited queue's count)."""
     children = node.get("Plans", ())
-    return node["Node Type"] == "Bitmap Heap Scan" and bool(children) and all(c.get("Index Name") == "backwave_job_running_queue" for c in children)
+    return (
+        node["Node Type"] == "Bitmap Heap Scan"
+        and bool(children)
+        and all(c.get("Index Name") == "backwave_job_running_queue" for c in children)
+    )
 
 
 def explain(name: str, params: dict, *, generic: bool = False) -> list[dict]:
@@ -98,20 +105,28 @@ def explain(name: str, params: dict, *, generic: bool = False) -> list[dict]:
     return list(plan_nodes(plan))
 
 
-@pytest.mark.parametrize(("name", "queue_params"), [
-    ("claim_jobs_one_queue", {"queue": "default"}),
-    ("claim_jobs_many_queues", {"queues": ["default", "emails", "reports"]}),
-])
+@pytest.mark.parametrize(
+    ("name", "queue_params"),
+    [("claim_jobs_one_queue", {"queue": "default"}), ("claim_jobs_many_queues", {"queues": ["default", "emails", "reports"]})],
+)
 def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params):
     nodes = explain(name, {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, **queue_params})
 
     # Every read of backwave_job besides the UPDATE's primary-key lookups of the picked ids and
     # the count of a limited queue's running jobs (its own partial index, checked below): the
     # ordered scan, the suspect's probe, and the probe of this lease's running suspects.
-    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]
-                 and n.get("Index Name") not in ("backwave_job_pkey", "backwave_job_running_queue") and not _counts_running(n)]
+    job_scans = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "backwave_job"
+        and "Scan" in n["Node Type"]
+        and n.get("Index Name") not in ("backwave_job_pkey", "backwave_job_running_queue")
+        and not _counts_running(n)
+    ]
     assert sorted(str(n.get("Index Name")) for n in job_scans) == [
-        "backwave_job_claim", "backwave_job_claim_suspect", "backwave_job_running_suspect",
+        "backwave_job_claim",
+        "backwave_job_claim_suspect",
+        "backwave_job_running_suspect",
     ], [(n["Node Type"], n.get("Index Name")) for n in job_scans]
     assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in job_scans), job_scans
     (lease_check,) = [n for n in job_scans if n["Index Name"] == "backwave_job_running_suspect"]
@@ -123,12 +138,15 @@ def test_the_claim_reads_the_partial_index_in_order(backlog, name, queue_params)
         assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
 
 
-@pytest.mark.parametrize(("name", "queue_params"), [
-    ("claim_jobs_one_queue", {"queue": "default"}),
-    ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
-    ("admin_queue_latency", {"names": ["default"]}),
-    ("unserved_queues", {}),
-])
+@pytest.mark.parametrize(
+    ("name", "queue_params"),
+    [
+        ("claim_jobs_one_queue", {"queue": "default"}),
+        ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
+        ("admin_queue_latency", {"names": ["default"]}),
+        ("unserved_queues", {}),
+    ],
+)
 def test_the_search_indexes_can_serve_no_statement_that_does_not_search(backlog, name, queue_params):
     """The GIN search indexes must be out of reach of every statement that does not search:
     measured in the workflow benchmark, with statistics from an empty table, the claim read the
@@ -191,11 +209,26 @@ def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
     with connection.cursor() as cursor:
         cursor.execute("SELECT id, lease_id FROM backwave_job WHERE state = 'running' ORDER BY id LIMIT 32")
         running = cursor.fetchall()
-    outcomes = json.dumps([
-        {"job_id": job_id, "attempt": 1, "kind": "succeeded", "retry_delay": 0, "boxed": {"v": None}, "error_class": "",
-         "traceback": "", "duration": 0, "progress": None, "metadata": None, "output": None, "tag_add": None, "tag_remove": None}
-        for job_id, _ in running
-    ])
+    outcomes = json.dumps(
+        [
+            {
+                "job_id": job_id,
+                "attempt": 1,
+                "kind": "succeeded",
+                "retry_delay": 0,
+                "boxed": {"v": None},
+                "error_class": "",
+                "traceback": "",
+                "duration": 0,
+                "progress": None,
+                "metadata": None,
+                "output": None,
+                "tag_add": None,
+                "tag_remove": None,
+            }
+            for job_id, _ in running
+        ]
+    )
     nodes = explain("write_outcomes_many", {"lease_id": running[0][1], "outcomes": outcomes, "observed": "[]"})
     dependency_reads = [n for n in nodes if n.get("Relation Name") == "backwave_dependency"]
     assert dependency_reads and all(n["Node Type"] != "Seq Scan" for n in dependency_reads), [
@@ -206,7 +239,6 @@ def test_settling_dependents_reads_the_dependency_index(waiting_backlog):
     used = {n.get("Index Name") for read in dependency_reads for n in plan_nodes(read) if n.get("Index Name")}
     assert "backwave_dependency_ancestor" in used and used <= {"backwave_dependency_ancestor", "backwave_job_pkey"}, used
     assert all(not (n.get("Relation Name") == "backwave_job" and n["Node Type"] == "Seq Scan") for n in nodes)
-
 
 
 CHAIN_LINKS = 3000
@@ -220,7 +252,8 @@ def chain_mid_flight(request, transactional_db):
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE backwave_job")
         cursor.execute("VACUUM ANALYZE backwave_dependency")
-        cursor.execute("""
+        cursor.execute(
+            """
             WITH links AS (
                 INSERT INTO backwave_job (task_path, queue, priority, payload, state, waiting_on, backend, tags,
                                           run_at, enqueued_at, attempts, max_attempts, backoff_base, backoff_max, worker_id)
@@ -231,8 +264,12 @@ def chain_mid_flight(request, transactional_db):
             ), ordered AS (SELECT id, lag(id) OVER (ORDER BY id) AS before FROM links)
             INSERT INTO backwave_dependency (job_id, ancestor_id, on_failure, position)
             SELECT id, before, 'cancel', 0 FROM ordered WHERE before IS NOT NULL
-        """, [CHAIN_LINKS])
-        cursor.execute("UPDATE backwave_job SET has_dependents = true WHERE state IN ('ready', 'waiting') AND id < (SELECT max(id) FROM backwave_job)")
+        """,
+            [CHAIN_LINKS],
+        )
+        cursor.execute(
+            "UPDATE backwave_job SET has_dependents = true WHERE state IN ('ready', 'waiting') AND id < (SELECT max(id) FROM backwave_job)"
+        )
         if request.param == "analyzed full":
             cursor.execute("ANALYZE backwave_job")
             cursor.execute("ANALYZE backwave_dependency")
@@ -249,14 +286,32 @@ def test_a_chain_links_outcome_releases_the_next_by_its_primary_key(chain_mid_fl
     with connection.cursor() as cursor:
         cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running'")
         ((lease_id, job_id, attempt),) = cursor.fetchall()
-    outcome = {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0.0, "boxed": {"v": None},
-               "error_class": "", "traceback": "", "duration": 0.001}
-    nodes = explain("write_outcomes_many", {"lease_id": lease_id, "outcomes": json.dumps([outcome]), "observed": "[]"},
-                    generic=plan_cache_mode == "generic")
+    outcome = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "kind": "succeeded",
+        "retry_delay": 0.0,
+        "boxed": {"v": None},
+        "error_class": "",
+        "traceback": "",
+        "duration": 0.001,
+    }
+    nodes = explain(
+        "write_outcomes_many",
+        {"lease_id": lease_id, "outcomes": json.dumps([outcome]), "observed": "[]"},
+        generic=plan_cache_mode == "generic",
+    )
     job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
-    walks = [(n["Node Type"], n.get("Index Name"), n.get("Filter")) for n in job_reads if not n.get("Index Cond") and not n["Node Type"].startswith("Bitmap")]
+    walks = [
+        (n["Node Type"], n.get("Index Name"), n.get("Filter"))
+        for n in job_reads
+        if not n.get("Index Cond") and not n["Node Type"].startswith("Bitmap")
+    ]
     assert job_reads and not walks, walks
-    assert {n.get("Index Name") for n in job_reads} <= {"backwave_job_pkey"}, [(n["Node Type"], n.get("Index Name")) for n in job_reads]
+    assert {n.get("Index Name") for n in job_reads} <= {"backwave_job_pkey"}, [
+        (n["Node Type"], n.get("Index Name")) for n in job_reads
+    ]
+
 
 WAITING_HELD_INDEX = "backwave_job_waiting_held"
 
@@ -269,10 +324,15 @@ def test_the_queue_overview_counts_waiting_and_held_jobs_through_their_own_index
         cursor.execute("UPDATE backwave_job SET state = 'held' WHERE state = 'waiting' AND id % 10 = 0")
         cursor.execute("ANALYZE backwave_job")
     nodes = explain("admin_queue_overview", {"names": ["default"], "limit": 10_001})
-    job_scans = [n for n in nodes if n.get("Relation Name") == "backwave_job" or n.get("Index Name", "").startswith("backwave_job")]
+    job_scans = [
+        n for n in nodes if n.get("Relation Name") == "backwave_job" or n.get("Index Name", "").startswith("backwave_job")
+    ]
     assert not [n for n in job_scans if n["Node Type"] == "Seq Scan"], [(n["Node Type"], n.get("Index Name")) for n in job_scans]
-    waiting_reads = [n for n in job_scans if "waiting" in n.get("Index Cond", "") + n.get("Filter", "")
-                     or "held" in n.get("Index Cond", "") + n.get("Filter", "")]
+    waiting_reads = [
+        n
+        for n in job_scans
+        if "waiting" in n.get("Index Cond", "") + n.get("Filter", "") or "held" in n.get("Index Cond", "") + n.get("Filter", "")
+    ]
     assert waiting_reads and {n.get("Index Name") for n in waiting_reads} == {WAITING_HELD_INDEX}, [
         (n["Node Type"], n.get("Index Name"), n.get("Index Cond")) for n in waiting_reads
     ]
@@ -285,22 +345,34 @@ def _failing_outcomes_of_one_lease() -> dict:
         cursor.execute("SELECT lease_id, id, attempts FROM backwave_job WHERE state = 'running' ORDER BY lease_id, id")
         rows = cursor.fetchall()
     outcomes = [
-        {"job_id": job_id, "attempt": attempt, "kind": "failed", "retry_delay": 0.0, "boxed": None,
-         "error_class": "x.E", "traceback": "", "duration": 0.001}
-        for lease, job_id, attempt in rows if lease == rows[0][0]
+        {
+            "job_id": job_id,
+            "attempt": attempt,
+            "kind": "failed",
+            "retry_delay": 0.0,
+            "boxed": None,
+            "error_class": "x.E",
+            "traceback": "",
+            "duration": 0.001,
+        }
+        for lease, job_id, attempt in rows
+        if lease == rows[0][0]
     ]
     return {"lease_id": rows[0][0], "outcomes": json.dumps(outcomes), "observed": "[]"}
 
 
-@pytest.mark.parametrize(("name", "params"), [
-    ("claim_jobs_one_queue", {"queue": "default"}),
-    ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
-    ("claim_jobs_admitted", {"queues": ["default", "emails"]}),
-    ("admin_queue_latency", {"names": ["default"]}),
-    ("has_due_jobs", {"queues": ["default"]}),
-    ("unserved_queues", {}),
-    ("write_outcomes_many", None),
-])
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("claim_jobs_one_queue", {"queue": "default"}),
+        ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
+        ("claim_jobs_admitted", {"queues": ["default", "emails"]}),
+        ("admin_queue_latency", {"names": ["default"]}),
+        ("has_due_jobs", {"queues": ["default"]}),
+        ("unserved_queues", {}),
+        ("write_outcomes_many", None),
+    ],
+)
 def test_the_waiting_and_held_index_can_serve_no_statement_but_the_overview(backlog, name, params):
     """No claim can read it: "state = 'ready'" does not imply state IN ('waiting', 'held'). The
     settling of dependents says "j.state IN ('waiting', 'held')" of the rows it updates by id,
@@ -309,7 +381,11 @@ def test_the_waiting_and_held_index_can_serve_no_statement_but_the_overview(back
     (queue <> '') is stated by the overview alone. As for the search indexes: with every other
     index of the table gone (inside a transaction rolled back) and sequential scans priced out,
     a statement that could read it would."""
-    params = _failing_outcomes_of_one_lease() if params is None else {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, **params}
+    params = (
+        _failing_outcomes_of_one_lease()
+        if params is None
+        else {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 32, **params}
+    )
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
@@ -348,15 +424,25 @@ def test_a_rollup_page_walks_the_attempts_primary_key_from_the_watermark(attempt
 
     nodes = explain("roll_up_task_stats", {"limit": 5000, "settle": 300.0, **taskstats.SQL_PARAMS})
     scans = [node for node in nodes if node.get("Relation Name") == "backwave_attempt"]
-    assert scans and all(node["Node Type"] == "Index Scan" and node["Index Name"] == "backwave_attempt_pkey" for node in scans), scans
-    assert all("id >" in node.get("Index Cond", "") for node in scans), "the scan starts at the watermark, not at the first attempt"
-    assert not any(node["Node Type"] == "Seq Scan" and node.get("Relation Name") in ("backwave_attempt", "backwave_job") for node in nodes)
+    assert scans and all(node["Node Type"] == "Index Scan" and node["Index Name"] == "backwave_attempt_pkey" for node in scans), (
+        scans
+    )
+    assert all("id >" in node.get("Index Cond", "") for node in scans), (
+        "the scan starts at the watermark, not at the first attempt"
+    )
+    assert not any(
+        node["Node Type"] == "Seq Scan" and node.get("Relation Name") in ("backwave_attempt", "backwave_job") for node in nodes
+    )
 
 
 def test_recent_failures_read_the_failing_attempts_index_backwards(attempts):
     nodes = explain("admin_recent_failures", {"limit": 10})
     scan = next(node for node in nodes if node.get("Relation Name") == "backwave_attempt")
-    assert (scan["Node Type"], scan["Index Name"], scan["Scan Direction"]) == ("Index Scan", "backwave_attempt_failing", "Backward")
+    assert (scan["Node Type"], scan["Index Name"], scan["Scan Direction"]) == (
+        "Index Scan",
+        "backwave_attempt_failing",
+        "Backward",
+    )
 
 
 def test_queue_latency_probes_the_claim_index_once_per_priority(backlog):
@@ -370,7 +456,9 @@ def test_unserved_queues_probe_the_claim_index_once_per_queue_and_priority(backl
     """Its distinct queues come from a loose scan of the claim index, never a read of the backlog."""
     nodes = explain("unserved_queues", {})
     job_scans = [node for node in nodes if node.get("Relation Name") == "backwave_job"]
-    assert job_scans and {node["Index Name"] for node in job_scans} == {"backwave_job_claim"}, [(n["Node Type"], n.get("Index Name")) for n in job_scans]
+    assert job_scans and {node["Index Name"] for node in job_scans} == {"backwave_job_claim"}, [
+        (n["Node Type"], n.get("Index Name")) for n in job_scans
+    ]
     assert all(node["Node Type"] in ("Index Scan", "Index Only Scan") for node in job_scans)
 
 
@@ -382,7 +470,9 @@ def test_the_charts_live_tail_starts_at_the_watermark(attempts):
     # An InitPlan's value ("$n", or "(InitPlan n).col1" on newer servers), fixed before the scan
     # starts: a bound joined in from the CTE can be planned as a per-row filter (as at a million
     # rows), whatever this small table gets.
-    assert scan["Index Name"] == "backwave_attempt_pkey" and re.search(r"id > (\$\d|\(InitPlan \d+\))", scan.get("Index Cond", "")), scan
+    assert scan["Index Name"] == "backwave_attempt_pkey" and re.search(
+        r"id > (\$\d|\(InitPlan \d+\))", scan.get("Index Cond", "")
+    ), scan
 
 
 @pytest.fixture
@@ -415,17 +505,31 @@ def test_the_outcome_write_finds_each_job_by_its_primary_key(statistics, plan_ca
         rows = cursor.fetchall()
     lease_id = rows[0][0]
     outcomes = [
-        {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0.0, "boxed": {"v": 1},
-         "error_class": "", "traceback": "", "duration": 0.001}
-        for lease, job_id, attempt in rows if lease == lease_id
+        {
+            "job_id": job_id,
+            "attempt": attempt,
+            "kind": "succeeded",
+            "retry_delay": 0.0,
+            "boxed": {"v": 1},
+            "error_class": "",
+            "traceback": "",
+            "duration": 0.001,
+        }
+        for lease, job_id, attempt in rows
+        if lease == lease_id
     ]
-    nodes = explain(statement, {"lease_id": lease_id, "outcomes": json.dumps(outcomes), "observed": "[]"},
-                    generic=plan_cache_mode == "generic")
+    nodes = explain(
+        statement,
+        {"lease_id": lease_id, "outcomes": json.dumps(outcomes), "observed": "[]"},
+        generic=plan_cache_mode == "generic",
+    )
 
     job_reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
     assert {(n["Node Type"], n.get("Index Name")) for n in job_reads} == {("Index Scan", "backwave_job_pkey")}, job_reads
     # The fence's probes: the batch's ids, as one array, through the primary key.
-    assert re.fullmatch(r"\(id = ANY \((\$\d+|\(InitPlan \d+\)\.col1)\)\)", job_reads[0]["Index Cond"]), job_reads[0]["Index Cond"]
+    assert re.fullmatch(r"\(id = ANY \((\$\d+|\(InitPlan \d+\)\.col1)\)\)", job_reads[0]["Index Cond"]), job_reads[0][
+        "Index Cond"
+    ]
 
 
 def test_the_heartbeat_reads_only_its_own_leases_running_jobs(backlog):
@@ -460,9 +564,18 @@ def transitions_backlog(transactional_db):
 
 
 def test_the_observer_loops_claim_reads_the_due_index_in_order(transitions_backlog):
-    nodes = explain("claim_transitions", {
-        "token": uuid.uuid4(), "limit": 32, "lease": 60.0, "registered": ["app.watch"], "deliverer": "host:1:default", "hostname": "host", "pid": 1,
-    })
+    nodes = explain(
+        "claim_transitions",
+        {
+            "token": uuid.uuid4(),
+            "limit": 32,
+            "lease": 60.0,
+            "registered": ["app.watch"],
+            "deliverer": "host:1:default",
+            "hostname": "host",
+            "pid": 1,
+        },
+    )
     scans = [n for n in nodes if n.get("Relation Name") == "backwave_transition" and "Scan" in n["Node Type"]]
     assert [n["Node Type"] for n in scans] == ["Index Scan", "Index Scan"], scans  # the pick, then the UPDATE by id
     assert [n["Index Name"] for n in scans] == ["backwave_transition_due", "backwave_transition_pkey"]
@@ -478,11 +591,21 @@ def _job_reads_of_a_write(observed: str) -> int:
             "(SELECT lease_id FROM backwave_job WHERE state = 'running' LIMIT 1)"
         )
         running = cursor.fetchall()
-        outcomes = json.dumps([
-            {"job_id": job_id, "attempt": attempt, "kind": "succeeded", "retry_delay": 0, "boxed": {"v": None},
-             "error_class": "", "traceback": "", "duration": 0.001}
-            for _, job_id, attempt in running
-        ])
+        outcomes = json.dumps(
+            [
+                {
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "kind": "succeeded",
+                    "retry_delay": 0,
+                    "boxed": {"v": None},
+                    "error_class": "",
+                    "traceback": "",
+                    "duration": 0.001,
+                }
+                for _, job_id, attempt in running
+            ]
+        )
         cursor.execute(
             f"EXPLAIN (ANALYZE, FORMAT JSON) {QUERIES['write_outcomes_many']}",
             {"lease_id": running[0][0], "outcomes": outcomes, "observed": observed},
@@ -529,27 +652,52 @@ def test_the_admitted_claim_reads_indexes_only(keyed_backlog, queues):
     # Running rows (a limited queue's count, the keys at their limit) may be read through a bitmap
     # of their small partial indexes; everything else is a plain index scan.
     bitmaps = [n for n in job_scans if n["Node Type"] == "Bitmap Heap Scan"]
-    assert all(c.get("Index Name") in ("backwave_job_running_queue", "backwave_job_running_key") for b in bitmaps for c in b["Plans"]), bitmaps
+    assert all(
+        c.get("Index Name") in ("backwave_job_running_queue", "backwave_job_running_key") for b in bitmaps for c in b["Plans"]
+    ), bitmaps
     job_scans = [n for n in job_scans if n not in bitmaps] + [c for b in bitmaps for c in b["Plans"]]
-    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Index Scan") for n in job_scans), [(n["Node Type"], n.get("Index Name")) for n in job_scans]
+    assert all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Index Scan") for n in job_scans), [
+        (n["Node Type"], n.get("Index Name")) for n in job_scans
+    ]
     used = {n.get("Index Name") for n in job_scans}
     # The ordered claim scan, and the per-key counts from the partial index of running keyed jobs.
     assert {"backwave_job_claim", "backwave_job_running_key"} <= used, used
     assert used <= {
-        "backwave_job_claim", "backwave_job_claim_suspect", "backwave_job_running_suspect", "backwave_job_running_key",
-        "backwave_job_running_queue", "backwave_job_pkey",
+        "backwave_job_claim",
+        "backwave_job_claim_suspect",
+        "backwave_job_running_suspect",
+        "backwave_job_running_key",
+        "backwave_job_running_queue",
+        "backwave_job_pkey",
     }, used
     for lock in (n for n in nodes if n["Node Type"] == "LockRows"):
         assert all(n["Node Type"] != "Sort" for n in plan_nodes(lock)), lock
     # The per-key rate windows are read by key or by this window, never scanned whole.
     windows = [n for n in nodes if n.get("Relation Name") == "backwave_key_rate_window" and "Scan" in n["Node Type"]]
-    assert windows and all(n["Node Type"] != "Seq Scan" for n in windows), [(n["Node Type"], n.get("Index Name")) for n in windows]
+    assert windows and all(n["Node Type"] != "Seq Scan" for n in windows), [
+        (n["Node Type"], n.get("Index Name")) for n in windows
+    ]
 
 
 def test_a_unique_enqueue_is_arbitrated_by_the_partial_unique_index(transactional_db):
-    jobs = json.dumps([{"task_path": "t.t", "payload": {"args": [], "kwargs": {}}, "queue": "default", "priority": 0,
-                        "max_attempts": 1, "backoff_base": 1, "backoff_max": 1, "backend": "default", "tags": [],
-                        "unique_key": "k", "unique_states": ["ready"], "unique_replace": []}])
+    jobs = json.dumps(
+        [
+            {
+                "task_path": "t.t",
+                "payload": {"args": [], "kwargs": {}},
+                "queue": "default",
+                "priority": 0,
+                "max_attempts": 1,
+                "backoff_base": 1,
+                "backoff_max": 1,
+                "backend": "default",
+                "tags": [],
+                "unique_key": "k",
+                "unique_states": ["ready"],
+                "unique_replace": [],
+            }
+        ]
+    )
     nodes = explain("enqueue_unique_many", {"jobs": jobs, "hint": False})
     (insert,) = [n for n in nodes if n.get("Operation") == "Insert"]
     # DO NOTHING: a duplicate locks no row (see test_application_locks.py).
@@ -557,7 +705,9 @@ def test_a_unique_enqueue_is_arbitrated_by_the_partial_unique_index(transactiona
     assert insert["Conflict Arbiter Indexes"] == ["backwave_job_unique_key"]
     # The job holding a key is read by that index, not by a scan.
     reads = [n for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
-    assert reads and all(n.get("Index Name") in ("backwave_job_unique_key", "backwave_job_pkey") for n in reads), [(n["Node Type"], n.get("Index Name")) for n in reads]
+    assert reads and all(n.get("Index Name") in ("backwave_job_unique_key", "backwave_job_pkey") for n in reads), [
+        (n["Node Type"], n.get("Index Name")) for n in reads
+    ]
 
 
 @pytest.fixture
@@ -583,9 +733,17 @@ def claim_index_outgrown(transactional_db):
 def test_the_claim_reads_its_index_however_large_the_index_grew(claim_index_outgrown):
     """Under the worker's transaction settings (set_transaction_settings heads every round-trip)."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(QUERIES["set_transaction_settings"], {"statement_timeout": None, "lock_timeout": None, "synchronous_commit": None})
-        nodes = explain("claim_jobs_one_queue", {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 16, "queue": "default"}, generic=True)
-    job_scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]]
+        cursor.execute(
+            QUERIES["set_transaction_settings"], {"statement_timeout": None, "lock_timeout": None, "synchronous_commit": None}
+        )
+        nodes = explain(
+            "claim_jobs_one_queue", {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 16, "queue": "default"}, generic=True
+        )
+    job_scans = [
+        (n["Node Type"], n.get("Index Name"))
+        for n in nodes
+        if n.get("Relation Name") == "backwave_job" and "Scan" in n["Node Type"]
+    ]
     assert ("Index Scan", "backwave_job_claim") in job_scans and not any(kind == "Seq Scan" for kind, _ in job_scans), job_scans
 
 
@@ -606,11 +764,14 @@ def emptied_then_refilled(transactional_db):
         assert rows == 2 and pages > 20  # the shape this fixture is for
 
 
-@pytest.mark.parametrize(("name", "queue_params"), [
-    ("claim_jobs_one_queue", {"queue": "default"}),
-    ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
-    ("claim_jobs_admitted", {"queues": ["default"]}),
-])
+@pytest.mark.parametrize(
+    ("name", "queue_params"),
+    [
+        ("claim_jobs_one_queue", {"queue": "default"}),
+        ("claim_jobs_many_queues", {"queues": ["default", "emails"]}),
+        ("claim_jobs_admitted", {"queues": ["default"]}),
+    ],
+)
 def test_the_claim_finds_its_picked_rows_by_their_ids_whatever_the_statistics_say(emptied_then_refilled, name, queue_params):
     """The claim's UPDATE reaches each picked row through the primary key by its id. Joined to
     the picked rows instead, with statistics of two rows both sides look like one row or two,
@@ -619,11 +780,16 @@ def test_the_claim_finds_its_picked_rows_by_their_ids_whatever_the_statistics_sa
     Filter: 48016", in the workflow benchmark's baseline, seen by auto_explain). Which join a
     given set of statistics gets is the planner's call; an array of ids leaves it none."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(QUERIES["set_transaction_settings"], {"statement_timeout": None, "lock_timeout": None, "synchronous_commit": None})
+        cursor.execute(
+            QUERIES["set_transaction_settings"], {"statement_timeout": None, "lock_timeout": None, "synchronous_commit": None}
+        )
         nodes = explain(name, {"lease_id": uuid.uuid4(), "worker_id": "w", "limit": 16, **queue_params}, generic=True)
     (update,) = [n for n in nodes if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "backwave_job"]
     (target,) = [n for n in update["Plans"] if n["Parent Relationship"] == "Outer"]
     if target["Node Type"] == "Bitmap Heap Scan":
         (target,) = target["Plans"]  # its bitmap: the probes themselves
-    assert (target["Node Type"], target.get("Index Name")) in {("Index Scan", "backwave_job_pkey"), ("Bitmap Index Scan", "backwave_job_pkey")}, (target["Node Type"], target.get("Index Name"))
+    assert (target["Node Type"], target.get("Index Name")) in {
+        ("Index Scan", "backwave_job_pkey"),
+        ("Bitmap Index Scan", "backwave_job_pkey"),
+    }, (target["Node Type"], target.get("Index Name"))
     assert re.fullmatch(r"\(id = ANY \((\$\d+|\(InitPlan \d+\)\.col1)\)\)", target["Index Cond"]), target["Index Cond"]

@@ -32,7 +32,14 @@ def test_the_first_lapse_is_forgiven_and_makes_every_job_under_the_lease_a_suspe
     assert lapse_and_expire(store, lease, rows) == 3
 
     for job in (rows.job(j.pk) for j in jobs):
-        assert (job.state, job.attempts, job.forgiven_attempts, job.suspect, job.lease_id, job.finished_at) == ("ready", 1, 1, True, None, None)
+        assert (job.state, job.attempts, job.forgiven_attempts, job.suspect, job.lease_id, job.finished_at) == (
+            "ready",
+            1,
+            1,
+            True,
+            None,
+            None,
+        )
         assert job.run_at <= rows.now()
     lapsed = rows.attempts()
     assert [(a.number, a.state) for a in lapsed] == [(1, "lapsed")] * 3
@@ -49,7 +56,13 @@ def test_a_suspect_whose_lease_lapses_again_pays_until_its_attempts_are_used_up(
 
     second = open_lease("host:2:default:0")
     (again,) = claim(store, second)
-    assert (again.attempt, again.forgiven_attempts, again.counted_attempt, again.suspect, again.max_attempts) == (2, 1, 1, True, 2)
+    assert (again.attempt, again.forgiven_attempts, again.counted_attempt, again.suspect, again.max_attempts) == (
+        2,
+        1,
+        1,
+        True,
+        2,
+    )
     lapse_and_expire(store, second, rows)  # counted: 1 of 2
     row = rows.job(job.pk)
     assert (row.state, row.attempts, row.forgiven_attempts, row.suspect) == ("ready", 2, 1, True)
@@ -97,7 +110,9 @@ def test_a_claim_takes_at_most_one_suspect_and_none_while_its_lease_runs_one(sto
 
     # Once the suspect's outcome is written, its lease may take the last one, in the same round-trip.
     done = OutcomeRecord(job_id=held.id, attempt=held.attempt, kind=OutcomeKind.SUCCEEDED)
-    applied, (last,) = store.write_outcomes_then_claim(lease_id=lease.id, worker_id=lease.worker_id, outcomes=[done], queues=["default"], limit=10)
+    applied, (last,) = store.write_outcomes_then_claim(
+        lease_id=lease.id, worker_id=lease.worker_id, outcomes=[done], queues=["default"], limit=10
+    )
     assert applied == {held.id} and last.suspect
     assert rows.count("ready") == 0
 

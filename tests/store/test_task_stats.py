@@ -30,11 +30,16 @@ def run_a_day(store, open_lease, rows) -> None:
     rows.make_jobs(3, task_path=A, max_attempts=2)
     rows.make_jobs(2, task_path=B)
     a1, a2, a3, b1, b2 = claim(store, lease)
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(a1, duration=0.5), outcome(a2, duration=2.0), outcome(a3, OutcomeKind.RETRY, retry_delay=0, duration=0.1),
-        outcome(b1, OutcomeKind.FAILED, duration=1.0, error_class="builtins.KeyError"),
-        outcome(b2, OutcomeKind.QUARANTINED, error_class="backwave.Unroutable"),
-    ])
+    store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[
+            outcome(a1, duration=0.5),
+            outcome(a2, duration=2.0),
+            outcome(a3, OutcomeKind.RETRY, retry_delay=0, duration=0.1),
+            outcome(b1, OutcomeKind.FAILED, duration=1.0, error_class="builtins.KeyError"),
+            outcome(b2, OutcomeKind.QUARANTINED, error_class="backwave.Unroutable"),
+        ],
+    )
     (again,) = claim(store, lease)
     assert (again.id, again.attempt) == (a3.id, 2)
     store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(again, duration=0.3)])
@@ -46,11 +51,34 @@ def run_a_day(store, open_lease, rows) -> None:
 
 
 EXPECTED = {
-    A: {"succeeded": 3, "retried": 1, "failed": 0, "quarantined": 0, "lapsed": 0, "cancelled": 0, "snoozed": 0, "reruns": 1, "timed": 4,
-        "duration_sum": 2.9, "duration_max": 2.0,
-        "bins": {taskstats.bin_of(0.5): 1, taskstats.bin_of(2.0): 1, taskstats.bin_of(0.1): 1, taskstats.bin_of(0.3): 1}},
-    B: {"succeeded": 0, "retried": 0, "failed": 1, "quarantined": 1, "lapsed": 1, "cancelled": 0, "snoozed": 0, "reruns": 0, "timed": 2,
-        "duration_sum": 1.0, "duration_max": 1.0, "bins": {taskstats.bin_of(1.0): 1, taskstats.bin_of(0.0): 1}},
+    A: {
+        "succeeded": 3,
+        "retried": 1,
+        "failed": 0,
+        "quarantined": 0,
+        "lapsed": 0,
+        "cancelled": 0,
+        "snoozed": 0,
+        "reruns": 1,
+        "timed": 4,
+        "duration_sum": 2.9,
+        "duration_max": 2.0,
+        "bins": {taskstats.bin_of(0.5): 1, taskstats.bin_of(2.0): 1, taskstats.bin_of(0.1): 1, taskstats.bin_of(0.3): 1},
+    },
+    B: {
+        "succeeded": 0,
+        "retried": 0,
+        "failed": 1,
+        "quarantined": 1,
+        "lapsed": 1,
+        "cancelled": 0,
+        "snoozed": 0,
+        "reruns": 0,
+        "timed": 2,
+        "duration_sum": 1.0,
+        "duration_max": 1.0,
+        "bins": {taskstats.bin_of(1.0): 1, taskstats.bin_of(0.0): 1},
+    },
 }
 
 
@@ -108,7 +136,8 @@ def test_an_attempt_committed_after_a_later_one_is_waited_for_not_skipped(store,
     try:
         late.execute(
             "INSERT INTO backwave_attempt (job_id, number, state, worker_id, started_at, finished_at, error_class, traceback)"
-            " VALUES (%s, 1, 'succeeded', 'w', now() - interval '1 second', now(), '', '')", [job.pk],
+            " VALUES (%s, 1, 'succeeded', 'w', now() - interval '1 second', now(), '', '')",
+            [job.pk],
         )
         rows.add_attempt(job_id=job.pk, number=2, state="succeeded", worker_id="w")  # committed, a higher id
         # Caught up and settled by time (whatever other sessions on the server keep open): this

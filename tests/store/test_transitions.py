@@ -12,7 +12,9 @@ import pytest
 from backwave.core.jobs import OutcomeKind
 from backwave.store.contract import After, DeliveryResult, NewJob, OutcomeRecord
 
-WATCH_ALL = json.dumps([{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")])
+WATCH_ALL = json.dumps(
+    [{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")]
+)
 
 
 def claim(store, lease, limit=10):
@@ -38,13 +40,21 @@ def test_each_applied_outcome_is_noted_with_its_kind(store, lease, rows):
     store.observed = WATCH_ALL
     rows.make_jobs(4)
     ok, retry, dead, unroutable = claim(store, lease)
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(ok, return_value=1), outcome(retry, OutcomeKind.RETRY, retry_delay=5), outcome(dead, OutcomeKind.FAILED),
-        outcome(unroutable, OutcomeKind.QUARANTINED),
-    ])
-    assert noted(rows) == sorted([(ok.id, 1, "succeeded"), (retry.id, 1, "retried"), (dead.id, 1, "failed"), (unroutable.id, 1, "quarantined")])
+    store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[
+            outcome(ok, return_value=1),
+            outcome(retry, OutcomeKind.RETRY, retry_delay=5),
+            outcome(dead, OutcomeKind.FAILED),
+            outcome(unroutable, OutcomeKind.QUARANTINED),
+        ],
+    )
+    assert noted(rows) == sorted(
+        [(ok.id, 1, "succeeded"), (retry.id, 1, "retried"), (dead.id, 1, "failed"), (unroutable.id, 1, "quarantined")]
+    )
     assert {(t.state, t.deliveries, tuple(t.delivered_to), t.task_path, t.queue) for t in rows.transitions()} == {
-        ("pending", 0, (), ok.task_path, "default")}
+        ("pending", 0, (), ok.task_path, "default")
+    }
 
 
 def test_an_outcome_the_fence_refuses_is_never_noted(store, lease, open_lease, rows):
@@ -56,9 +66,12 @@ def test_an_outcome_the_fence_refuses_is_never_noted(store, lease, open_lease, r
     assert rows.transitions() == []
     # ... and a write by a lease that never held the job neither.
     other = open_lease("host:2:default:0")
-    assert store.write_outcomes_then_claim(
-        lease_id=other.id, worker_id=other.worker_id, outcomes=[outcome(kept)], queues=["default"], limit=0
-    )[0] == set()
+    assert (
+        store.write_outcomes_then_claim(
+            lease_id=other.id, worker_id=other.worker_id, outcomes=[outcome(kept)], queues=["default"], limit=0
+        )[0]
+        == set()
+    )
     assert rows.transitions() == []
 
 
@@ -75,19 +88,27 @@ def test_the_write_that_rides_a_claim_notes_its_outcomes_too(store, lease, rows)
 
 def test_only_the_watched_kinds_tasks_and_queues_are_noted(store, lease, rows):
     watched_task = "tests.store.watched"
-    store.observed = json.dumps([
-        {"kind": "failed", "task_path": None, "queue": None},
-        {"kind": "succeeded", "task_path": watched_task, "queue": None},
-        {"kind": "retried", "task_path": None, "queue": "emails"},
-    ])
+    store.observed = json.dumps(
+        [
+            {"kind": "failed", "task_path": None, "queue": None},
+            {"kind": "succeeded", "task_path": watched_task, "queue": None},
+            {"kind": "retried", "task_path": None, "queue": "emails"},
+        ]
+    )
     rows.make_jobs(1, task_path=watched_task)
     rows.make_jobs(3)
     jobs = claim(store, lease)
     watched = next(job for job in jobs if job.task_path == watched_task)
     others = [job for job in jobs if job is not watched]
-    store.write_outcomes_many(lease_id=lease.id, outcomes=[
-        outcome(watched), outcome(others[0]), outcome(others[1], OutcomeKind.FAILED), outcome(others[2], OutcomeKind.RETRY, retry_delay=1),
-    ])
+    store.write_outcomes_many(
+        lease_id=lease.id,
+        outcomes=[
+            outcome(watched),
+            outcome(others[0]),
+            outcome(others[1], OutcomeKind.FAILED),
+            outcome(others[2], OutcomeKind.RETRY, retry_delay=1),
+        ],
+    )
     assert noted(rows) == sorted([(watched.id, 1, "succeeded"), (others[1].id, 1, "failed")])
 
 
@@ -127,15 +148,22 @@ def test_settling_deletes_the_delivered_and_keeps_the_failed(store, lease, rows)
     store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job) for job in claim(store, lease)])
     token = uuid.uuid4()
     done, retried, dead = store.claim_transitions(token=token, limit=10, lease=60)
-    settled = store.settle_transitions(token=token, results=[
-        DeliveryResult(id=done.id, delivered=("a.b",)),
-        DeliveryResult(id=retried.id, delivered=("a.a",), failed_observer="a.b", error="Traceback: boom\x00", retry_delay=0),
-        DeliveryResult(id=dead.id, failed_observer="a.a", error="boom", dead=True),
-    ])
+    settled = store.settle_transitions(
+        token=token,
+        results=[
+            DeliveryResult(id=done.id, delivered=("a.b",)),
+            DeliveryResult(id=retried.id, delivered=("a.a",), failed_observer="a.b", error="Traceback: boom\x00", retry_delay=0),
+            DeliveryResult(id=dead.id, failed_observer="a.a", error="boom", dead=True),
+        ],
+    )
     assert settled == {done.id, retried.id, dead.id}
     left = {t.id: t for t in rows.transitions()}
     assert set(left) == {retried.id, dead.id}
-    assert (left[retried.id].state, list(left[retried.id].delivered_to), left[retried.id].failed_observer) == ("pending", ["a.a"], "a.b")
+    assert (left[retried.id].state, list(left[retried.id].delivered_to), left[retried.id].failed_observer) == (
+        "pending",
+        ["a.a"],
+        "a.b",
+    )
     assert left[retried.id].last_error == "Traceback: boom\\x00"  # a NUL shown escaped, as text can hold it
     assert left[dead.id].state == "dead"
     # The retry is due again at once (no delay); the dead one never is.
@@ -181,12 +209,14 @@ def test_a_batch_with_observers_is_still_one_round_trip(store, lease, rows):
 # ---- whose a delivery is: the observers a transition was noted for ------------------------------
 
 FIRST, SECOND, ELSEWHERE = "app.watch.first", "app.watch.second", "app.watch.elsewhere"
-WATCH_BY_NAME = json.dumps([
-    {"kind": "succeeded", "task_path": None, "queue": None, "observer": FIRST},
-    {"kind": "succeeded", "task_path": None, "queue": None, "observer": SECOND},
-    {"kind": "failed", "task_path": None, "queue": None, "observer": SECOND},
-    {"kind": "failed", "task_path": None, "queue": "elsewhere", "observer": ELSEWHERE},
-])
+WATCH_BY_NAME = json.dumps(
+    [
+        {"kind": "succeeded", "task_path": None, "queue": None, "observer": FIRST},
+        {"kind": "succeeded", "task_path": None, "queue": None, "observer": SECOND},
+        {"kind": "failed", "task_path": None, "queue": None, "observer": SECOND},
+        {"kind": "failed", "task_path": None, "queue": "elsewhere", "observer": ELSEWHERE},
+    ]
+)
 
 
 def test_a_transition_is_noted_for_the_observers_that_watch_it(store, lease, rows):
@@ -232,7 +262,9 @@ def test_a_claim_records_its_deliverer_and_the_observers_it_has_registered(store
 
 # ---- dependents a failure cancels (settle_dependents) --------------------------------------------
 
-WATCH_CANCELS = json.dumps([{"kind": "failed", "task_path": None, "queue": None}, {"kind": "cancelled", "task_path": None, "queue": None}])
+WATCH_CANCELS = json.dumps(
+    [{"kind": "failed", "task_path": None, "queue": None}, {"kind": "cancelled", "task_path": None, "queue": None}]
+)
 
 
 def new(after=(), **fields) -> NewJob:
@@ -243,13 +275,15 @@ def new(after=(), **fields) -> NewJob:
 def a_workflow(store):
     """A root, a chain of two behind it (cancelled when it fails), one that runs anyway and one
     held for an operator: their ids in that order."""
-    return store.enqueue_many([
-        new(),
-        new(after=[After(position=0)]),
-        new(after=[After(position=1)]),
-        new(after=[After(position=0, on_failure="run")]),
-        new(after=[After(position=0, on_failure="hold")]),
-    ])
+    return store.enqueue_many(
+        [
+            new(),
+            new(after=[After(position=0)]),
+            new(after=[After(position=1)]),
+            new(after=[After(position=0, on_failure="run")]),
+            new(after=[After(position=0, on_failure="hold")]),
+        ]
+    )
 
 
 def test_each_dependent_a_failure_cancels_is_noted_once_as_never_run(store, lease, rows):
@@ -257,11 +291,17 @@ def test_each_dependent_a_failure_cancels_is_noted_once_as_never_run(store, leas
     root, child, grandchild, runs_anyway, held = a_workflow(store)
     (job,) = claim(store, lease)
     store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.FAILED)])
-    assert rows.states([child, grandchild, runs_anyway, held]) == {child: "cancelled", grandchild: "cancelled", runs_anyway: "ready", held: "held"}
+    assert rows.states([child, grandchild, runs_anyway, held]) == {
+        child: "cancelled",
+        grandchild: "cancelled",
+        runs_anyway: "ready",
+        held: "held",
+    }
     # The dependents never ran: their attempt is the job's attempts so far, none.
     assert noted(rows) == sorted([(root, 1, "failed"), (child, 0, "cancelled"), (grandchild, 0, "cancelled")])
     assert {(t.task_path, t.queue, t.state, t.deliveries, tuple(t.delivered_to)) for t in rows.transitions()} == {
-        ("app.tasks.t", "default", "pending", 0, ())}
+        ("app.tasks.t", "default", "pending", 0, ())
+    }
 
 
 def test_a_cancelled_dependent_is_noted_only_when_watched(store, lease, rows):
@@ -281,16 +321,20 @@ def test_nothing_is_noted_for_cancelled_dependents_while_nothing_is_observed(sto
 
 
 def test_a_cancelled_dependent_is_noted_by_its_own_task_and_queue(store, lease, rows):
-    store.observed = json.dumps([
-        {"kind": "cancelled", "task_path": "app.tasks.watched", "queue": None},
-        {"kind": "cancelled", "task_path": None, "queue": "emails"},
-    ])
-    root, by_task, by_queue, neither = store.enqueue_many([
-        new(),
-        new(after=[After(position=0)], task_path="app.tasks.watched"),
-        new(after=[After(position=0)], queue="emails"),
-        new(after=[After(position=0)], queue="reports"),
-    ])
+    store.observed = json.dumps(
+        [
+            {"kind": "cancelled", "task_path": "app.tasks.watched", "queue": None},
+            {"kind": "cancelled", "task_path": None, "queue": "emails"},
+        ]
+    )
+    root, by_task, by_queue, neither = store.enqueue_many(
+        [
+            new(),
+            new(after=[After(position=0)], task_path="app.tasks.watched"),
+            new(after=[After(position=0)], queue="emails"),
+            new(after=[After(position=0)], queue="reports"),
+        ]
+    )
     (job,) = claim(store, lease)
     store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.CANCELLED)])
     assert rows.states([by_task, by_queue, neither]) == dict.fromkeys([by_task, by_queue, neither], "cancelled")

@@ -13,7 +13,10 @@ from . import tasks
 
 @pytest.fixture
 def limited(settings, db):
-    settings.BACKWAVE = {**settings.BACKWAVE, "QUEUES": {"default": {"rate_limit": 3, "rate_period": 60}, "emails": {"key_concurrency_limit": 1}}}
+    settings.BACKWAVE = {
+        **settings.BACKWAVE,
+        "QUEUES": {"default": {"rate_limit": 3, "rate_period": 60}, "emails": {"key_concurrency_limit": 1}},
+    }
 
 
 def test_a_rate_limited_queue_runs_one_window_per_advance(limited):

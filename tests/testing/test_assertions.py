@@ -27,7 +27,9 @@ def test_a_near_miss_shows_what_is_there():
     with pytest.raises(AssertionError) as caught:
         assert_enqueued(tasks.send_email, args=["b@example.com"])
     message = str(caught.value)
-    assert "Expected a job of 'tests.testing.tasks.send_email' with args=['b@example.com'], state='ready' to be enqueued" in message
+    assert (
+        "Expected a job of 'tests.testing.tasks.send_email' with args=['b@example.com'], state='ready' to be enqueued" in message
+    )
     assert "args=['a@example.com']" in message and "queue='emails'" in message
 
 
@@ -35,7 +37,10 @@ def test_refute_enqueued_lists_what_it_found():
     tasks.add.enqueue(1, 2)
     refute_enqueued(tasks.add, args=[2, 1])
     refute_enqueued(tasks.send_email)
-    with pytest.raises(AssertionError, match=r"Expected no a job of 'tests.testing.tasks.add'.* found 1:\n  #\d+ tests.testing.tasks.add\(args=\[1, 2\]"):
+    with pytest.raises(
+        AssertionError,
+        match=r"Expected no a job of 'tests.testing.tasks.add'.* found 1:\n  #\d+ tests.testing.tasks.add\(args=\[1, 2\]",
+    ):
         refute_enqueued(tasks.add)
 
 
@@ -69,7 +74,11 @@ def test_capture_collects_only_the_jobs_of_its_block_in_order():
         enqueue_many([(tasks.add, (1, 1), {}), (tasks.add, (2, 2), {})])
         assert jobs == []  # filled when the block ends
     tasks.add.enqueue(3, 3)
-    assert [(job.task_path.rsplit(".", 1)[1], job.args) for job in jobs] == [("send_email", ["a@example.com"]), ("add", [1, 1]), ("add", [2, 2])]
+    assert [(job.task_path.rsplit(".", 1)[1], job.args) for job in jobs] == [
+        ("send_email", ["a@example.com"]),
+        ("add", [1, 1]),
+        ("add", [2, 2]),
+    ]
 
 
 def test_a_task_that_is_not_a_task_is_refused():

@@ -26,5 +26,7 @@ def test_failing_jobs_retry_and_die_on_virtual_time(client, backwave_pump, backw
     assert Attempt.objects.filter(state="failed").count() == 9
     page = client.get(response.url)
     assert page.status_code == 200
-    assert '<div class="count" id="count-failed"><span class="state state-failed">Failed</span><b>3</b></div>' in page.content.decode()
-
+    assert (
+        '<div class="count" id="count-failed"><span class="state state-failed">Failed</span><b>3</b></div>'
+        in page.content.decode()
+    )

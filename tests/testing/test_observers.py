@@ -24,7 +24,12 @@ def clean_slate():
 
 @pytest.fixture
 def pump(db, settings):
-    settings.BACKWAVE = {**settings.BACKWAVE, "OBSERVER_MAX_DELIVERIES": 3, "OBSERVER_BACKOFF_BASE": 10.0, "OBSERVER_BACKOFF_MAX": 10.0}
+    settings.BACKWAVE = {
+        **settings.BACKWAVE,
+        "OBSERVER_MAX_DELIVERIES": 3,
+        "OBSERVER_BACKOFF_BASE": 10.0,
+        "OBSERVER_BACKOFF_MAX": 10.0,
+    }
     with DeterministicPump(tasks=[observing], observers=[observing], queues=["e2e"]) as pump:
         yield pump
 
@@ -56,7 +61,9 @@ def test_a_failing_observer_is_retried_after_its_backoff_and_the_others_are_not_
     pump.advance(10.0)
     assert pump.drain().delivered == 1
     assert [entry for entry in observing.SEEN if entry[2] == 2] == [
-        ("flaky_observer", succeeded, 2, "succeeded", 2), ("watch", succeeded, 2, "succeeded", 2)]
+        ("flaky_observer", succeeded, 2, "succeeded", 2),
+        ("watch", succeeded, 2, "succeeded", 2),
+    ]
 
 
 def test_an_observer_that_keeps_failing_leaves_the_transition_dead(pump):
@@ -102,8 +109,14 @@ def test_an_atomic_task_whose_fence_refuses_rolls_its_writes_back(pump, monkeypa
     pump's own lease still holds the job, so that batch write lands: a success with no effect,
     which is how the rollback shows.)"""
     stranger = uuid.uuid4()
-    monkeypatch.setattr(pump, "_commit", lambda job: Commit(
-        alias="default", write=lambda _connection, record: pump.store.write_outcomes_many(lease_id=stranger, outcomes=[record])))
+    monkeypatch.setattr(
+        pump,
+        "_commit",
+        lambda job: Commit(
+            alias="default",
+            write=lambda _connection, record: pump.store.write_outcomes_many(lease_id=stranger, outcomes=[record]),
+        ),
+    )
     observing.make_user_atomically.enqueue("eve")
     drained = pump.drain()
     assert drained.attempts[0].result == "succeeded"  # not "committed": the attempt wrote nothing

@@ -66,7 +66,11 @@ def test_a_retry_comes_due_only_when_the_clock_advances(pump):
     assert drained.succeeded == 1
     result.refresh()
     assert result.return_value["attempt"] == 3
-    assert list(Attempt.objects.filter(job_id=result.id).values_list("number", "state")) == [(1, "failed"), (2, "failed"), (3, "succeeded")]
+    assert list(Attempt.objects.filter(job_id=result.id).values_list("number", "state")) == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "succeeded"),
+    ]
 
 
 def test_a_job_that_runs_out_of_attempts_is_dead(pump):
@@ -211,7 +215,10 @@ def test_the_plugins_fixture_runs_the_tasks_the_worker_would_find(backwave_pump)
 
 
 def test_schedule_slots_come_due_as_the_clock_advances(pump, settings):
-    settings.BACKWAVE = {**settings.BACKWAVE, "SCHEDULES": {"sum": {"task": tasks.add.module_path, "cron": "* * * * *", "args": [1, 2]}}}
+    settings.BACKWAVE = {
+        **settings.BACKWAVE,
+        "SCHEDULES": {"sum": {"task": tasks.add.module_path, "cron": "* * * * *", "args": [1, 2]}},
+    }
     assert pump.drain().attempts == ()  # synced; the first maintenance run finds the next slot
     pump.advance(60)
     assert pump.drain().succeeded == 1
@@ -251,7 +258,10 @@ def test_retention_purges_finished_jobs_on_virtual_time(pump, settings):
     [
         ({"lease_duration": float("nan")}, r"^Worker Group 'backwave-test': lease_duration must be a number of seconds above 0"),
         ({"poll_interval": -1}, r"^Worker Group 'backwave-test': poll_interval must be a number of seconds above 0"),
-        ({"heartbeat_interval": 3500}, r"^Worker Group 'backwave-test': heartbeat_interval \(3500 s\) must be below 90% of lease_duration"),
+        (
+            {"heartbeat_interval": 3500},
+            r"^Worker Group 'backwave-test': heartbeat_interval \(3500 s\) must be below 90% of lease_duration",
+        ),
     ],
 )
 def test_options_a_worker_would_refuse_are_refused_here_too(db, overrides, message):

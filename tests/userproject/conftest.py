@@ -38,8 +38,21 @@ def venv(dist, tmp_path_factory) -> Venv:
     env = Venv(root)
     constraints = pinned_constraints(root.parent / "constraints.txt")
     installed = run(
-        [env.python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "-c", constraints, dist.wheel, *TUTORIAL_INSTALLS],
-        cwd=root.parent, timeout=900, env={k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}},
+        [
+            env.python,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--quiet",
+            "-c",
+            constraints,
+            dist.wheel,
+            *TUTORIAL_INSTALLS,
+        ],
+        cwd=root.parent,
+        timeout=900,
+        env={k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}},
     )
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     return env

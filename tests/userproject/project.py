@@ -34,18 +34,18 @@ from .environment import TUTORIAL_INSTALLS, Venv, run
 
 METRICS_TOKEN = "lane-metrics-token-0123456789abcdef"
 SUPERUSER = ("ada", "ada-lane-password-123")
-LANE_SETTINGS = f'''
+LANE_SETTINGS = f"""
 
 # The lane's own (tests/userproject), not the tutorial's: BackWave's metrics for the tests.
 BACKWAVE = {{**globals().get("BACKWAVE", {{}}), "METRICS_TOKEN": {METRICS_TOKEN!r}}}
-'''
-LANE_URLS = '''
+"""
+LANE_URLS = """
 
 # The lane's own (tests/userproject), not the tutorial's.
 from django.urls import include  # noqa: E402
 
 urlpatterns += [path("backwave/", include("backwave.urls"))]
-'''
+"""
 WAIT = 90.0  # seconds a process gets to come up, or a job to finish: a bound, never asserted
 
 
@@ -88,7 +88,9 @@ class Browser:
 
     def sign_in(self, username: str, password: str) -> None:
         answer = self.post_form("/admin/login/", {"username": username, "password": password, "next": "/admin/"})
-        assert answer.status == 200 and "logout" in answer.body.lower(), f"admin sign-in failed: {answer.status} {answer.body[:500]}"
+        assert answer.status == 200 and "logout" in answer.body.lower(), (
+            f"admin sign-in failed: {answer.status} {answer.body[:500]}"
+        )
 
 
 @dataclass
@@ -129,14 +131,16 @@ class Project:
 
     def must(self, *args, **kwargs) -> subprocess.CompletedProcess:
         done = self.manage(*args, **kwargs)
-        assert done.returncode == 0, f"manage.py {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        assert done.returncode == 0, (
+            f"manage.py {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        )
         return done
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Background:
         log = self.root.parent / f"{self.root.name}-{name}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
-                [str(a) for a in argv], cwd=self.root, env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                [str(a) for a in argv], cwd=self.root, env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
             )
         self.background[name] = Background(name, process, log)
         return self.background[name]
@@ -144,7 +148,9 @@ class Project:
     def serve(self, name: str, env: dict | None = None, *extra: str) -> Browser:
         """runserver on a free port (no autoreloader: one process to stop), once it answers."""
         port = free_port()
-        server = self.start(name, [self.venv.python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", *extra], env=env)
+        server = self.start(
+            name, [self.venv.python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", *extra], env=env
+        )
         browser = Browser(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline:
@@ -212,7 +218,9 @@ class Project:
             return  # the session's virtualenv, outside the project, stands for it
         if argv[:2] == ["pip", "install"]:
             for name in argv[2:]:
-                assert name == "django-backwave" or name in TUTORIAL_INSTALLS, f"the lane does not install {name!r} (conftest.TUTORIAL_INSTALLS)"
+                assert name == "django-backwave" or name in TUTORIAL_INSTALLS, (
+                    f"the lane does not install {name!r} (conftest.TUTORIAL_INSTALLS)"
+                )
                 assert self.venv.has(name), f"{name} is not installed in the lane's virtualenv"
             return
         if argv[:2] == ["django-admin", "startproject"]:
@@ -229,7 +237,9 @@ class Project:
                 connection.execute(f'CREATE DATABASE "{self.database}"')
             return
         if argv == ["pytest"]:
-            self.results["pytest"] = run([self.venv.bin / "pytest", "-q", "-p", "no:cacheprovider"], cwd=self.root, env=self.env, timeout=600)
+            self.results["pytest"] = run(
+                [self.venv.bin / "pytest", "-q", "-p", "no:cacheprovider"], cwd=self.root, env=self.env, timeout=600
+            )
             return
         if argv[:2] != ["python", "manage.py"]:
             pytest.fail(f"the lane does not know how to run the tutorial's command {step.line!r} (tests/userproject/project.py)")
@@ -237,7 +247,12 @@ class Project:
         if command[0] == "createsuperuser":
             username, password = SUPERUSER
             self.must(
-                *command, "--noinput", "--username", username, "--email", "ada@example.com",
+                *command,
+                "--noinput",
+                "--username",
+                username,
+                "--email",
+                "ada@example.com",
                 env={"DJANGO_SUPERUSER_PASSWORD": password},
             )
         elif command[0] == "backwave_worker":

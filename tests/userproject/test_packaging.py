@@ -53,6 +53,11 @@ def test_the_metadata_says_what_it_runs_on_and_that_it_is_typed(dist):
         (metadata,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
         message = email.message_from_bytes(archive.read(metadata))
     classifiers = message.get_all("Classifier") or []
-    for expected in ("Framework :: Django", "Framework :: Django :: 6.1", "Programming Language :: Python :: 3.12", "Typing :: Typed"):
+    for expected in (
+        "Framework :: Django",
+        "Framework :: Django :: 6.1",
+        "Programming Language :: Python :: 3.12",
+        "Typing :: Typed",
+    ):
         assert expected in classifiers
     assert message["Name"] == "django-backwave"

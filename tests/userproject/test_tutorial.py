@@ -17,7 +17,7 @@ from .project import METRICS_TOKEN, SUPERUSER, Browser, Project, drop_database
 pytestmark = pytest.mark.slow
 
 KINDS = ["admin", "no-admin"]
-MANIFEST_SETTINGS = '''from .settings import *  # noqa: F403
+MANIFEST_SETTINGS = """from .settings import *  # noqa: F403
 
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
@@ -26,7 +26,7 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.ManifestStaticFilesStorage"},
 }
-'''
+"""
 SCRIPT = re.compile(r'<script src="(?P<src>[^"]*backwave/[^"]+\.js)"')
 
 

@@ -33,12 +33,12 @@ def test_a_waiting_job_shows_what_it_waits_for_and_links_both_ways(admin_client)
 
     html = page(admin_client, third.id)
     assert 'id="job-waits"' in html
-    assert 'Waiting for 1 of its 2 ancestors to succeed:' in html
+    assert "Waiting for 1 of its 2 ancestors to succeed:" in html
     assert f'<a href="/admin/backwave/job/{second.id}/change/">#{second.id}</a> (ready)' in html
-    assert 'id="job-ancestors"' in html and f'>#{first.id}</a>' in html and "hold this job" in html
+    assert 'id="job-ancestors"' in html and f">#{first.id}</a>" in html and "hold this job" in html
 
     ancestor_page = page(admin_client, first.id)
-    assert 'id="job-dependents"' in ancestor_page and f'>#{third.id}</a>' in ancestor_page
+    assert 'id="job-dependents"' in ancestor_page and f">#{third.id}</a>" in ancestor_page
     assert "&quot;value&quot;: 1" in ancestor_page  # its Job Output
 
 

@@ -32,12 +32,7 @@ def job(result) -> Job:
 
 def test_a_diamond_runs_in_order_and_passes_outputs(pump):
     results = dag(
-        {
-            "a": (tasks.source, ["a", 1]),
-            "b": (tasks.combine, ["b"]),
-            "c": (tasks.combine, ["c"]),
-            "d": (tasks.combine, ["d"]),
-        },
+        {"a": (tasks.source, ["a", 1]), "b": (tasks.combine, ["b"]), "c": (tasks.combine, ["c"]), "d": (tasks.combine, ["d"])},
         after={"b": ["a"], "c": ["a"], "d": ["b", "c"]},
     )
     assert [job(results[name]).state for name in "abcd"] == ["ready", "waiting", "waiting", "waiting"]
@@ -95,10 +90,7 @@ def test_an_ancestor_that_already_succeeded_counts_at_enqueue(pump):
     assert job(later).return_value == 4
 
 
-@pytest.mark.parametrize(
-    ("policy", "expected_state"),
-    [("cancel", "cancelled"), ("run", "succeeded"), ("hold", "held")],
-)
+@pytest.mark.parametrize(("policy", "expected_state"), [("cancel", "cancelled"), ("run", "succeeded"), ("hold", "held")])
 def test_a_failing_ancestor_decides_each_dependent_by_its_policy(pump, policy, expected_state):
     flow = Workflow()
     bad = flow.add(tasks.fails)
@@ -114,7 +106,10 @@ def test_a_failing_ancestor_decides_each_dependent_by_its_policy(pump, policy, e
     if policy == "cancel":
         assert dependent_job.reason == f"Cancelled: ancestor #{bad_result.id} failed."
         grandchild_job = job(grandchild_result)
-        assert (grandchild_job.state, grandchild_job.reason) == ("cancelled", f"Cancelled: ancestor #{dependent_result.id} was cancelled.")
+        assert (grandchild_job.state, grandchild_job.reason) == (
+            "cancelled",
+            f"Cancelled: ancestor #{dependent_result.id} was cancelled.",
+        )
     elif policy == "run":
         assert job(grandchild_result).state == "succeeded"
     else:
@@ -139,13 +134,16 @@ def test_get_result_tells_waiting_held_ready_cancelled_and_failed_apart_and_why(
     bad_r, cancelled_r, held_r, waiting_r, ready_r = (r.task.get_result(r.id) for r in [*enqueued, ready])
     # Django's statuses as they are; BackWave's state beside them, and the reason it decided.
     assert [(r.status, r.state) for r in (bad_r, cancelled_r, held_r, waiting_r, ready_r)] == [
-        (Status.FAILED, "failed"), (Status.FAILED, "cancelled"), (Status.READY, "held"),
-        (Status.READY, "waiting"), (Status.READY, "ready"),
+        (Status.FAILED, "failed"),
+        (Status.FAILED, "cancelled"),
+        (Status.READY, "held"),
+        (Status.READY, "waiting"),
+        (Status.READY, "ready"),
     ]
     bad_id = enqueued[0].id
     assert cancelled_r.reason == f"Cancelled: ancestor #{bad_id} failed."
     assert [(e.exception_class_path, e.traceback) for e in cancelled_r.errors] == [
-        ("backwave.Cancelled", f"backwave.Cancelled: cancelled before it ran: ancestor #{bad_id} failed.\n"),
+        ("backwave.Cancelled", f"backwave.Cancelled: cancelled before it ran: ancestor #{bad_id} failed.\n")
     ]
     assert held_r.reason.startswith(f"Held: ancestor #{bad_id} failed.")
     assert (bad_r.reason, waiting_r.reason, ready_r.reason) == ("", "", "")
@@ -254,7 +252,8 @@ def test_a_job_actions_cancel_notes_the_dependents_it_cancels_too(observed_pump)
         rows = operator.act_on_jobs(cursor, "cancel", selection, ["ready"], observed=observed_pump.observers.observed)
     assert [(job_id, done) for job_id, _state, done, _path in rows] == [(int(root.id), True)]
     assert sorted(Transition.objects.values_list("job_id", "attempt", "kind")) == sorted(
-        [(int(root.id), 0, "cancelled"), (int(dependent.id), 0, "cancelled")])
+        [(int(root.id), 0, "cancelled"), (int(dependent.id), 0, "cancelled")]
+    )
     unwatched = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(3)
     behind_unwatched = tasks.noop.enqueue(4, after=[unwatched])
     selection = Job.objects.filter(pk=unwatched.id).values("id").query.sql_with_params()
@@ -315,13 +314,17 @@ def test_a_dag_step_named_by_digits_is_a_step_whatever_the_order(db):
     unrelated = tasks.noop.enqueue(0)
     name = str(unrelated.id)
     results = dag({"first": (tasks.noop, [1]), name: (tasks.noop, [2])}, after={"first": [name]})
-    assert list(Dependency.objects.filter(job_id=int(results["first"].id)).values_list("ancestor_id", flat=True)) == [int(results[name].id)]
+    assert list(Dependency.objects.filter(job_id=int(results["first"].id)).values_list("ancestor_id", flat=True)) == [
+        int(results[name].id)
+    ]
     assert job(results["first"]).state == "waiting" and job(results[name]).state == "ready"
 
 
 def test_a_dag_waits_for_an_existing_job_by_its_result_or_its_integer_id(db):
     first, second = tasks.noop.enqueue(1), tasks.noop.enqueue(2)
-    results = dag({"a": (tasks.noop,), "b": (tasks.noop,)}, after={"a": [first, After(int(second.id), on_failure="run")], "b": ["a"]})
+    results = dag(
+        {"a": (tasks.noop,), "b": (tasks.noop,)}, after={"a": [first, After(int(second.id), on_failure="run")], "b": ["a"]}
+    )
     edges = set(Dependency.objects.values_list("job_id", "ancestor_id", "on_failure"))
     a, b = int(results["a"].id), int(results["b"].id)
     assert edges == {(a, int(first.id), "cancel"), (a, int(second.id), "run"), (b, a, "cancel")}
@@ -329,7 +332,9 @@ def test_a_dag_waits_for_an_existing_job_by_its_result_or_its_integer_id(db):
 
 def test_a_dag_refuses_a_job_id_as_text_and_step_names_that_are_not_text(db):
     existing = tasks.noop.enqueue(1)
-    with pytest.raises(InvalidDependency, match=rf"'{existing.id}', which is not a step of the DAG .*pass its TaskResult or int\(id\)"):
+    with pytest.raises(
+        InvalidDependency, match=rf"'{existing.id}', which is not a step of the DAG .*pass its TaskResult or int\(id\)"
+    ):
         dag({"a": (tasks.noop,)}, after={"a": [existing.id]})
     with pytest.raises(InvalidDependency, match="step names of a DAG are strings, got 1"):
         dag({1: (tasks.noop,), "b": (tasks.noop,)}, after={"b": [1]})
@@ -367,7 +372,11 @@ def test_the_api_is_on_the_package():
     from backwave.tasking import context, workflow
 
     assert (backwave.chain, backwave.group, backwave.dag, backwave.Workflow) == (chain, group, dag, Workflow)
-    assert (backwave.Dependency, backwave.InvalidDependency, backwave.JobContext) == (After, InvalidDependency, context.JobContext)
+    assert (backwave.Dependency, backwave.InvalidDependency, backwave.JobContext) == (
+        After,
+        InvalidDependency,
+        context.JobContext,
+    )
     assert issubclass(workflow.InvalidDependency, __import__("django.tasks.exceptions").tasks.exceptions.InvalidTask)
 
 
@@ -389,8 +398,18 @@ def test_context_refuses_what_it_cannot_store_inside_the_attempt(db):
     from backwave.tasking.context import JobContext
     from backwave.tasking.results import task_result_for_attempt
 
-    result = task_result_for_attempt(task=tasks.noop, job_id=1, attempt=1, worker_id="w", payload={"args": [], "kwargs": {}},
-                                     backend="default", enqueued_at=None, started_at=None, attempted_at=None, earlier_worker_ids=())
+    result = task_result_for_attempt(
+        task=tasks.noop,
+        job_id=1,
+        attempt=1,
+        worker_id="w",
+        payload={"args": [], "kwargs": {}},
+        backend="default",
+        enqueued_at=None,
+        started_at=None,
+        attempted_at=None,
+        earlier_worker_ids=(),
+    )
     context = JobContext(task_result=result, job_id=1, max_output_bytes=100, resolver=lambda job_id: [])
     with pytest.raises(UnstorableResult, match=r"output 'x' holds NaN at \[0\]"):
         context.output("x", [float("nan")])

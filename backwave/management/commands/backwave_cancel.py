@@ -22,9 +22,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("job_ids", nargs="+", type=arguments.job_id, metavar="JOB_ID")
         parser.add_argument("--ready-only", action="store_true", help="Leave running jobs alone.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="The DATABASES alias the jobs live in (default: default).")
-        parser.add_argument("--by", default=None, type=arguments.cancelled_by,
-                            help="Who cancels, as the attempt's error names it: 1 to 255 characters (default: command:<your login>).")
+        parser.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, help="The DATABASES alias the jobs live in (default: default)."
+        )
+        parser.add_argument(
+            "--by",
+            default=None,
+            type=arguments.cancelled_by,
+            help="Who cancels, as the attempt's error names it: 1 to 255 characters (default: command:<your login>).",
+        )
 
     def handle(self, *args, job_ids, ready_only, database, by, **options):
         if database not in connections:

@@ -24,17 +24,22 @@ from backwave.shell.health import group_status
 from backwave.ops import stats
 from backwave.store import operator
 
+
 class Command(BaseCommand):
     help = "Show pump health; exit 1 when a worker group is halted, a pump is lost (no live lease) or its heartbeat is stale."
 
     def add_arguments(self, parser):
         parser.add_argument("--group", action="append", default=[], help="Only this worker group (repeat for several).")
         parser.add_argument(
-            "--database", action="append", default=[],
+            "--database",
+            action="append",
+            default=[],
             help="Read the pumps of this DATABASES alias (repeat for several; default: default).",
         )
         parser.add_argument(
-            "--stale-after", type=float, default=None,
+            "--stale-after",
+            type=float,
+            default=None,
             help="Seconds without a heartbeat that make a pump stale (default: each pump's own lease duration).",
         )
 
@@ -83,8 +88,23 @@ class Command(BaseCommand):
             if pump.shown_status == ShownPumpStatus.LOST:
                 status = f"lost: {status}"
             where = (pump._state.db,) if several else ()
-            rows.append((*where, pump.group, pump.worker_id, pump.hostname, str(pump.pid), status, str(pump.live_in_flight), f"{age:.1f}s", pump.reason))
-        self._table((*(("DATABASE",) if several else ()), "GROUP", "PUMP", "HOST", "PID", "STATUS", "IN FLIGHT", "HEARTBEAT", "REASON"), rows)
+            rows.append(
+                (
+                    *where,
+                    pump.group,
+                    pump.worker_id,
+                    pump.hostname,
+                    str(pump.pid),
+                    status,
+                    str(pump.live_in_flight),
+                    f"{age:.1f}s",
+                    pump.reason,
+                )
+            )
+        self._table(
+            (*(("DATABASE",) if several else ()), "GROUP", "PUMP", "HOST", "PID", "STATUS", "IN FLIGHT", "HEARTBEAT", "REASON"),
+            rows,
+        )
 
         # A group is judged per database: its pumps on one database cannot take over another's jobs.
         groups: dict[tuple[str, str], list[str]] = {}
@@ -94,7 +114,10 @@ class Command(BaseCommand):
         self.stdout.write("")
         self._table(
             ("GROUP", *(("DATABASE",) if several else ()), "STATUS", "PUMPS"),
-            [(name, *((database,) if several else ()), verdict, str(len(groups[name, database]))) for (name, database), verdict in verdicts.items()],
+            [
+                (name, *((database,) if several else ()), verdict, str(len(groups[name, database])))
+                for (name, database), verdict in verdicts.items()
+            ],
         )
 
         if unserved:

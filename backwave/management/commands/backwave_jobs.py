@@ -65,9 +65,15 @@ class Command(BaseCommand):
             command = sub.add_parser(verb, help=text, description=text)
             self._filters(command)
             if verb == "list":
-                command.add_argument("--limit", type=arguments.limit, default=50,
-                                     help=f"At most this many rows (default 50, at most {arguments.MAX_LIMIT:,}).")
-                command.add_argument("--offset", type=arguments.offset, default=0, help="Skip this many rows first (default 0), to page on.")
+                command.add_argument(
+                    "--limit",
+                    type=arguments.limit,
+                    default=50,
+                    help=f"At most this many rows (default 50, at most {arguments.MAX_LIMIT:,}).",
+                )
+                command.add_argument(
+                    "--offset", type=arguments.offset, default=0, help="Skip this many rows first (default 0), to page on."
+                )
             else:
                 command.add_argument("--all", action="store_true", help="Allow acting with no filter at all.")
                 command.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
@@ -79,20 +85,48 @@ class Command(BaseCommand):
 
     @staticmethod
     def _filters(parser):
-        parser.add_argument("--id", dest="ids", type=arguments.job_id, action="append", default=[], metavar="ID", help="A job id (repeatable).")
+        parser.add_argument(
+            "--id", dest="ids", type=arguments.job_id, action="append", default=[], metavar="ID", help="A job id (repeatable)."
+        )
         parser.add_argument("--queue", dest="queues", action="append", default=[], metavar="QUEUE", help="Repeatable.")
-        parser.add_argument("--task", dest="tasks", action="append", default=[], metavar="PATH", help="A task's import path (repeatable).")
-        parser.add_argument("--state", dest="states", action="append", default=[], metavar="STATE",
-                            choices=[*JobState.values, "scheduled"], help="ready, scheduled, running, succeeded, failed, cancelled, quarantined (repeatable).")
-        parser.add_argument("--tag", dest="tags", action="append", default=[], metavar="TAG", help="Jobs carrying this tag (repeatable: all of them).")
-        parser.add_argument("--older-than", metavar="AGE", type=arguments.age,
-                            help="Finished jobs: finished more than AGE ago; others: enqueued more than AGE ago (30m, 2h, 7d; at most 100 years).")
-        parser.add_argument("--search", metavar="TEXT", help="The admin's search: key=value, arg:value, tag:name, an id or part of a task path.")
+        parser.add_argument(
+            "--task", dest="tasks", action="append", default=[], metavar="PATH", help="A task's import path (repeatable)."
+        )
+        parser.add_argument(
+            "--state",
+            dest="states",
+            action="append",
+            default=[],
+            metavar="STATE",
+            choices=[*JobState.values, "scheduled"],
+            help="ready, scheduled, running, succeeded, failed, cancelled, quarantined (repeatable).",
+        )
+        parser.add_argument(
+            "--tag",
+            dest="tags",
+            action="append",
+            default=[],
+            metavar="TAG",
+            help="Jobs carrying this tag (repeatable: all of them).",
+        )
+        parser.add_argument(
+            "--older-than",
+            metavar="AGE",
+            type=arguments.age,
+            help="Finished jobs: finished more than AGE ago; others: enqueued more than AGE ago (30m, 2h, 7d; at most 100 years).",
+        )
+        parser.add_argument(
+            "--search", metavar="TEXT", help="The admin's search: key=value, arg:value, tag:name, an id or part of a task path."
+        )
 
     @staticmethod
     def _common(parser):
         parser.add_argument("--json", action="store_true", help="JSON on stdout instead of a table.")
-        parser.add_argument("--as-user", metavar="USERNAME", help="Apply the admin's permission checks for this Django user, and record changes under their name.")
+        parser.add_argument(
+            "--as-user",
+            metavar="USERNAME",
+            help="Apply the admin's permission checks for this Django user, and record changes under their name.",
+        )
 
     # --- entry ------------------------------------------------------------------------------
 
@@ -109,8 +143,11 @@ class Command(BaseCommand):
     @staticmethod
     def _coerce(options):
         """The parser's bounds on what call_command() passed as keywords (they skip the parser)."""
-        for key, option, kind in (("limit", "--limit", arguments.limit), ("offset", "--offset", arguments.offset),
-                                  ("job_id", "ID", arguments.job_id)):
+        for key, option, kind in (
+            ("limit", "--limit", arguments.limit),
+            ("offset", "--offset", arguments.offset),
+            ("job_id", "ID", arguments.job_id),
+        ):
             if key in options:
                 options[key] = arguments.coerce(option, kind, options[key])
         options["ids"] = [arguments.coerce("--id", arguments.job_id, value) for value in options.get("ids") or ()]
@@ -131,7 +168,9 @@ class Command(BaseCommand):
         # filter or search, which would otherwise tell argument values to a user who may not list jobs.
         for permission in dict.fromkeys(("backwave.view_job", f"backwave.{PERMISSIONS[verb]}")):
             if not user.has_perm(permission):
-                raise CommandError(f"--as-user {username!r} lacks the permission {permission!r} that {verb!r} needs (as in the admin).")
+                raise CommandError(
+                    f"--as-user {username!r} lacks the permission {permission!r} that {verb!r} needs (as in the admin)."
+                )
         return user
 
     def _queryset(self, options):
@@ -195,7 +234,9 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write(note or "No job matches.")
             return
-        self.stdout.write(table([{**row, "enqueued": local(row["enqueued"]), "finished": local(row["finished"])} for row in rows], LIST_COLUMNS))
+        self.stdout.write(
+            table([{**row, "enqueued": local(row["enqueued"]), "finished": local(row["finished"])} for row in rows], LIST_COLUMNS)
+        )
         if note:
             self.stdout.write(note)
 
@@ -224,7 +265,9 @@ class Command(BaseCommand):
     def _last_errors(job_ids) -> dict[int, tuple[str, str]]:
         """job id -> (error class, message) of its latest attempt: one query for the page."""
         latest = (
-            Attempt.objects.filter(job_id__in=job_ids).order_by("job_id", "-number").distinct("job_id")
+            Attempt.objects.filter(job_id__in=job_ids)
+            .order_by("job_id", "-number")
+            .distinct("job_id")
             .values_list("job_id", "error_class", "traceback")
         )
         return {job_id: (cls, error_message(cls, text) if cls else "") for job_id, cls, text in latest}
@@ -233,10 +276,17 @@ class Command(BaseCommand):
     def _row(job, error) -> dict:
         error_class, message = error
         return {
-            "id": job.pk, "state": job.state, "queue": job.queue, "task": job.task_path,
-            "attempts": f"{job.attempts}/{job.max_attempts}", "tags": job.tags,
-            "enqueued": iso(job.enqueued_at), "started": iso(job.last_attempted_at), "finished": iso(job.finished_at),
-            "worker": job.worker_id, "last_error": f"{error_class.rsplit('.', 1)[-1]}: {message}" if error_class else "",
+            "id": job.pk,
+            "state": job.state,
+            "queue": job.queue,
+            "task": job.task_path,
+            "attempts": f"{job.attempts}/{job.max_attempts}",
+            "tags": job.tags,
+            "enqueued": iso(job.enqueued_at),
+            "started": iso(job.last_attempted_at),
+            "finished": iso(job.finished_at),
+            "worker": job.worker_id,
+            "last_error": f"{error_class.rsplit('.', 1)[-1]}: {message}" if error_class else "",
         }
 
     def _show(self, job_id, options):
@@ -246,14 +296,23 @@ class Command(BaseCommand):
         attempts = [attempt_row(a) for a in Attempt.objects.filter(job_id=job_id).order_by("number")]
         document = {
             **self._row(job, ("", "")),
-            "priority": job.priority, "run_at": iso(job.run_at),
+            "priority": job.priority,
+            "run_at": iso(job.run_at),
             # Everything derived from the arguments or the handler, as the admin shows it.
-            **{field: redacted(job, field) for field in ("payload", "return_value", "output", "progress", "metadata", "unique_key", "limit_key")},
+            **{
+                field: redacted(job, field)
+                for field in ("payload", "return_value", "output", "progress", "metadata", "unique_key", "limit_key")
+            },
             "attempts_log": [
                 {
-                    "number": row["attempt"].number, "outcome": row["attempt"].state, "worker": row["attempt"].worker_id,
-                    "started": iso(row["attempt"].started_at), "ran_until": iso(row["ran_until"]), "duration_seconds": row["duration"],
-                    "error_class": row["attempt"].error_class, "error_message": row["error_message"],
+                    "number": row["attempt"].number,
+                    "outcome": row["attempt"].state,
+                    "worker": row["attempt"].worker_id,
+                    "started": iso(row["attempt"].started_at),
+                    "ran_until": iso(row["ran_until"]),
+                    "duration_seconds": row["duration"],
+                    "error_class": row["attempt"].error_class,
+                    "error_message": row["error_message"],
                     "return_value": json.loads(row["return_value"]) if row["return_value"] is not None else None,
                 }
                 for row in attempts
@@ -263,20 +322,41 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(document, indent=2, ensure_ascii=False))
             return
-        for key in ("id", "task", "state", "queue", "priority", "attempts", "tags", "worker", "enqueued", "run_at", "started", "finished"):
+        for key in (
+            "id",
+            "task",
+            "state",
+            "queue",
+            "priority",
+            "attempts",
+            "tags",
+            "worker",
+            "enqueued",
+            "run_at",
+            "started",
+            "finished",
+        ):
             value = document[key]
             self.stdout.write(f"{key:>10}: {local(value) if key in ('enqueued', 'run_at', 'started', 'finished') else value}")
         self.stdout.write(f"{'payload':>10}: {json.dumps(document['payload'], ensure_ascii=False)}")
         if job.return_value is not None:
             self.stdout.write(f"{'result':>10}: {json.dumps(document['return_value'], ensure_ascii=False)}")
-        for key, label in (("output", "output"), ("progress", "progress"), ("metadata", "metadata"), ("unique_key", "unique"), ("limit_key", "limit key")):
+        for key, label in (
+            ("output", "output"),
+            ("progress", "progress"),
+            ("metadata", "metadata"),
+            ("unique_key", "unique"),
+            ("limit_key", "limit key"),
+        ):
             if document[key] is not None:
                 value = document[key] if isinstance(document[key], str) else json.dumps(document[key], ensure_ascii=False)
                 self.stdout.write(f"{label:>10}: {value}")
         for item in document["attempts_log"]:
             error = f"  {item['error_class']}: {item['error_message']}" if item["error_class"] else ""
             duration = "-" if item["duration_seconds"] is None else f"{item['duration_seconds']:.3f} s"
-            self.stdout.write(f"  attempt {item['number']}: {item['outcome']} on {item['worker']} at {local(item['started'])} ({duration}){error}")
+            self.stdout.write(
+                f"  attempt {item['number']}: {item['outcome']} on {item['worker']} at {local(item['started'])} ({duration}){error}"
+            )
 
     # --- acting -----------------------------------------------------------------------------
 
@@ -286,8 +366,11 @@ class Command(BaseCommand):
         matching = queryset.filter(state__in=actions.ALLOWED_STATES[verb]).count()
         what = f"{matching:,} {APPLIES[verb]} job{'' if matching == 1 else 's'}" + (f" matching {described}" if described else "")
         if options["dry_run"] or not matching:
-            self._say(options, {"verb": verb, "matching": matching, "changed": 0, "dry_run": options["dry_run"]},
-                      f"Would {verb} {what}." if options["dry_run"] else f"Nothing to {verb}: no {APPLIES[verb]} job matches.")
+            self._say(
+                options,
+                {"verb": verb, "matching": matching, "changed": 0, "dry_run": options["dry_run"]},
+                f"Would {verb} {what}." if options["dry_run"] else f"Nothing to {verb}: no {APPLIES[verb]} job matches.",
+            )
             return
         if not options["yes"]:
             if not sys.stdin.isatty():
@@ -298,12 +381,32 @@ class Command(BaseCommand):
         on_batch = (lambda result: record_history(user, verb, result, note)) if user is not None else None
         result = actions.act_on_matching(queryset, verb, on_batch=on_batch)
         who = f"Django user {user.get_username()!r}" if user is not None else f"OS user {getpass.getuser()!r} (no --as-user)"
-        logger.info("backwave_jobs %s by %s: %d job(s) %s%s", verb, who, len(result.changed), PAST[verb], f" ({described})" if described else "")
+        logger.info(
+            "backwave_jobs %s by %s: %d job(s) %s%s",
+            verb,
+            who,
+            len(result.changed),
+            PAST[verb],
+            f" ({described})" if described else "",
+        )
         refused = ", ".join(f"{n} {state}" for state, n in sorted(result.refused.items()))
-        text = f"{PAST[verb].capitalize()} {len(result.changed):,} job{'' if len(result.changed) == 1 else 's'}" + (
-            f"; left alone, having moved on meanwhile: {refused}" if refused else "") + "."
-        self._say(options, {"verb": verb, "matching": matching, "changed": len(result.changed), "ids": list(result.changed),
-                            "refused": dict(result.refused), "batches": result.batches}, text)
+        text = (
+            f"{PAST[verb].capitalize()} {len(result.changed):,} job{'' if len(result.changed) == 1 else 's'}"
+            + (f"; left alone, having moved on meanwhile: {refused}" if refused else "")
+            + "."
+        )
+        self._say(
+            options,
+            {
+                "verb": verb,
+                "matching": matching,
+                "changed": len(result.changed),
+                "ids": list(result.changed),
+                "refused": dict(result.refused),
+                "batches": result.batches,
+            },
+            text,
+        )
 
     def _say(self, options, document, text):
         self.stdout.write(json.dumps(document) if options["json"] else text)

@@ -32,12 +32,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True, metavar="{pause,resume,limit,list}")
-        for name, text in (("pause", "Stop claiming from the queue (running jobs finish)."), ("resume", "Claim from the queue again.")):
+        for name, text in (
+            ("pause", "Stop claiming from the queue (running jobs finish)."),
+            ("resume", "Claim from the queue again."),
+        ):
             command = sub.add_parser(name, help=text)
             command.add_argument("names", nargs="+", metavar="NAME", help="Queue name(s).")
         limit = sub.add_parser("limit", help="Set the queue's cluster-wide concurrency limit; without N, unlimited.")
         limit.add_argument("names", nargs=1, metavar="NAME")
-        limit.add_argument("limit", nargs="?", default=None, metavar="N", help=f"A whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}; leave out (or 'none') for unlimited.")
+        limit.add_argument(
+            "limit",
+            nargs="?",
+            default=None,
+            metavar="N",
+            help=f"A whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}; leave out (or 'none') for unlimited.",
+        )
         listing = sub.add_parser("list", help="Show every declared or used queue: paused or not, its limits and its depths.")
         listing.add_argument("--json", action="store_true", help="JSON on stdout instead of a table.")
 
@@ -76,17 +85,27 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(rows, indent=2))
             return
         cells = [
-            [row["queue"], row["state"], shown(row["concurrency_limit"]), shown(row["key_concurrency_limit"]), row["rate"] or "-",
-             *(f"{row[state]:,}{'+' if state in row['at_least'] else ''}" for state in stats.QUEUE_LINE_STATES),
-             ", ".join(row["declared_in"]) or "(jobs or a row only)"]
+            [
+                row["queue"],
+                row["state"],
+                shown(row["concurrency_limit"]),
+                shown(row["key_concurrency_limit"]),
+                row["rate"] or "-",
+                *(f"{row[state]:,}{'+' if state in row['at_least'] else ''}" for state in stats.QUEUE_LINE_STATES),
+                ", ".join(row["declared_in"]) or "(jobs or a row only)",
+            ]
             for row in rows
         ]
         header = ["QUEUE", "STATE", "LIMIT", "PER-KEY", "RATE", *(s.upper() for s in stats.QUEUE_LINE_STATES), "DECLARED IN"]
-        widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(header)] if cells else [len(h) for h in header]
+        widths = (
+            [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(header)] if cells else [len(h) for h in header]
+        )
         for line in [header, *cells]:
             self.stdout.write("  ".join(value.ljust(width) for value, width in zip(line, widths, strict=True)).rstrip())
         if any(not row["has_row"] and row["declared_in"] for row in rows):
-            self.stdout.write("Queues without a row yet show their settings: a worker writes them when it starts; pause and limit write one now.")
+            self.stdout.write(
+                "Queues without a row yet show their settings: a worker writes them when it starts; pause and limit write one now."
+            )
 
 
 def shown(value) -> str:
@@ -98,13 +117,21 @@ def queue_row(line: stats.QueueLine, declared_in: list[str], spec) -> dict:
     if not line.has_row and spec:
         admission = conf.admission_limits(spec)
         line = stats.QueueLine(
-            name=line.name, has_row=False, concurrency_limit=spec.get("concurrency_limit"), paused=bool(spec.get("paused")),
-            counts=line.counts, **admission,
+            name=line.name,
+            has_row=False,
+            concurrency_limit=spec.get("concurrency_limit"),
+            paused=bool(spec.get("paused")),
+            counts=line.counts,
+            **admission,
         )
     return {
-        "queue": line.name, "state": "paused" if line.paused else "active",
-        "concurrency_limit": line.concurrency_limit, "key_concurrency_limit": line.key_concurrency_limit, "rate": line.rate_shown,
+        "queue": line.name,
+        "state": "paused" if line.paused else "active",
+        "concurrency_limit": line.concurrency_limit,
+        "key_concurrency_limit": line.key_concurrency_limit,
+        "rate": line.rate_shown,
         **{state: count.value for state, count in line.counts.items()},
         "at_least": [state for state, count in line.counts.items() if count.capped],
-        "has_row": line.has_row, "declared_in": declared_in,
+        "has_row": line.has_row,
+        "declared_in": declared_in,
     }

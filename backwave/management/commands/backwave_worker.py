@@ -46,41 +46,61 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--queues", help="Comma-separated queues for a one-off group (instead of BACKWAVE['WORKER_GROUPS']).")
         parser.add_argument(
-            "--database", default=None,
+            "--database",
+            default=None,
             help="Serve only this DATABASES alias, for every group (default: the databases of the backends that declare each group's queues).",
         )
-        parser.add_argument("--group", default=None, help="Run only this configured group, or name the one-off group (default 'cli').")
+        parser.add_argument(
+            "--group", default=None, help="Run only this configured group, or name the one-off group (default 'cli')."
+        )
         parser.add_argument("--pool-size", type=int, help="Worker threads per pump.")
         parser.add_argument("--pumps", type=int, help="Pumps (claim loops) per group.")
         parser.add_argument("--max-claim-batch", type=int)
         parser.add_argument(
-            "--claim-ahead", type=int,
+            "--claim-ahead",
+            type=int,
             help="Claimed jobs a pump may hold beyond its pool, waiting for a thread while its work is short "
             "(default: 3 x --max-claim-batch less --pool-size, one claim batch at least; 0: claim for free threads only).",
         )
         parser.add_argument(
-            "--outcome-linger", type=float,
+            "--outcome-linger",
+            type=float,
             help="Seconds a finished job's outcome may wait for others before it is written (default 0.01; 0: at once).",
         )
         parser.add_argument("--poll-interval", type=float, help="Seconds between polls when idle.")
         parser.add_argument("--lease-duration", type=float, help="Seconds a lease lives without renewal.")
         parser.add_argument("--maintenance-interval", type=float)
         parser.add_argument("--drain-timeout", type=float, help="Seconds running jobs get to finish after SIGTERM.")
-        parser.add_argument("--cancel-grace", type=float, help="Seconds a cancelled running job's handler gets to stop before its attempt ends cancelled without it.")
         parser.add_argument(
-            "--hard-time-limits", type=float, default=None, metavar="SECONDS",
+            "--cancel-grace",
+            type=float,
+            help="Seconds a cancelled running job's handler gets to stop before its attempt ends cancelled without it.",
+        )
+        parser.add_argument(
+            "--hard-time-limits",
+            type=float,
+            default=None,
+            metavar="SECONDS",
             help="A worker process whose handler still runs SECONDS after it was told to stop (time limit, cancel) drains and "
             "is replaced by a fresh one (a Python thread cannot be killed); runs the worker under a supervisor, as --processes does.",
         )
-        parser.add_argument("--until-idle", action="store_true", help="Drain and exit once no due job is left (for scripts and tests).")
-        parser.add_argument("--processes", type=int, default=1, help="Run this many worker processes under a supervisor (CPU-bound tasks).")
+        parser.add_argument(
+            "--until-idle", action="store_true", help="Drain and exit once no due job is left (for scripts and tests)."
+        )
+        parser.add_argument(
+            "--processes", type=int, default=1, help="Run this many worker processes under a supervisor (CPU-bound tasks)."
+        )
         parser.add_argument("--no-hints", action="store_true", help="Do not LISTEN for wake-up hints: poll only.")
         parser.add_argument("--log-every", type=float, default=10.0, help="Seconds between throughput lines.")
         parser.add_argument(
-            "--health-port", type=int, default=None,
+            "--health-port",
+            type=int,
+            default=None,
             help="Serve the health endpoint on this port (200 healthy or degraded, 503 when a group is halted; 0 picks a free port).",
         )
-        parser.add_argument("--health-host", default="127.0.0.1", help="Address the health endpoint binds to (default 127.0.0.1).")
+        parser.add_argument(
+            "--health-host", default="127.0.0.1", help="Address the health endpoint binds to (default 127.0.0.1)."
+        )
 
     def handle(self, *args, **options):
         _log_somewhere()
@@ -105,7 +125,9 @@ class Command(BaseCommand):
             for database in databases:
                 _sync_schedules(registry, database, store_factory)
             for database in databases:
-                write_queue_settings(database, [queue for group in groups if group.database == database for queue in group.policy.queues])
+                write_queue_settings(
+                    database, [queue for group in groups if group.database == database for queue in group.policy.queues]
+                )
             worker = Worker(
                 groups,
                 store_factory=store_factory,
@@ -126,7 +148,9 @@ class Command(BaseCommand):
         except (WorkerGroupConfigError, ValueError, ImproperlyConfigured) as error:
             raise CommandError(str(error)) from error
         except OSError as error:  # the health port is taken or the address is not ours
-            raise CommandError(f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}") from error
+            raise CommandError(
+                f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}"
+            ) from error
         code = worker.run(until_idle=options["until_idle"])
         if worker.replacing:
             # The handler past its hard limit is still running: leave without waiting for it.
@@ -150,7 +174,9 @@ class Command(BaseCommand):
         try:
             listener = listening_socket(options["health_host"], options["health_port"])
         except OSError as error:
-            raise CommandError(f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}") from error
+            raise CommandError(
+                f"cannot serve the health endpoint on {options['health_host']}:{options['health_port']}: {error}"
+            ) from error
         logger.info("Supervisor holds the health endpoint's port %s:%d for its worker process", *listener.getsockname()[:2])
         return listener
 
@@ -195,7 +221,9 @@ class Command(BaseCommand):
         if database is not None and (problem := database_problem(database)):
             raise CommandError(f"--database {database!r} {problem}")
         retention = Retention(**conf.retention())
-        groups = validate_groups(replace(conf.group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups)
+        groups = validate_groups(
+            replace(conf.group_from_mapping({**raw, **overrides}), retention=retention) for raw in raw_groups
+        )
         return place_groups(groups, database=database)
 
 
@@ -274,7 +302,10 @@ def _job_table_cleaners(databases):
         return {}
     # VACUUM is one statement in autocommit, which a transaction-pooling PgBouncer passes on: the
     # cleanup goes the way the pumps go.
-    return {database: JobTableCleaner(JobTableVacuum(django_conninfo(settings.DATABASES[database])), after=after, name=database) for database in databases}
+    return {
+        database: JobTableCleaner(JobTableVacuum(django_conninfo(settings.DATABASES[database])), after=after, name=database)
+        for database in databases
+    }
 
 
 def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], PostgresStore]:
@@ -285,9 +316,13 @@ def store_factory_for(groups: Sequence[WorkerGroupOptions]) -> Callable[[str], P
     from backwave.store.postgres import PostgresStore
 
     timeouts = store_timeouts(
-        groups, statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"), lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT")
+        groups,
+        statement_timeout=conf.get_setting("WORKER_STATEMENT_TIMEOUT"),
+        lock_timeout=conf.get_setting("WORKER_LOCK_TIMEOUT"),
     )
     return partial(
-        PostgresStore.from_django, statement_timeout=timeouts.statement, lock_timeout=timeouts.lock,
+        PostgresStore.from_django,
+        statement_timeout=timeouts.statement,
+        lock_timeout=timeouts.lock,
         admitted_queues=conf.admitted_queue_names(),
     )

@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if args.log:
             print("\n".join(result.lines or ()))
-        print(f"seed {args.seed}: ok, {result.jobs} jobs, {result.steps} steps, {result.virtual_seconds:.1f} virtual seconds, log {result.digest}")
+        print(
+            f"seed {args.seed}: ok, {result.jobs} jobs, {result.steps} steps, {result.virtual_seconds:.1f} virtual seconds, log {result.digest}"
+        )
         return 0
     seeds = range(args.start, args.start + args.seeds)
     failures: list[str] = []

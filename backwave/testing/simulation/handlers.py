@@ -60,15 +60,21 @@ class Report:
     tags_removed: tuple[str, ...] = ()
 
 
-def run_handler(rng: random.Random, *, job_id: int, attempt: int, task_path: str, result: str, duration: float, hostile_rate: float | None) -> Report:
+def run_handler(
+    rng: random.Random, *, job_id: int, attempt: int, task_path: str, result: str, duration: float, hostile_rate: float | None
+) -> Report:
     """The report of one attempt whose result and duration are already drawn (``hostile_rate``
     None: the hostile_values knob is off, nothing more is drawn)."""
     if task_path == CRASH_TASK:
         return Report(job_id=job_id, attempt=attempt, result="crash", duration=duration)
     if task_path != TASK:
         return Report(
-            job_id=job_id, attempt=attempt, result="unroutable", error_class="backwave.shell.execution.Unroutable",
-            traceback=f"no task named {task_path!r} is registered in this worker", duration=duration,
+            job_id=job_id,
+            attempt=attempt,
+            result="unroutable",
+            error_class="backwave.shell.execution.Unroutable",
+            traceback=f"no task named {task_path!r} is registered in this worker",
+            duration=duration,
         )
     hostile = hostile_rate is not None and rng.random() < hostile_rate
     if result == "succeeded":
@@ -78,8 +84,11 @@ def run_handler(rng: random.Random, *, job_id: int, attempt: int, task_path: str
     if hostile:
         message = rng.choice(HOSTILE_MESSAGES)
         if rng.random() < 0.5:  # a huge traceback, the hostile part anywhere in it
-            filler = "  File \"sim/tasks.py\", line 1, in work\n" * (rng.randint(20_000, 200_000) // 40)
+            filler = '  File "sim/tasks.py", line 1, in work\n' * (rng.randint(20_000, 200_000) // 40)
             cut = rng.randrange(len(filler) + 1)
             message = filler[:cut] + message + filler[cut:]
-    text = cut_tail(f"Traceback (most recent call last):\n  File \"sim/tasks.py\", line 1, in work\nsim.tasks.Boom: {message}\n", MAX_TRACEBACK_CHARS)
+    text = cut_tail(
+        f'Traceback (most recent call last):\n  File "sim/tasks.py", line 1, in work\nsim.tasks.Boom: {message}\n',
+        MAX_TRACEBACK_CHARS,
+    )
     return Report(job_id=job_id, attempt=attempt, result=result, error_class="sim.tasks.Boom", traceback=text, duration=duration)

@@ -29,7 +29,11 @@ if TYPE_CHECKING:
 FINAL = frozenset({"succeeded", "failed", "cancelled", "quarantined"})
 # The attempt row a transition of each kind goes with (both are written by one statement).
 _ATTEMPT_OF_TRANSITION = {
-    "succeeded": "succeeded", "failed": "failed", "retried": "failed", "quarantined": "quarantined", "lapsed": "lapsed",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "retried": "failed",
+    "quarantined": "quarantined",
+    "lapsed": "lapsed",
     "cancelled": "cancelled",
 }
 # Attempt rows no observer can watch: a snooze is not a transition (the job only waits again).
@@ -105,7 +109,9 @@ class Invariants:
                 raise SimulationBug(f"job {job_id} finished as {self.final[job_id]} and is {state} again: resurrected")
             if state == "running":
                 if job.lease_id not in db.leases:
-                    raise SimulationBug(f"job {job_id} runs under lease {job.lease_id}, which no longer exists: no one can ever free it (lost)")
+                    raise SimulationBug(
+                        f"job {job_id} runs under lease {job.lease_id}, which no longer exists: no one can ever free it (lost)"
+                    )
                 per_lease[job.lease_id] += 1
                 per_queue[job.queue] += 1
                 if job.limit_key is not None:
@@ -123,12 +129,16 @@ class Invariants:
                 ancestors_of = {}
                 for (dependent, ancestor_id), (on_failure, _position) in db.dependencies.items():
                     ancestors_of.setdefault(dependent, []).append((ancestor_id, on_failure))
-            if ancestors_of and job_id in ancestors_of and (
-                state in ("ready", "running", "succeeded") or (state in ("failed", "quarantined") and job.attempts)
+            if (
+                ancestors_of
+                and job_id in ancestors_of
+                and (state in ("ready", "running", "succeeded") or (state in ("failed", "quarantined") and job.attempts))
             ):
                 self._check_ancestors_done(db, job_id, state, ancestors_of[job_id])
             elif state == "cancelled" and not job.reason.startswith("Cancelled: ancestor #"):
-                raise SimulationBug(f"job {job_id} is cancelled without an ancestor's failure (reason {job.reason!r}); nobody else cancels")
+                raise SimulationBug(
+                    f"job {job_id} is cancelled without an ancestor's failure (reason {job.reason!r}); nobody else cancels"
+                )
         for lease_id, running in per_lease.items():
             if running > self.held_at_most:
                 owner = self.lease_owner.get(lease_id)
@@ -138,7 +148,9 @@ class Invariants:
         for lease_id, running in suspects.items():
             if running > 1:
                 owner = self.lease_owner.get(lease_id)
-                raise SimulationBug(f"{running} suspects run under the lease of {owner.name if owner else lease_id}: a second death would convict both")
+                raise SimulationBug(
+                    f"{running} suspects run under the lease of {owner.name if owner else lease_id}: a second death would convict both"
+                )
         for queue, running in per_queue.items():
             limit = db.queues.get(queue, (None, False))[0]
             if limit is not None and running > limit:
@@ -184,7 +196,9 @@ class Invariants:
         window = (id(db), job.queue, None, number)  # each database has its own queue rows
         self.starts[window] += 1
         if admission.rate_limit is not None and self.starts[window] > admission.rate_limit:
-            raise SimulationBug(f"{self.starts[window]} jobs of queue {job.queue} started in one {period:g} s window; its rate limit is {admission.rate_limit}")
+            raise SimulationBug(
+                f"{self.starts[window]} jobs of queue {job.queue} started in one {period:g} s window; its rate limit is {admission.rate_limit}"
+            )
         if admission.key_rate_limit is not None and job.limit_key is not None:
             key_window = (id(db), job.queue, job.limit_key, number)
             self.starts[key_window] += 1
@@ -261,7 +275,11 @@ class Invariants:
         if not self.world.config.observers:
             return
         self._check_every_transition_delivered()
-        unapplied = sorted((job_id, attempt) for (job_id, attempt, lease), count in self.notifications.items() if count and (job_id, attempt, lease) not in self.applied)
+        unapplied = sorted(
+            (job_id, attempt)
+            for (job_id, attempt, lease), count in self.notifications.items()
+            if count and (job_id, attempt, lease) not in self.applied
+        )
         if unapplied:
             shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in unapplied[:8])
             raise SimulationBug(
@@ -276,7 +294,9 @@ class Invariants:
         recorded by its attempt row, and the only transition of that attempt."""
         key = (record.job_id, record.attempt)
         if key in self.delivered:
-            raise SimulationBug(f"observers saw attempt {record.attempt} of job {record.job_id} end twice ({self.delivered[key]}, then {record.kind})")
+            raise SimulationBug(
+                f"observers saw attempt {record.attempt} of job {record.job_id} end twice ({self.delivered[key]}, then {record.kind})"
+            )
         row = db.attempts.get(key)
         expected = _ATTEMPT_OF_TRANSITION[record.kind]
         if row is None or row.state != expected:
@@ -289,12 +309,16 @@ class Invariants:
 
     def _check_every_transition_delivered(self) -> None:
         missed = sorted(
-            key for db in self.world.databases for key, row in db.attempts.items()
+            key
+            for db in self.world.databases
+            for key, row in db.attempts.items()
             if key not in self.delivered and row.state not in _UNOBSERVABLE_ATTEMPTS
         )
         if missed:
             shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in missed[:8])
-            raise SimulationBug(f"{len(missed)} applied attempt(s) reached no observer ({shown}): a transition was never noted, or lost")
+            raise SimulationBug(
+                f"{len(missed)} applied attempt(s) reached no observer ({shown}): a transition was never noted, or lost"
+            )
 
     # ---- the pumps at rest --------------------------------------------------------------------
 
@@ -314,7 +338,9 @@ class Invariants:
         lines = []
         for pump in self.world.pumps:
             if pump.alive and not self.world.at_rest(pump):
-                lines.append(f"  {pump.name}: {len(pump.handlers)} handler(s) running, {pump.driver.unreported} job(s) held, driver {pump.driver.state.value}")
+                lines.append(
+                    f"  {pump.name}: {len(pump.handlers)} handler(s) running, {pump.driver.unreported} job(s) held, driver {pump.driver.state.value}"
+                )
         raise SimulationBug(f"every job finished, yet not every pump came to rest by t={deadline:.1f}:\n" + "\n".join(lines))
 
     # ---- handlers on workers ------------------------------------------------------------------
@@ -326,7 +352,9 @@ class Invariants:
         # handlers still hold theirs; jobs claimed ahead wait in the driver, not in the pool.
         handlers = sum(1 for runs in self.executing.values() for runner, _, _ in runs if runner is pump)
         if handlers > self.pool_size:
-            raise SimulationBug(f"{pump.name} runs {handlers} handlers at once (abandoned ones included), pool_size is {self.pool_size}")
+            raise SimulationBug(
+                f"{pump.name} runs {handlers} handlers at once (abandoned ones included), pool_size is {self.pool_size}"
+            )
         self._check_executions()
 
     def finished(self, pump: SimPump, job_id: int, attempt: int) -> None:
@@ -347,7 +375,11 @@ class Invariants:
         now = self.world._db_now()
         for job_id, runs in self.executing.items():
             db = self.enqueued[job_id]
-            live = [(pump, lease, number) for pump, lease, number in runs if (row := db.leases.get(lease)) is not None and row.expires_at > now]
+            live = [
+                (pump, lease, number)
+                for pump, lease, number in runs
+                if (row := db.leases.get(lease)) is not None and row.expires_at > now
+            ]
             if not live:
                 continue
             if len({lease for _, lease, _ in live}) > 1:
@@ -385,4 +417,7 @@ class Invariants:
                 if lease is not None:
                     where += f", lease expires at +{(lease.expires_at - self.world._db_now()).total_seconds():.1f}s"
             lines.append(f"  job {job_id}: {job.state}, attempt {job.attempts}/{job.max_attempts}{where}")
-        raise SimulationBug(f"not every job reached a final state by t={deadline:.1f} (faults stopped at {self.world.scenario.fault_phase:.1f}):\n" + "\n".join(lines))
+        raise SimulationBug(
+            f"not every job reached a final state by t={deadline:.1f} (faults stopped at {self.world.scenario.fault_phase:.1f}):\n"
+            + "\n".join(lines)
+        )

@@ -64,8 +64,17 @@ class Config:
 
 
 CLASSIC = Config(
-    hostile_values=False, tiny_backoffs=False, crashers=False, lease_losses=False, pool_threads=False,
-    thread_checks=False, observers=False, report_checks=False, max_databases=1, dependencies=False, admission=False,
+    hostile_values=False,
+    tiny_backoffs=False,
+    crashers=False,
+    lease_losses=False,
+    pool_threads=False,
+    thread_checks=False,
+    observers=False,
+    report_checks=False,
+    max_databases=1,
+    dependencies=False,
+    admission=False,
     claim_ahead=False,
 )
 
@@ -122,10 +131,18 @@ class Scenario:
             policy = Strict(*queues)
         pool_size = rng.randint(1, 4)
         lease = rng.choice((3.0, 5.0, 8.0))
-        retention = rng.choice((
-            Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None),
-            Retention(succeeded=rng.uniform(5, 30), failed=rng.uniform(5, 60), cancelled=None, quarantined=rng.uniform(5, 60), pumps=60.0),
-        ))
+        retention = rng.choice(
+            (
+                Retention(succeeded=None, failed=None, cancelled=None, quarantined=None, pumps=None),
+                Retention(
+                    succeeded=rng.uniform(5, 30),
+                    failed=rng.uniform(5, 60),
+                    cancelled=None,
+                    quarantined=rng.uniform(5, 60),
+                    pumps=60.0,
+                ),
+            )
+        )
         options = WorkerGroupOptions(
             name="sim",
             policy=policy,
@@ -181,7 +198,9 @@ class Scenario:
             jobs = tuple(replace(job, database=rng.randrange(databases)) for job in jobs)
         if config.crashers:
             crash_rate = rng.choice((0.0, 0.03, 0.1))
-            jobs = tuple(replace(job, task_path=CRASH_TASK) if job.task_path == TASK and rng.random() < crash_rate else job for job in jobs)
+            jobs = tuple(
+                replace(job, task_path=CRASH_TASK) if job.task_path == TASK and rng.random() < crash_rate else job for job in jobs
+            )
         if config.hostile_values:
             changes["hostile_rate"] = rng.choice((0.0, 0.01, 0.05))
         if config.lease_losses:

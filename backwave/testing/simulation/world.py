@@ -68,7 +68,9 @@ from .scenario import CRASH_TASK, TASK, Config, Scenario
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 
 # What the simulated observer watches: every transition a worker applies.
-OBSERVE_EVERYTHING = json.dumps([{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")])
+OBSERVE_EVERYTHING = json.dumps(
+    [{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")]
+)
 
 # Job ids of database k start past k * JOB_ID_STRIDE, so that an id names one job in the whole run.
 JOB_ID_STRIDE = 1_000_000
@@ -91,8 +93,25 @@ class SimPump:
     """One pump of a node: the driver, its event channel, its pending commands."""
 
     __slots__ = (
-        "name", "node", "driver", "worker_id", "channel", "pending", "busy", "paused_until", "step_scheduled",
-        "wake_at", "stopped", "handlers", "store", "begun", "database", "cut_off_until", "published_free_slots", "executor", "landed",
+        "name",
+        "node",
+        "driver",
+        "worker_id",
+        "channel",
+        "pending",
+        "busy",
+        "paused_until",
+        "step_scheduled",
+        "wake_at",
+        "stopped",
+        "handlers",
+        "store",
+        "begun",
+        "database",
+        "cut_off_until",
+        "published_free_slots",
+        "executor",
+        "landed",
     )
 
     def __init__(self, name: str, node: Node, driver: NodeDriver | OwnedDriver, store: InMemoryStore, database: int):
@@ -180,7 +199,9 @@ class World(Faults):
     @property
     def admitted_queues(self) -> frozenset[str]:
         """The queues under a per-key or rate limit: every pump knows them, as every worker does."""
-        return frozenset(self.scenario.key_limits) | frozenset(self.scenario.rate_limits) | frozenset(self.scenario.key_rate_limits)
+        return (
+            frozenset(self.scenario.key_limits) | frozenset(self.scenario.rate_limits) | frozenset(self.scenario.key_rate_limits)
+        )
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -391,7 +412,9 @@ class World(Faults):
             try:
                 results = pump.executor.run(batch)
             except (StoreError, ValueError, TypeError) as error:  # a pump halts on any of these
-                raise SimulationBug(f"{pump.name}: {' + '.join(type(c).__name__ for c in batch)} raised {type(error).__name__}: {error}") from error
+                raise SimulationBug(
+                    f"{pump.name}: {' + '.join(type(c).__name__ for c in batch)} raised {type(error).__name__}: {error}"
+                ) from error
             self._observe(pump, batch, results)
             if _changed(results):
                 self.invariants.check_store()
@@ -429,7 +452,9 @@ class World(Faults):
                         self.invariants.claimed_under[(job.id, job.attempt)] = command.lease_id
                 case ev.OutcomesWritten():
                     for outcome in command.outcomes:
-                        self.invariants.written(outcome.job_id, outcome.attempt, command.lease_id, outcome.job_id in event.applied)
+                        self.invariants.written(
+                            outcome.job_id, outcome.attempt, command.lease_id, outcome.job_id in event.applied
+                        )
                 case ev.LeaseOpened():
                     self.invariants.lease_owner[event.lease_id] = pump
                 case ev.SchedulesMinted() if event.minted:
@@ -441,7 +466,9 @@ class World(Faults):
         the random source and nothing scheduled, so enabling it changes no interleaving."""
         if not self.databases[database].transitions:
             return
-        store = self._observer_stores.get(database) or self._observer_stores.setdefault(database, InMemoryStore(self.databases[database]))
+        store = self._observer_stores.get(database) or self._observer_stores.setdefault(
+            database, InMemoryStore(self.databases[database])
+        )
         while True:
             self._deliveries += 1
             token = uuid.UUID(int=self._deliveries)
@@ -457,7 +484,11 @@ class World(Faults):
     def _start_job(self, pump: SimPump, job: ClaimedJob) -> None:
         lease = self.invariants.claimed_under[(job.id, job.attempt)]
         if self.config.pool_threads and len(pump.handlers) >= self.options.pool_size:
-            given_up = sum(1 for job_id, attempt, _ in pump.handlers if job_id not in pump.driver._executing or pump.driver._executing[job_id].attempt != attempt)
+            given_up = sum(
+                1
+                for job_id, attempt, _ in pump.handlers
+                if job_id not in pump.driver._executing or pump.driver._executing[job_id].attempt != attempt
+            )
             raise SimulationBug(
                 f"{pump.name} claimed job {job.id} (attempt {job.attempt}) but all {self.options.pool_size} of its worker threads still run "
                 f"handlers, {given_up} of them of attempts it gave up with its lease: the job waits unstarted while its lease runs"
@@ -477,7 +508,12 @@ class World(Faults):
             # its queue's concurrency slot, and hangs without end would outlast any quiesce.
             duration = self.options.lease_duration * self.rng.uniform(2.0, 5.0)
         report = run_handler(
-            self.rng, job_id=job.id, attempt=job.attempt, task_path=job.task_path, result=result, duration=duration,
+            self.rng,
+            job_id=job.id,
+            attempt=job.attempt,
+            task_path=job.task_path,
+            result=result,
+            duration=duration,
             hostile_rate=self.scenario.hostile_rate if self.config.hostile_values else None,
         )
         self.at(self.t + duration, self._job_done, pump, job, report, lease, pump.node.incarnation)
@@ -499,7 +535,14 @@ class World(Faults):
         with self.on_thread(f"worker thread of {pump.name}"):
             # Pump._finished: the report rides on the JobFinished, and on the outcome after it.
             self._post(
-                pump, ev.JobFinished, job_id=job.id, attempt=job.attempt, result=result, jitter=self.rng.random(), delay=delay, report=report,
+                pump,
+                ev.JobFinished,
+                job_id=job.id,
+                attempt=job.attempt,
+                result=result,
+                jitter=self.rng.random(),
+                delay=delay,
+                report=report,
             )
 
     def _send_task_finished(self, pump: SimPump, outcome, lease: uuid.UUID) -> None:
@@ -525,14 +568,27 @@ class World(Faults):
         run_at = self._db_now() + timedelta(seconds=spec.delay) if spec.delay else None
         database = self.databases[spec.database]
         after = tuple(
-            After(job_id=self.spec_jobs[index], on_failure=on_failure) for index, on_failure in spec.after if index in self.spec_jobs
+            After(job_id=self.spec_jobs[index], on_failure=on_failure)
+            for index, on_failure in spec.after
+            if index in self.spec_jobs
         )
         try:
-            (job_id,) = InMemoryStore(database).enqueue_many([
-                NewJob(task_path=spec.task_path, payload={"args": [], "kwargs": {}}, queue=spec.queue, priority=spec.priority, run_at=run_at,
-                       max_attempts=spec.max_attempts, backoff_base=spec.backoff_base, backoff_max=spec.backoff_max, after=after,
-                       limit_key=spec.limit_key)
-            ])
+            (job_id,) = InMemoryStore(database).enqueue_many(
+                [
+                    NewJob(
+                        task_path=spec.task_path,
+                        payload={"args": [], "kwargs": {}},
+                        queue=spec.queue,
+                        priority=spec.priority,
+                        run_at=run_at,
+                        max_attempts=spec.max_attempts,
+                        backoff_base=spec.backoff_base,
+                        backoff_max=spec.backoff_max,
+                        after=after,
+                        limit_key=spec.limit_key,
+                    )
+                ]
+            )
         except DependencyRefused as refused:
             # An ancestor already failed (or was purged): what the producer's enqueue is told.
             self.log.line(self.t, "producer", f"enqueue refused: {refused}")
@@ -564,7 +620,12 @@ class World(Faults):
 
 
 _READ_ONLY = {
-    ev.ClaimReturned: "jobs", ev.LeasesExpired: "released", ev.JobsPurged: "purged", ev.PumpsPurged: "purged", ev.TaskStatsPurged: "purged", ev.SchedulesMinted: "minted",
+    ev.ClaimReturned: "jobs",
+    ev.LeasesExpired: "released",
+    ev.JobsPurged: "purged",
+    ev.PumpsPurged: "purged",
+    ev.TaskStatsPurged: "purged",
+    ev.SchedulesMinted: "minted",
     ev.TablesAnalyzed: "tables",
 }
 

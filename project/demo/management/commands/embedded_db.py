@@ -37,7 +37,9 @@ class Command(BaseCommand):
         if os.environ.get("DATABASE_URL"):
             raise CommandError("DATABASE_URL is set, so the project does not use the embedded server; unset it first.")
         info = database.embedded_server().get_postmaster_info()
-        self.stdout.write(f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}")
+        self.stdout.write(
+            f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}"
+        )
 
     def handle_stop(self, unless_in_use=False):
         if unless_in_use and (sessions := database.embedded_client_sessions()):
@@ -61,7 +63,9 @@ class Command(BaseCommand):
             self.stdout.write(f"embedded PostgreSQL stopped (data {database.EMBEDDED_DATA_DIR})")
             sys.exit(3)
         note = " (not in use: DATABASE_URL is set)" if os.environ.get("DATABASE_URL") else ""
-        self.stdout.write(f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}{note}")
+        self.stdout.write(
+            f"embedded PostgreSQL running: pid {info.pid}, socket {info.socket_dir}, data {database.EMBEDDED_DATA_DIR}{note}"
+        )
 
 
 def stop_command() -> str:
