@@ -1,40 +1,86 @@
 """BackWave: background jobs for Django in the application's own PostgreSQL."""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
+# Each public name and the module it lives in. Served on first use: settings.py lists "backwave"
+# in INSTALLED_APPS and the worker imports backwave.core (pure, Django-free) before Django is set
+# up, so importing the package must not import Django's tasks framework or any model.
+_EXPORTS = {
+    "Ancestor": "backwave.tasking.context",
+    "BackWaveTaskResult": "backwave.tasking.results",
+    "Cancellation": "backwave.tasking.cancelling",
+    "Cancelled": "backwave.tasking.control",
+    "Dependency": "backwave.tasking.workflow",
+    "Discard": "backwave.tasking.control",
+    "EnqueuedResult": "backwave.tasking.results",
+    "InvalidArguments": "backwave.tasking.payload",
+    "InvalidDependency": "backwave.tasking.workflow",
+    "JobContext": "backwave.tasking.context",
+    "Snooze": "backwave.tasking.control",
+    "TaskCall": "backwave.tasking.task",
+    "TimeLimitExceeded": "backwave.tasking.control",
+    "Unique": "backwave.tasking.task",
+    "UnstorableResult": "backwave.store.storable",
+    "Workflow": "backwave.tasking.workflow",
+    "aenqueue_many": "backwave.tasking.task",
+    "cancel": "backwave.tasking.cancelling",
+    "chain": "backwave.tasking.workflow",
+    "dag": "backwave.tasking.workflow",
+    "enqueue_many": "backwave.tasking.task",
+    "group": "backwave.tasking.workflow",
+}
 
-def __getattr__(name):
-    # Lazy, so that importing backwave.core (pure, Django-free) never drags Django in.
-    if name in {"enqueue_many", "aenqueue_many"}:
-        from backwave.tasking import task
+# Written out, not computed: type checkers and linters read a literal list only.
+__all__ = [
+    "Ancestor",
+    "BackWaveTaskResult",
+    "Cancellation",
+    "Cancelled",
+    "Dependency",
+    "Discard",
+    "EnqueuedResult",
+    "InvalidArguments",
+    "InvalidDependency",
+    "JobContext",
+    "Snooze",
+    "TaskCall",
+    "TimeLimitExceeded",
+    "Unique",
+    "UnstorableResult",
+    "Workflow",
+    "aenqueue_many",
+    "cancel",
+    "chain",
+    "dag",
+    "enqueue_many",
+    "group",
+]
 
-        return getattr(task, name)
-    if name in {"Workflow", "Dependency", "InvalidDependency", "chain", "group", "dag"}:
-        from backwave.tasking import workflow
+# What type checkers and editors read instead of __getattr__ (tests/test_public_api.py holds
+# these equal to _EXPORTS).
+if TYPE_CHECKING:
+    from backwave.store.storable import UnstorableResult
+    from backwave.tasking.cancelling import Cancellation, cancel
+    from backwave.tasking.context import Ancestor, JobContext
+    from backwave.tasking.control import Cancelled, Discard, Snooze, TimeLimitExceeded
+    from backwave.tasking.payload import InvalidArguments
+    from backwave.tasking.results import BackWaveTaskResult, EnqueuedResult
+    from backwave.tasking.task import TaskCall, Unique, aenqueue_many, enqueue_many
+    from backwave.tasking.workflow import Dependency, InvalidDependency, Workflow, chain, dag, group
 
-        return getattr(workflow, name)
-    if name in {"Snooze", "Discard", "Cancelled", "TimeLimitExceeded"}:
-        from backwave.tasking import control
 
-        return getattr(control, name)
-    if name in {"cancel", "Cancellation"}:
-        from backwave.tasking import cancelling
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'backwave' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
 
-        return getattr(cancelling, name)
-    if name == "JobContext":
-        from backwave.tasking.context import JobContext
 
-        return JobContext
-    if name in {"Unique", "EnqueuedResult", "BackWaveTaskResult"}:
-        from backwave.tasking import results, task
-
-        return getattr(task if name == "Unique" else results, name)
-    if name == "InvalidArguments":
-        from backwave.tasking.payload import InvalidArguments
-
-        return InvalidArguments
-    if name == "UnstorableResult":
-        from backwave.store.storable import UnstorableResult
-
-        return UnstorableResult
-    raise AttributeError(f"module 'backwave' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -97,7 +97,7 @@ class Observer:
         kinds: tuple[str, ...],
         tasks: frozenset[str] | None,
         queues: frozenset[str] | None,
-    ):
+    ) -> None:
         self.func = func
         self.kinds = kinds
         self.tasks = tasks
@@ -106,7 +106,7 @@ class Observer:
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
 
-    def __call__(self, transition: Transition):
+    def __call__(self, transition: Transition) -> object:
         return self.func(transition)
 
     def matches(self, kind: str, task_path: str, queue: str) -> bool:
@@ -121,7 +121,9 @@ class Observer:
         return f"<Observer {self.name} of {', '.join(self.kinds)}>"
 
 
-def observe(*kinds: str, tasks: Iterable[Task | str] | None = None, queues: Iterable[str] | None = None):
+def observe(
+    *kinds: str, tasks: Iterable[Task | str] | None = None, queues: Iterable[str] | None = None
+) -> Callable[[Callable[[Transition], object]], Observer]:
     """Register the decorated module-level function as an observer of ``kinds`` transitions of
     ``tasks`` (Task objects or import paths) on ``queues``; None: every task, every queue.
     Mistakes raise ``ValueError`` here, at import, naming what is wrong."""
@@ -139,7 +141,7 @@ def observe(*kinds: str, tasks: Iterable[Task | str] | None = None, queues: Iter
     if task_paths is not None and not task_paths or queue_names is not None and not queue_names:
         raise ValueError("@observe: an empty tasks or queues list would match nothing; leave it out to match every one.")
 
-    def register(func):
+    def register(func: Callable[[Transition], object]) -> Observer:
         if isinstance(func, Observer) or not callable(func) or "<locals>" in getattr(func, "__qualname__", "<locals>"):
             raise ValueError(
                 f"@observe decorates a module-level function (its name is how deliveries remember it), got {func!r}."

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +100,7 @@ def _cast_options(field) -> dict:
     )
 
 
-def tags_condition(tags) -> Q:
+def tags_condition(tags: Iterable[str]) -> Q:
     """Jobs carrying every one of ``tags``, in the form the partial tags index serves."""
     return contains("tags", list(tags))
 

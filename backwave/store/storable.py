@@ -37,7 +37,7 @@ class UnstorableResult(Exception):
     Django's backends record, see backwave/shell/execution.py).
     """
 
-    def __init__(self, message: str, unsupported_type: type | None = None):
+    def __init__(self, message: str, unsupported_type: type | None = None) -> None:
         super().__init__(message)
         self.unsupported_type = unsupported_type
 

@@ -26,7 +26,7 @@ class Cancellation(enum.StrEnum):
     FINISHED = "finished"  # it had already finished (or was cancelled before): nothing to do
 
 
-def cancel(result_id, *, by: str = "api", backend: str = "default") -> Cancellation:
+def cancel(result_id: int | str, *, by: str = "api", backend: str = "default") -> Cancellation:
     """Cancel the job of ``result_id`` (a TaskResult's id) on the BackWave backend ``backend``;
     ``by`` names who cancels in the attempt's error. TaskResultDoesNotExist when no such job;
     ValueError, before anything is written, for a ``by`` its column cannot hold."""

@@ -31,7 +31,7 @@ class Snooze(Exception):
     up, so the attempt log keeps every try.
     """
 
-    def __init__(self, seconds: float | timedelta):
+    def __init__(self, seconds: float | timedelta) -> None:
         self.seconds = seconds_of(seconds, what="backwave.Snooze(seconds)")
         if self.seconds > MAX_SNOOZE:
             raise ValueError(f"backwave.Snooze(seconds) must be at most {MAX_SNOOZE:,.0f} (a year), got {self.seconds!r}")
@@ -41,7 +41,7 @@ class Snooze(Exception):
 class Discard(Exception):
     """Raise in a handler to fail the job now, without the retries it has left."""
 
-    def __init__(self, reason: str = ""):
+    def __init__(self, reason: str = "") -> None:
         self.reason = str(reason)
         super().__init__(self.reason or "discarded by its handler")
 

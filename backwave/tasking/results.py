@@ -79,10 +79,10 @@ class BackWaveTaskResult(TaskResult):
     reason: str = ""
     duplicate: bool = field(default=False, compare=False)
 
-    def refresh(self):
+    def refresh(self) -> None:
         self._update_from(self.task.get_backend().get_result(self.id))
 
-    async def arefresh(self):
+    async def arefresh(self) -> None:
         self._update_from(await self.task.get_backend().aget_result(self.id))
 
     def _update_from(self, refreshed) -> None:

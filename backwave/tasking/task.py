@@ -21,7 +21,7 @@ from inspect import iscoroutinefunction
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 from asgiref.sync import sync_to_async
 from django.tasks import Task, TaskResult
@@ -29,6 +29,9 @@ from django.tasks.exceptions import InvalidTask
 
 from ..core.backoff import MAX_DELAY
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
+
+if TYPE_CHECKING:
+    from .results import BackWaveTaskResult
 
 MAX_TASK_PATH_LENGTH = 255  # Job.task_path
 MAX_JOB_ID = 2**63 - 1  # bigint
@@ -119,20 +122,20 @@ class BackWaveTask(Task):
     def using(
         self,
         *,
-        priority=None,
-        queue_name=None,
-        run_after=None,
-        backend=None,
-        max_attempts=None,
-        backoff_base=None,
-        backoff_max=None,
-        tags=None,
-        timeout=None,
-        atomic=None,
-        unique=None,
-        limit_by=None,
-        limit_key=None,
-    ):
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        max_attempts: int | None = None,
+        backoff_base: float | None = None,
+        backoff_max: float | None = None,
+        tags: Sequence[str] | None = None,
+        timeout: float | None = None,
+        atomic: bool | None = None,
+        unique: Unique | None = None,
+        limit_by: str | None = None,
+        limit_key: str | None = None,
+    ) -> Self:
         """A copy of the task with other defaults: Django's options plus BackWave's."""
         if atomic is not None:
             raise InvalidTask(
@@ -155,7 +158,7 @@ class BackWaveTask(Task):
         }
         return replace(self, **{name: value for name, value in options.items() if value is not None})
 
-    def enqueue(self, *args, after=None, **kwargs):
+    def enqueue(self, *args: Any, after: Iterable[Any] | None = None, **kwargs: Any) -> BackWaveTaskResult:
         """Django's enqueue; with ``after=[...]`` (TaskResults, job ids, or
         ``backwave.Dependency(result, on_failure=...)``) the job waits until every one of those
         has succeeded. ``after`` is BackWave's: a task argument of that name goes positionally."""
@@ -167,7 +170,7 @@ class BackWaveTask(Task):
         flow.add(self, args, kwargs, after=after)
         return flow.enqueue()[0]
 
-    async def aenqueue(self, *args, after=None, **kwargs):
+    async def aenqueue(self, *args: Any, after: Iterable[Any] | None = None, **kwargs: Any) -> BackWaveTaskResult:
         """See enqueue()."""
         if after is None:
             return await Task.aenqueue(self, *args, **kwargs)

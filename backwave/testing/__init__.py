@@ -14,6 +14,7 @@ Names are imported on first use, so the simulator and the pytest plugin load wit
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "DeterministicPump": "pump",
@@ -29,10 +30,31 @@ _EXPORTS = {
     "capture_enqueued": "assertions",
 }
 
-__all__ = sorted(_EXPORTS)
+# Written out, not computed: type checkers and linters read a literal list only.
+__all__ = [
+    "DeterministicPump",
+    "DjangoConnectionStore",
+    "DrainResult",
+    "EnqueuedJob",
+    "JobAssertions",
+    "PumpStuck",
+    "VirtualClock",
+    "all_enqueued",
+    "assert_enqueued",
+    "capture_enqueued",
+    "refute_enqueued",
+]
+
+# What type checkers and editors read instead of __getattr__ (tests/test_public_api.py holds
+# these equal to _EXPORTS).
+if TYPE_CHECKING:
+    from .assertions import EnqueuedJob, JobAssertions, all_enqueued, assert_enqueued, capture_enqueued, refute_enqueued
+    from .clock import VirtualClock
+    from .pump import DeterministicPump, DrainResult, PumpStuck
+    from .store import DjangoConnectionStore
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'backwave.testing' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -92,7 +92,7 @@ class capture_enqueued:  # noqa: N801 - used like a function: with capture_enque
     The list fills when the block ends (jobs of every state: a job already run still counts).
     """
 
-    def __init__(self, *, database: str = "default"):
+    def __init__(self, *, database: str = "default") -> None:
         self.database = database
         self.jobs: list[EnqueuedJob] = []
         self._mark = 0
@@ -115,7 +115,7 @@ class capture_enqueued:  # noqa: N801 - used like a function: with capture_enque
 class JobAssertions:
     """The assertions bound to one database alias (the ``backwave_jobs`` fixture)."""
 
-    def __init__(self, database: str = "default"):
+    def __init__(self, database: str = "default") -> None:
         self.database = database
 
     def all(self, task: Task | str | None = None, **filters: Any) -> list[EnqueuedJob]:

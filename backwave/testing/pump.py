@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from types import ModuleType
+from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
@@ -128,8 +129,8 @@ class DeterministicPump:
         worker_id: str = "backwave-test:0",
         seed: int = 0,
         observers: Iterable[Observer | ModuleType | str] | None = None,
-        **overrides,
-    ):
+        **overrides: Any,
+    ) -> None:
         self.registry = _registry(tasks)
         self.observers = _observers(observers)
         self.options = _options(
