@@ -24,11 +24,8 @@ SNIPPETS = Path(__file__).with_name("typed")
 
 def mypy(venv, folder: Path, module: str):
     shutil.copy(SNIPPETS / module, folder / module)
-    return run(
-        [sys.executable, "-m", "mypy", "--strict", "--python-executable", venv.python, "--cache-dir", folder / ".mypy_cache", module],
-        cwd=folder,
-        timeout=300,
-    )
+    strict = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", folder / ".mypy_cache"]
+    return run([*strict, "--python-executable", venv.python, module], cwd=folder, timeout=300)
 
 
 def test_typed_user_code_passes_mypy_strict(venv, tmp_path):
