@@ -6,6 +6,7 @@ a change that breaks the docs fails the suite, and so CI.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,34 @@ def test_the_readme_is_an_introduction():
     )
     commands = [line.split()[0] for line in lines if line.startswith("bin/")]
     assert commands[:2] == ["bin/run", "bin/test"], "the README's first two commands are bin/run and bin/test"
+
+
+# A Markdown link's target, inline or as a reference definition; an HTML link's.
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)|^\s*\[[^\]]+\]:\s*<?(\S+?)>?\s*$|\bhref=[\"']([^\"']+)", re.M)
+
+
+def links(markdown: str) -> list[str]:
+    return [next(group for group in match.groups() if group) for match in LINK.finditer(markdown)]
+
+
+def docs_page(url: str, site_url: str) -> Path | None:
+    """The docs/ source of a page of the site (use_directory_urls: docs/a/b.md is served at a/b/)."""
+    path = url.removeprefix(site_url).split("#", 1)[0].strip("/")
+    for candidate in (f"{path}.md", f"{path}/index.md") if path else ("index.md",):
+        if (ROOT / "docs" / candidate).is_file():
+            return ROOT / "docs" / candidate
+    return None
+
+
+def test_the_readme_links_absolutely_to_pages_that_exist():
+    """The README is the package index's long description, where a relative link is broken: each
+    link is absolute, and one into the docs site names a page docs/ has."""
+    import tomllib
+
+    site_url = re.search(r"^site_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(), re.M).group(1)
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"] == site_url
+    found = links((ROOT / "README.md").read_text())
+    assert found, "no link found: the pattern no longer matches the README's links"
+    assert [url for url in found if not url.startswith(("https://", "#"))] == []
+    assert [url for url in found if url.startswith(site_url) and docs_page(url, site_url) is None] == []

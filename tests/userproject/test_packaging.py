@@ -1,6 +1,6 @@
 """What `python -m build` makes of the checkout: every file of the package in the wheel and the
-sdist (templates, static files, SQL, migrations, the py.typed marker), and the metadata an
-index shows."""
+sdist (templates, static files, SQL, migrations, the py.typed marker), the license, and the
+metadata an index shows (its long description is the README, whose links must work there)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import zipfile
 
 import pytest
 
+from ..test_docs import links
 from .environment import ROOT
 
 pytestmark = pytest.mark.slow
@@ -45,13 +46,39 @@ def test_the_sdist_holds_every_file_of_the_package_and_builds_that_wheel(dist):
         names = {name.removeprefix(prefix) for name in archive.getnames()}
     assert [name for name in REQUIRED if name not in names] == []
     assert sorted(package_files() - names) == []
-    assert {"README.md", "pyproject.toml"} <= names
+    assert {"README.md", "pyproject.toml", "LICENSE"} <= names
+
+
+def metadata(dist) -> email.message.Message:
+    with zipfile.ZipFile(dist.wheel) as archive:
+        (name,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(archive.read(name))
+
+
+def test_the_wheel_and_the_sdist_carry_the_mit_license(dist):
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License") and "BackWave contributors" in text
+    with zipfile.ZipFile(dist.wheel) as archive:
+        (licensed,) = [name for name in archive.namelist() if name.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(licensed).decode() == text
+    message = metadata(dist)
+    assert message["License-Expression"] == "MIT"
+    assert message.get_all("License-File") == ["LICENSE"]
+
+
+def test_the_long_description_is_the_readme_with_only_absolute_links(dist):
+    message = metadata(dist)
+    assert message["Description-Content-Type"] == "text/markdown"
+    description = message.get_payload(decode=True).decode("utf-8")
+    assert description.strip() == (ROOT / "README.md").read_text().strip()
+    found = links(description)
+    assert found and [url for url in found if not url.startswith(("https://", "#"))] == []
+    urls = dict(value.split(", ", 1) for value in message.get_all("Project-URL") or [])
+    assert sorted(urls) == ["Changelog", "Documentation", "Homepage", "Issues", "Repository"]
 
 
 def test_the_metadata_says_what_it_runs_on_and_that_it_is_typed(dist):
-    with zipfile.ZipFile(dist.wheel) as archive:
-        (metadata,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
-        message = email.message_from_bytes(archive.read(metadata))
+    message = metadata(dist)
     classifiers = message.get_all("Classifier") or []
     for expected in (
         "Framework :: Django",
