@@ -771,6 +771,32 @@ class InMemoryStore:
                 del db.overruns[key]
             return len(forgotten)
 
+    def cancel_jobs(
+        self, *, job_ids: Sequence[int], by: str, allowed: Sequence[str], observed: str = NOTHING_OBSERVED
+    ) -> list[tuple[int, str, bool]]:
+        """cancel_jobs in queries.sql (backwave/store/operator.py): of the jobs in an ``allowed``
+        state, a job not running is cancelled at once (its dependents settled, its transition
+        noted as ``observed`` says), a running one gets a cancel request (the first author
+        stays) that its worker hears of. (id, state when locked, changed) per job that exists."""
+        with self._operation() as (db, now):
+            rows, settling = [], {}
+            for job_id in sorted(set(job_ids)):
+                job = db.jobs.get(job_id)
+                if job is None:
+                    continue
+                state = job.state
+                changed = state in allowed
+                if changed:
+                    if job.cancel_requested_at is None:
+                        job.cancel_requested_by, job.cancel_requested_at = by, now
+                    if state != "running":
+                        job.state, job.finished_at, job.reason = "cancelled", now, ""
+                        _note(db, now, observed, job, job.attempts, "cancelled")
+                        settling[job_id] = "cancelled"
+                rows.append((job_id, state, changed))
+            settle_dependents(db, now, settling, observed)
+            return rows
+
     def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
         if not job_ids:

@@ -133,6 +133,7 @@ def test_every_knob_is_a_flag_and_classic_replays_through_them():
         "thread-checks",
         "observers",
         "report-checks",
+        "job-control",
     ):
         assert f" --no-{knob} " in command
     assert " --max-databases 1 " in command

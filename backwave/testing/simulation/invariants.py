@@ -17,6 +17,7 @@ concurrency limits, one live lease per running attempt), the checks the widening
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -61,13 +62,23 @@ class Invariants:
         # by (job, attempt, the lease the attempt ran under).
         self.notifications: Counter[tuple[int, int, uuid.UUID]] = Counter()
         self.applied: set[tuple[int, int, uuid.UUID]] = set()
-        self.delivered: dict[tuple[int, int], str] = {}  # (job, attempt) -> the transition observers saw
+        # (observer (None: the one unnamed), job, attempt) -> the transition that observer saw; a
+        # job cancelled at once (no attempt ran into it) has "at once" for its attempt.
+        self.delivered: dict[tuple[str | None, int, int | str], str] = {}
         self.lease_owner: dict[uuid.UUID, SimPump] = {}
         self.claimed_under: dict[tuple[int, int], uuid.UUID] = {}  # (job, attempt) -> lease
         self.executing: dict[int, list[tuple[SimPump, uuid.UUID, int]]] = {}  # job -> (pump, lease, attempt) per live worker
         # Admission: every claim seen (job, attempt, when), and the starts per (queue, rate window).
         self.starts_seen: set[tuple[int, int, object]] = set()
         self.starts: Counter[tuple] = Counter()  # (database, queue, limit key or None, window number)
+        # Job control: the limit key of each job that ran; the attempt each cancelled job was at
+        # when the operator's cancel applied; uniqueness: the key each unique job was enqueued
+        # under with the states it covers, and the job that holds each key now.
+        self.overrunning: set[tuple[int, int, int]] = set()  # (id of the pump, job, attempt) of handlers past their attempt
+        self.limits_of: dict[int, tuple[str, str | None]] = {}  # job -> (queue, limit key)
+        self.cancelled_at: dict[int, int] = {}
+        self.unique_of: dict[int, tuple[tuple, frozenset[str]]] = {}
+        self.unique_holder: dict[tuple, int] = {}
 
     # ---- after every driver step --------------------------------------------------------------
 
@@ -83,6 +94,7 @@ class Invariants:
         for db in self.world.databases:
             self._check_database(db)
         self._check_executions()
+        self._check_handler_limits()
 
     def _check_database(self, db: MemoryDatabase) -> None:
         per_lease: Counter[uuid.UUID] = Counter()
@@ -135,10 +147,12 @@ class Invariants:
                 and (state in ("ready", "running", "succeeded") or (state in ("failed", "quarantined") and job.attempts))
             ):
                 self._check_ancestors_done(db, job_id, state, ancestors_of[job_id])
-            elif state == "cancelled" and not job.reason.startswith("Cancelled: ancestor #"):
+            elif state == "cancelled" and job_id not in self.cancelled_at and not job.reason.startswith("Cancelled: ancestor #"):
                 raise SimulationBug(
-                    f"job {job_id} is cancelled without an ancestor's failure (reason {job.reason!r}); nobody else cancels"
+                    f"job {job_id} is cancelled without an ancestor's failure (reason {job.reason!r}) and the operator never cancelled it"
                 )
+            if job_id in self.unique_of:
+                self._check_unique(job_id, job)
         for lease_id, running in per_lease.items():
             if running > self.held_at_most:
                 owner = self.lease_owner.get(lease_id)
@@ -168,6 +182,55 @@ class Invariants:
             job = db.jobs.get(job_id)
             if job is not None and number > job.attempts:
                 raise SimulationBug(f"job {job_id} has an attempt row {number} past its attempt count {job.attempts}")
+
+    def _check_unique(self, job_id: int, job) -> None:
+        """A job holds its uniqueness key from its enqueue for as long as it stays in the states
+        the key covers; leaving them, it lets go for good. The store's key column must say so."""
+        key, covered = self.unique_of[job_id]
+        holds = self.unique_holder.get(key) == job_id
+        if holds and job.state not in covered:
+            del self.unique_holder[key]
+            holds = False
+        if (job.unique_key is not None) != holds:
+            raise SimulationBug(
+                f"job {job_id} is {job.state} (its key covers {', '.join(sorted(covered))}) and the store "
+                f"{'still holds' if job.unique_key is not None else 'no longer holds'} its uniqueness key {key[1:]}"
+                f"{'' if holds else ', which it let go of'}"
+            )
+
+    def unique_enqueued(self, db: MemoryDatabase, spec, job_id: int, duplicate: bool) -> None:
+        """A unique enqueue returned ``job_id`` (``duplicate``: a job that existed): the job that
+        holds the key if one does, a new one if none does."""
+        window = None
+        if spec.unique_period is not None:
+            window = math.floor(self.world._db_now().timestamp() / spec.unique_period)
+        key = (id(db), spec.task_path, spec.unique_key, spec.unique_period, window)
+        holder = self.unique_holder.get(key)
+        if holder is not None and (db.jobs.get(holder) is None or db.jobs[holder].state not in self.unique_of[holder][1]):
+            # It left the covered states since the last check (a purge leaves nothing to check).
+            del self.unique_holder[key]
+            holder = None
+        shown = f"key {spec.unique_key!r} (period {spec.unique_period}, window {window})"
+        if duplicate and holder != job_id:
+            state = db.jobs[job_id].state if job_id in db.jobs else "gone"
+            raise SimulationBug(
+                f"a unique enqueue of {shown} returned job {job_id} ({state}), "
+                + (f"but job {holder} holds that key" if holder is not None else "which let go of that key: a new job was due")
+            )
+        if not duplicate and holder is not None:
+            raise SimulationBug(
+                f"a unique enqueue of {shown} made job {job_id} while job {holder} holds that key "
+                f"({db.jobs[holder].state}, covering {', '.join(sorted(self.unique_of[holder][1]))}): two jobs hold one key"
+            )
+        if not duplicate:
+            # "ready" covers a job waiting for its ancestors, due or scheduled.
+            self.unique_of[job_id] = (key, frozenset({*spec.unique_states, "waiting"}))
+            self.unique_holder[key] = job_id
+
+    def cancel_applied(self, job_id: int, attempt: int) -> None:
+        """The operator's cancel of ``job_id`` applied while it was at ``attempt``: no later
+        attempt of it may ever start a handler."""
+        self.cancelled_at.setdefault(job_id, attempt)
 
     def _check_ancestors_done(self, db: MemoryDatabase, job_id: int, state: str, ancestors: list[tuple[int, str]]) -> None:
         """A dependent is claimable (and so ever ran) only once each ancestor has succeeded, or
@@ -289,15 +352,26 @@ class Invariants:
 
     # ---- transition observers ---------------------------------------------------------------
 
-    def transition_delivered(self, db: MemoryDatabase, record) -> None:
-        """An observer received ``record``: it must be an outcome (or a lapse) the store applied,
-        recorded by its attempt row, and the only transition of that attempt."""
-        key = (record.job_id, record.attempt)
+    def transition_delivered(self, db: MemoryDatabase, record, observer: str | None = None) -> None:
+        """``observer`` received ``record``: it must be an outcome (or a lapse) the store applied,
+        recorded by its attempt row, and the only transition of that attempt; or a cancel that
+        applied at once (the job cancelled, no attempt of it ended so)."""
+        row = db.attempts.get((record.job_id, record.attempt))
+        at_once = record.kind == "cancelled" and (row is None or row.state != "cancelled")
+        key = (observer, record.job_id, "at once" if at_once else record.attempt)
+        who = "observers" if observer is None else f"observer {observer}"
         if key in self.delivered:
             raise SimulationBug(
-                f"observers saw attempt {record.attempt} of job {record.job_id} end twice ({self.delivered[key]}, then {record.kind})"
+                f"{who} saw attempt {record.attempt} of job {record.job_id} end twice ({self.delivered[key]}, then {record.kind})"
             )
-        row = db.attempts.get(key)
+        if at_once:
+            job = db.jobs.get(record.job_id)
+            if job is None or job.state != "cancelled":
+                raise SimulationBug(
+                    f"{who} saw job {record.job_id} cancelled, and it is {'gone' if job is None else job.state}: a refused cancel"
+                )
+            self.delivered[key] = record.kind
+            return
         expected = _ATTEMPT_OF_TRANSITION[record.kind]
         if row is None or row.state != expected:
             shown = "no attempt row" if row is None else f"its attempt row says {row.state}"
@@ -308,17 +382,32 @@ class Invariants:
         self.delivered[key] = record.kind
 
     def _check_every_transition_delivered(self) -> None:
-        missed = sorted(
-            key
-            for db in self.world.databases
-            for key, row in db.attempts.items()
-            if key not in self.delivered and row.state not in _UNOBSERVABLE_ATTEMPTS
-        )
-        if missed:
-            shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in missed[:8])
-            raise SimulationBug(
-                f"{len(missed)} applied attempt(s) reached no observer ({shown}): a transition was never noted, or lost"
+        """Each observer saw each applied transition (at least once: the checks above make it
+        exactly once, no delivery failing here), a cancel that applied at once included."""
+        from .world import OBSERVERS
+
+        named = self.world.config.job_control
+        for observer in OBSERVERS if named else (None,):
+            missed = sorted(
+                key
+                for db in self.world.databases
+                for key, row in db.attempts.items()
+                if (observer, *key) not in self.delivered and row.state not in _UNOBSERVABLE_ATTEMPTS
             )
+            if named:  # cancels are watched too
+                missed += sorted(
+                    (job_id, "at once")
+                    for job_id, state in self.final.items()
+                    if state == "cancelled"
+                    and (job := self.enqueued[job_id].jobs.get(job_id)) is not None
+                    and getattr(self.enqueued[job_id].attempts.get((job_id, job.attempts)), "state", None) != "cancelled"
+                    and (observer, job_id, "at once") not in self.delivered
+                )
+            if missed:
+                shown = ", ".join(f"{job_id}.{attempt}" for job_id, attempt in missed[:8])
+                raise SimulationBug(
+                    f"{len(missed)} applied transition(s) reached no observer {observer or ''} ({shown}): never noted, or lost"
+                )
 
     # ---- the pumps at rest --------------------------------------------------------------------
 
@@ -345,8 +434,17 @@ class Invariants:
 
     # ---- handlers on workers ------------------------------------------------------------------
 
-    def started(self, pump: SimPump, job_id: int, lease: uuid.UUID, attempt: int) -> None:
+    def started(
+        self, pump: SimPump, job_id: int, lease: uuid.UUID, attempt: int, limits: tuple[str, str | None] | None = None
+    ) -> None:
+        if job_id in self.cancelled_at and attempt > self.cancelled_at[job_id]:
+            raise SimulationBug(
+                f"{pump.name} started attempt {attempt} of job {job_id}, whose cancel applied at attempt {self.cancelled_at[job_id]}: "
+                "a cancelled job ran again"
+            )
         self.executing.setdefault(job_id, []).append((pump, lease, attempt))
+        if limits is not None:
+            self.limits_of[job_id] = limits
         # A pump's pool has pool_size threads: a handler beyond them would wait in the pool's
         # queue, unstarted, where the driver thinks it runs (its deadline ticking). Abandoned
         # handlers still hold theirs; jobs claimed ahead wait in the driver, not in the pool.
@@ -356,6 +454,7 @@ class Invariants:
                 f"{pump.name} runs {handlers} handlers at once (abandoned ones included), pool_size is {self.pool_size}"
             )
         self._check_executions()
+        self._check_handler_limits()
 
     def finished(self, pump: SimPump, job_id: int, attempt: int) -> None:
         runs = self.executing.get(job_id, [])
@@ -364,9 +463,59 @@ class Invariants:
                 del runs[index]
                 break
 
+    def outlived(self, pump: SimPump, job_id: int, attempt: int) -> None:
+        """The driver ended this attempt past its deadline while its handler runs on: the row is
+        no longer the attempt's to own, though the handler still counts against its limits."""
+        self.overrunning.add((id(pump), job_id, attempt))
+
     def died(self, pump: SimPump) -> None:
         for runs in self.executing.values():
             runs[:] = [run for run in runs if run[0] is not pump]
+
+    def _check_handler_limits(self) -> None:
+        """Handlers actually running count against their queue's concurrency limit and their
+        key's per-key limit, those whose attempt already ended included (past a time limit, a
+        cancel they ignored: abandoned until they return), as long as their worker's lease is
+        live: a dead or cut-off worker holds nothing (docs/how-to/admission.md)."""
+        if not self.world.config.job_control:
+            return
+        now = self.world._db_now()
+        per_queue: Counter[tuple[int, str]] = Counter()
+        per_key: Counter[tuple[int, str, str]] = Counter()
+        ended: Counter[tuple] = Counter()
+        databases = {}
+        for job_id, runs in self.executing.items():
+            if not runs:
+                continue
+            db = self.enqueued[job_id]
+            databases[id(db)] = db
+            job = db.jobs.get(job_id)
+            for _, lease, number in runs:
+                row = db.leases.get(lease)
+                if row is None or row.expires_at <= now:
+                    continue
+                queue, key = self.limits_of[job_id]
+                over = job is None or job.state != "running" or job.attempts != number or job.lease_id != lease
+                per_queue[id(db), queue] += 1
+                ended[id(db), queue] += over
+                if key is not None:
+                    per_key[id(db), queue, key] += 1
+                    ended[id(db), queue, key] += over
+        for (db_id, queue), running in per_queue.items():
+            limit = databases[db_id].queues.get(queue, (None, False))[0]
+            if limit is not None and running > limit:
+                raise SimulationBug(
+                    f"{running} handlers of queue {queue} run at once ({ended[db_id, queue]} of them of attempts already ended: "
+                    f"abandoned past a time limit or a cancel); its concurrency limit is {limit}"
+                )
+        for (db_id, queue, key), running in per_key.items():
+            admission = databases[db_id].admission.get(queue)
+            limit = admission.key_concurrency_limit if admission is not None else None
+            if limit is not None and running > limit:
+                raise SimulationBug(
+                    f"{running} handlers of key {key!r} run at once in queue {queue} ({ended[db_id, queue, key]} of them of "
+                    f"attempts already ended: abandoned past a time limit or a cancel); its per-key limit is {limit}"
+                )
 
     def _check_executions(self) -> None:
         """An attempt running under a live lease owns its row: the row runs under that lease, at
@@ -378,7 +527,9 @@ class Invariants:
             live = [
                 (pump, lease, number)
                 for pump, lease, number in runs
-                if (row := db.leases.get(lease)) is not None and row.expires_at > now
+                if (row := db.leases.get(lease)) is not None
+                and row.expires_at > now
+                and (id(pump), job_id, number) not in self.overrunning
             ]
             if not live:
                 continue

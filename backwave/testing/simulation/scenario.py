@@ -22,6 +22,9 @@ QUEUES = ("q0", "q1", "q2")
 UNKNOWN_TASK = "sim.tasks.unknown"  # no handler: every attempt is unroutable
 TASK = "sim.tasks.work"
 CRASH_TASK = "sim.tasks.crash"  # every attempt kills its node (os._exit, a segfault, the OOM killer)
+# What a Unique may cover: ready always (a waiting job too), running by default, finished states
+# only beside running (backwave/tasking/task.py refuses the rest at definition).
+UNIQUE_STATES = (("ready",), ("ready", "running"), ("ready", "running", "succeeded"), ("ready", "running", "succeeded", "failed"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +49,9 @@ class Config:
     dependencies: bool = True  # some jobs wait for earlier ones (after=, cancel or run on failure)
     admission: bool = True  # queues under per-key concurrency and rate limits, jobs with limit keys
     claim_ahead: bool = True  # pumps may hold claimed jobs beyond their threads (core/slots.py)
+    # Time limits (and hard ones), cancels at random moments, unique tasks, more snoozes, named
+    # observers, and handlers that outlive their attempt (past a time limit, a cancel ignored).
+    job_control: bool = True
 
     def flags(self) -> str:
         """The CLI flags that reproduce this config (only those that differ from the defaults)."""
@@ -76,6 +82,7 @@ CLASSIC = Config(
     dependencies=False,
     admission=False,
     claim_ahead=False,
+    job_control=False,
 )
 
 
@@ -96,6 +103,12 @@ class JobSpec:
     # operator holds nothing, so a seed draws only "cancel" and "run".
     after: tuple[tuple[int, str], ...] = ()
     limit_key: str | None = None  # the key of its queue's per-key concurrency limit
+    timeout: float | None = None  # seconds one attempt may run (the task's time limit)
+    # Uniqueness: the key (per task), the period whose windows it holds for (None: for as long as
+    # the job is covered) and the states it covers (ready always).
+    unique_key: str | None = None
+    unique_period: float | None = None
+    unique_states: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +134,13 @@ class Scenario:
     key_limits: dict[str, int] = field(default_factory=dict)  # queues with a per-key concurrency limit
     rate_limits: dict[str, tuple[int, float]] = field(default_factory=dict)  # queues with (starts, per seconds)
     key_rate_limits: dict[str, int] = field(default_factory=dict)  # queues with starts per key per rate window
+    # Job control: (when, JobSpec index) of each cancel the operator asks for; the hard limit
+    # (seconds a handler told to stop may go on before its process ends itself; None: none); the
+    # chance a handler told to stop does so; the share of successes that snooze instead.
+    cancels: tuple[tuple[float, int], ...] = ()
+    hard_time_limit: float | None = None
+    obey_rate: float = 1.0
+    snooze_rate: float | None = None  # None: world.SNOOZE_RATE, as before the knob
 
     @classmethod
     def draw(cls, seed: int, config: Config, rng: random.Random) -> Scenario:
@@ -225,7 +245,41 @@ class Scenario:
             if not admitted & set(self.options.policy.queues):
                 ahead = random.Random(f"claim-ahead:{self.seed}").choice((None, 1, 2, 5))
                 changes["options"] = replace(self.options, claim_ahead=ahead)
+        if config.job_control:
+            jobs = self._draw_job_control(jobs, changes, random.Random(f"job-control:{self.seed}"))
         return replace(self, jobs=jobs, **changes)
+
+    def _draw_job_control(self, jobs: tuple[JobSpec, ...], changes: dict, rng: random.Random) -> tuple[JobSpec, ...]:
+        """Time limits, unique tasks and cancels (the knob job_control), from a source of their own."""
+        timeout_rate = rng.choice((0.0, 0.2, 0.5))
+        unique_rate = rng.choice((0.0, 0.3, 0.6))
+        drawn = []
+        for job in jobs:
+            if rng.random() < timeout_rate:
+                job = replace(job, timeout=rng.choice((0.05, 0.2, 1.0, 3.0)))
+            if job.task_path == TASK and not job.after and rng.random() < unique_rate:  # a unique job waits for no one
+                job = replace(
+                    job,
+                    unique_key=rng.choice(("u0", "u1")),
+                    unique_period=rng.choice((None, None, 1.0, 5.0)),
+                    unique_states=rng.choice(UNIQUE_STATES),
+                )
+            drawn.append(job)
+        cancel_rate = rng.choice((0.0, 0.1, 0.3))
+        # Most soon after the enqueue (the job ready, waiting or running), some much later.
+        changes["cancels"] = tuple(
+            sorted(
+                (job.at + (rng.expovariate(1 / 0.3) if rng.random() < 0.7 else rng.uniform(0, 10)), index)
+                for index, job in enumerate(drawn)
+                if rng.random() < cancel_rate
+            )
+        )
+        changes["hard_time_limit"] = rng.choice((None, None, 0.5, 2.0))
+        changes["obey_rate"] = rng.choice((0.0, 0.5, 0.9))
+        changes["snooze_rate"] = rng.choice((0.02, 0.1))
+        options = changes.get("options", self.options)
+        changes["options"] = replace(options, cancel_grace=rng.choice((0.05, 0.3, 2.0)))
+        return tuple(drawn)
 
 
 def _with_dependencies(jobs: tuple[JobSpec, ...], rng: random.Random) -> tuple[JobSpec, ...]:

@@ -56,7 +56,7 @@ from backwave.core import events as ev
 from backwave.core.driver import InvalidEvent, NodeDriver, State
 from backwave.core.jobs import ClaimedJob
 from backwave.shell.executor import Executor, lease_ids_from
-from backwave.store.contract import After, DeliveryResult, DependencyRefused, NewJob, StoreError
+from backwave.store.contract import NOTHING_OBSERVED, After, DeliveryResult, DependencyRefused, NewJob, StoreError
 from backwave.testing.memory_store import InMemoryStore, MemoryDatabase, QueueAdmission
 
 from .faults import Faults
@@ -72,6 +72,20 @@ OBSERVE_EVERYTHING = json.dumps(
     [{"kind": kind, "task_path": None, "queue": None} for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed")]
 )
 
+# With Config.job_control: two named observers, each watching every transition (cancels too),
+# each delivered by a loop of its own, so that a transition waits for both.
+OBSERVERS = ("audit", "metrics")
+OBSERVE_BY_NAME = json.dumps(
+    [
+        {"kind": kind, "task_path": None, "queue": None, "observer": observer}
+        for kind in ("succeeded", "failed", "retried", "quarantined", "lapsed", "cancelled")
+        for observer in OBSERVERS
+    ]
+)
+CANCELLED_BY = "sim:operator"
+# The states an operator's cancel acts on (the admin's: all but the finished ones).
+CANCELLABLE = ("ready", "waiting", "held", "running")
+
 # Job ids of database k start past k * JOB_ID_STRIDE, so that an id names one job in the whole run.
 JOB_ID_STRIDE = 1_000_000
 
@@ -79,7 +93,7 @@ JOB_ID_STRIDE = 1_000_000
 class Node:
     """A worker process: its pumps share its clock and die with it."""
 
-    __slots__ = ("index", "incarnation", "offset", "alive", "pumps")
+    __slots__ = ("index", "incarnation", "offset", "alive", "pumps", "ending")
 
     def __init__(self, index: int):
         self.index = index
@@ -87,6 +101,7 @@ class Node:
         self.offset = 0.0
         self.alive = True
         self.pumps: dict[tuple[int, int], SimPump] = {}  # (database, pump slot) -> the pump running in it
+        self.ending = False  # a handler ran past the hard time limit: the process drains and ends itself
 
 
 class SimPump:
@@ -112,6 +127,7 @@ class SimPump:
         "published_free_slots",
         "executor",
         "landed",
+        "ends",
     )
 
     def __init__(self, name: str, node: Node, driver: NodeDriver | OwnedDriver, store: InMemoryStore, database: int):
@@ -137,6 +153,9 @@ class SimPump:
         self.published_free_slots = 0
         self.executor: Executor | None = None  # set by the world, which owns its clock and random source
         self.landed: list = []  # outcomes the statement running now applied, told of once its answer arrives
+        # (job id, attempt) -> the number of its handler's scheduled end: a handler that obeys a
+        # StopAttempt ends sooner, and the end scheduled first is then void.
+        self.ends: dict[tuple[int, int], int] = {}
 
     @property
     def alive(self) -> bool:
@@ -179,6 +198,9 @@ class World(Faults):
         # Snoozes draw from a stream of their own, seeded once from the scenario: every draw of
         # ``rng`` stays where it was, so a recorded seed replays the interleaving it always did.
         self.snooze_rng = random.Random(f"snooze:{scenario!r}")
+        # Job control draws from its own stream too, ties of what it schedules included: a seed
+        # that draws no time limit, cancel or unique task replays the run it replayed before.
+        self.control_rng = random.Random(f"job-control:{scenario!r}")
         self.log = logbook
         self.t = 0.0
         self.options = scenario.options
@@ -219,6 +241,8 @@ class World(Faults):
             self._boot(node)
         for index, spec in enumerate(self.scenario.jobs):
             self.at(spec.at, self._enqueue, spec, index)
+        for when, index in self.scenario.cancels:
+            self.at_control(when, self._cancel, index)
         if self.config.faults:
             self.at(self.rng.expovariate(1 / self.scenario.fault_every), self._fault)
         self.at(self.scenario.fault_phase, self._quiesce)
@@ -268,6 +292,11 @@ class World(Faults):
         self._seq += 1
         heapq.heappush(self._heap, (max(when, self.t), self.rng.random(), self._seq, action, args))
 
+    def at_control(self, when: float, action: Callable, *args) -> None:
+        """``at``, its tie drawn from the job-control stream (see ``control_rng``)."""
+        self._seq += 1
+        heapq.heappush(self._heap, (max(when, self.t), self.control_rng.random(), self._seq, action, args))
+
     def _db_now(self) -> datetime:
         return EPOCH + timedelta(seconds=self.t)
 
@@ -287,6 +316,7 @@ class World(Faults):
 
     def _boot(self, node: Node) -> None:
         node.alive = True
+        node.ending = False
         node.incarnation += 1
         node.pumps = {}
         for database in range(len(self.databases)):
@@ -311,8 +341,8 @@ class World(Faults):
             new_lease_id=lease_ids_from(self.rng),
             on_applied=lambda outcome, written: pump.landed.append(outcome) if outcome.report is not None else None,
         )
-        if self.config.observers:
-            pump.store.observed = OBSERVE_EVERYTHING  # every outcome and lapse is noted for observers
+        if self.config.observers:  # every outcome and lapse (and cancel) is noted for observers
+            pump.store.observed = OBSERVE_BY_NAME if self.config.job_control else OBSERVE_EVERYTHING
         node.pumps[(database, index)] = pump
         self.pumps.append(pump)
         self.log.line(self.t, name, "start")
@@ -376,7 +406,10 @@ class World(Faults):
         if pump.driver.state is State.STOPPED and not pump.stopped:
             pump.stopped = True
             self.log.line(self.t, pump.name, "stopped")
-            if pump.node.alive:  # the process starts a new pump in its place (a rolling restart)
+            if pump.node.ending:  # past a hard time limit: the process ends once its pumps stopped
+                if pump.node.alive and all(not other.alive for other in pump.node.pumps.values()):
+                    self.at_control(self.t, self._end_process, pump.node, pump.node.incarnation)
+            elif pump.node.alive:  # the process starts a new pump in its place (a rolling restart)
                 self.at(self.t + self.rng.uniform(0.1, 2.0), self._replace, pump)
 
     def _replace(self, stopped: SimPump) -> None:
@@ -394,7 +427,10 @@ class World(Faults):
             self._start_job(pump, command.job)
             return
         if isinstance(command, cmd.StopAttempt):
-            return  # simulated handlers do not look at their context: they run to their end
+            if self.config.job_control:
+                self._told_to_stop(pump, command)
+            # Otherwise simulated handlers do not look at their context: they run to their end.
+            return
         batch = pump.executor.take(command, pump.pending)  # a write and the claim after it go as one
         pump.busy = True
         self.at(self.t + self._latency(), self._statement, pump, batch, pump.node.incarnation)
@@ -469,15 +505,21 @@ class World(Faults):
         store = self._observer_stores.get(database) or self._observer_stores.setdefault(
             database, InMemoryStore(self.databases[database])
         )
-        while True:
-            self._deliveries += 1
-            token = uuid.UUID(int=self._deliveries)
-            records = store.claim_transitions(token=token, limit=1000, lease=self.options.lease_duration)
-            if not records:
-                return
-            for record in records:
-                self.invariants.transition_delivered(self.databases[database], record)
-            store.settle_transitions(token=token, results=[DeliveryResult(id=record.id) for record in records])
+        for observer in OBSERVERS if self.config.job_control else (None,):
+            observers = (observer,) if observer is not None else ()
+            while True:
+                self._deliveries += 1
+                token = uuid.UUID(int=self._deliveries)
+                records = store.claim_transitions(
+                    token=token, limit=1000, lease=self.options.lease_duration, observers=observers, deliverer=observer
+                )
+                if not records:
+                    break
+                for record in records:
+                    self.invariants.transition_delivered(self.databases[database], record, observer)
+                store.settle_transitions(
+                    token=token, results=[DeliveryResult(id=record.id, delivered=observers) for record in records]
+                )
 
     # ---- handlers -----------------------------------------------------------------------------
 
@@ -494,7 +536,9 @@ class World(Faults):
                 f"handlers, {given_up} of them of attempts it gave up with its lease: the job waits unstarted while its lease runs"
             )
         pump.handlers.append((job.id, job.attempt, lease))
-        self.invariants.started(pump, job.id, lease, job.attempt)
+        self.invariants.started(
+            pump, job.id, lease, job.attempt, (job.queue, self.databases[pump.database].jobs[job.id].limit_key)
+        )
         if job.task_path != TASK:
             result, duration = "unroutable", 0.001
         else:
@@ -507,6 +551,8 @@ class World(Faults):
             # Hung for a few leases; it does return. Only in the fault phase: a hung handler holds
             # its queue's concurrency slot, and hangs without end would outlast any quiesce.
             duration = self.options.lease_duration * self.rng.uniform(2.0, 5.0)
+        if self.config.job_control and job.timeout is not None and job.task_path == TASK and self.control_rng.random() < 0.5:
+            duration = max(duration, job.timeout * self.control_rng.uniform(1.2, 3.0))  # it outlives its time limit
         report = run_handler(
             self.rng,
             job_id=job.id,
@@ -516,19 +562,24 @@ class World(Faults):
             duration=duration,
             hostile_rate=self.scenario.hostile_rate if self.config.hostile_values else None,
         )
+        pump.ends[(job.id, job.attempt)] = 0
         self.at(self.t + duration, self._job_done, pump, job, report, lease, pump.node.incarnation)
         self.kick(pump)
 
-    def _job_done(self, pump: SimPump, job: ClaimedJob, report: Report, lease: uuid.UUID, incarnation: int) -> None:
+    def _job_done(self, pump: SimPump, job: ClaimedJob, report: Report, lease: uuid.UUID, incarnation: int, end: int = 0) -> None:
         if not pump.node.alive or pump.node.incarnation != incarnation:
             return  # the process died with its workers
+        if pump.ends.get((job.id, job.attempt)) != end:
+            return  # it obeyed a StopAttempt and ended sooner
+        del pump.ends[(job.id, job.attempt)]
         pump.handlers.remove((job.id, job.attempt, lease))
         self.invariants.finished(pump, job.id, job.attempt)
         if report.result == "crash":
             self._exit_process(pump, job)
             return
         result, delay = report.result, None
-        if result == "succeeded" and self.snooze_rng.random() < SNOOZE_RATE:
+        snooze_rate = SNOOZE_RATE if self.scenario.snooze_rate is None else self.scenario.snooze_rate
+        if result == "succeeded" and self.snooze_rng.random() < snooze_rate:
             # backwave.Snooze: ready again after the delay, the attempt left out of max_attempts
             # (the invariants' attempt count holds it to that).
             result, delay = "snoozed", self.snooze_rng.uniform(0.0, 0.5)
@@ -562,16 +613,122 @@ class World(Faults):
         self._crash(node)
         self.at(self.t + self.rng.uniform(0.2, 2.0), self._restart, node)
 
+    # ---- job control: stops, hard limits, cancels ---------------------------------------------
+
+    def _told_to_stop(self, pump: SimPump, command: cmd.StopAttempt) -> None:
+        """The handler's context says stop (its time limit passed, or it was cancelled): some
+        handlers obey at once, the rest run on. Past the hard limit, the process ends itself."""
+        key = (command.job_id, command.attempt)
+        if key not in pump.ends:
+            return  # it returned meanwhile
+        running = next((h for h in pump.handlers if h[:2] == key), None)
+        if running is None:
+            return
+        executing = pump.driver._executing.get(command.job_id)
+        if executing is None or executing.attempt != command.attempt:
+            # Ended past its deadline (its outcome buffered): the handler outlives its attempt.
+            self.invariants.outlived(pump, *key)
+        if self.control_rng.random() < self.scenario.obey_rate:
+            pump.ends[key] += 1
+            job = self.databases[pump.database].jobs[command.job_id]
+            claimed = ClaimedJob(
+                id=job.id,
+                task_path=job.task_path,
+                queue=job.queue,
+                priority=0,
+                payload={},
+                attempt=command.attempt,
+                max_attempts=job.max_attempts,
+                backoff_base=0,
+                backoff_max=0,
+            )
+            cancelled = command.reason.startswith("cancelled")
+            report = Report(job_id=job.id, attempt=command.attempt, result="cancelled" if cancelled else "failed")
+            if job.task_path == CRASH_TASK:
+                report = Report(job_id=job.id, attempt=command.attempt, result="crash")
+            self.log.line(self.t, pump.name, f"job #{job.id} attempt {command.attempt} stops ({command.reason})")
+            delay = self.control_rng.expovariate(1 / 0.05)
+            self.at_control(
+                self.t + delay, self._job_done, pump, claimed, report, running[2], pump.node.incarnation, pump.ends[key]
+            )
+        elif self.scenario.hard_time_limit is not None:
+            self.at_control(
+                self.t + self.scenario.hard_time_limit, self._hard_limit, pump, key, pump.node.incarnation, pump.ends[key]
+            )
+
+    def _hard_limit(self, pump: SimPump, key: tuple[int, int], incarnation: int, end: int) -> None:
+        """Worker._enforce_hard_limit: the handler still runs, so its process drains and ends."""
+        node = pump.node
+        if not node.alive or node.incarnation != incarnation or node.ending or pump.ends.get(key) != end:
+            return
+        node.ending = True
+        self.log.line(
+            self.t, pump.name, f"job #{key[0]} attempt {key[1]} past the hard time limit: n{node.index} drains and ends"
+        )
+        live = [other for other in node.pumps.values() if other.alive]
+        for other in live:
+            self._post(other, ev.DrainRequested, timeout=self.options.drain_timeout)
+        if not live:
+            self.at_control(self.t, self._end_process, node, incarnation)
+        # A drain that cannot finish (a pump cut off from its database) does not keep the
+        # process: it ends anyway, its leases lapsing as a crash's do.
+        self.at_control(
+            self.t + self.options.drain_timeout + 2 * self.options.lease_duration, self._end_process, node, incarnation
+        )
+
+    def _end_process(self, node: Node, incarnation: int) -> None:
+        if node.alive and node.incarnation == incarnation:
+            self.log.line(self.t, f"n{node.index}", "ends itself (hard time limit)")
+            self._crash(node)
+            self.at_control(self.t + self.control_rng.uniform(0.2, 1.0), self._restart, node)
+
+    def _cancel(self, index: int) -> None:
+        """The operator cancels the job of JobSpec ``index`` (backwave.cancel, the admin): one
+        statement; the workers of a running job hear of it by a NOTIFY (which may be lost:
+        their heartbeat reads it too)."""
+        job_id = self.spec_jobs.get(index)
+        if job_id is None:
+            return  # not enqueued yet, or refused
+        database = self.scenario.jobs[index].database
+        db = self.databases[database]
+        attempts = db.jobs[job_id].attempts if job_id in db.jobs else 0
+        observed = (
+            (OBSERVE_BY_NAME if self.config.job_control else OBSERVE_EVERYTHING) if self.config.observers else NOTHING_OBSERVED
+        )
+        rows = InMemoryStore(db).cancel_jobs(job_ids=[job_id], by=CANCELLED_BY, allowed=CANCELLABLE, observed=observed)
+        for cancelled, state, changed in rows:
+            self.log.line(self.t, "operator", f"cancel #{cancelled} ({state}){'' if changed else ': nothing to do'}")
+            if not changed:
+                continue
+            self.invariants.cancel_applied(cancelled, attempts)
+            if state == "running":
+                for pump in self.pumps:
+                    if pump.alive and pump.database == database:
+                        if not self.quiescing and self.control_rng.random() < self.scenario.hint_loss:
+                            continue
+                        self.at_control(self.t + self.control_rng.expovariate(1 / 0.002), self._cancel_heard, pump, cancelled)
+        self.invariants.check_store()
+        if self.config.observers:
+            self._deliver_transitions(database)
+
+    def _cancel_heard(self, pump: SimPump, job_id: int) -> None:
+        """Pump.cancel_requested, on the hint listener's thread: posted whether or not it runs here."""
+        if pump.alive:
+            with self.on_thread(f"hint listener thread of n{pump.node.index}"):
+                self._post(pump, ev.CancelRequested, job_id=job_id, by=CANCELLED_BY)
+
     # ---- the producer and its hints -----------------------------------------------------------
 
     def _enqueue(self, spec, index: int) -> None:
         run_at = self._db_now() + timedelta(seconds=spec.delay) if spec.delay else None
         database = self.databases[spec.database]
-        after = tuple(
-            After(job_id=self.spec_jobs[index], on_failure=on_failure)
-            for index, on_failure in spec.after
-            if index in self.spec_jobs
-        )
+        # One edge per ancestor, as backwave/tasking/workflow.py makes them: two earlier specs
+        # may name one job (a unique enqueue that found the job holding its key).
+        edges: dict[int, str] = {}
+        for index, on_failure in spec.after:
+            if index in self.spec_jobs:
+                edges.setdefault(self.spec_jobs[index], on_failure)
+        after = tuple(After(job_id=job_id, on_failure=on_failure) for job_id, on_failure in edges.items())
         try:
             (job_id,) = InMemoryStore(database).enqueue_many(
                 [
@@ -586,6 +743,10 @@ class World(Faults):
                         backoff_max=spec.backoff_max,
                         after=after,
                         limit_key=spec.limit_key,
+                        timeout=spec.timeout,
+                        unique_key=spec.unique_key,
+                        unique_period=spec.unique_period,
+                        unique_states=spec.unique_states,
                     )
                 ]
             )
@@ -594,6 +755,12 @@ class World(Faults):
             self.log.line(self.t, "producer", f"enqueue refused: {refused}")
             return
         self.spec_jobs[index] = job_id
+        if spec.unique_key is not None:
+            duplicate = job_id in self.invariants.enqueued
+            self.invariants.unique_enqueued(database, spec, job_id, duplicate)
+            if duplicate:
+                self.log.line(self.t, "producer", f"enqueue of {spec.unique_key} found #{job_id}")
+                return
         self.invariants.enqueued[job_id] = database
         if spec.task_path == CRASH_TASK:
             self.invariants.crashers.add(job_id)
