@@ -11,6 +11,14 @@ concurrency limits, one live lease per running attempt), the checks the widening
   its attempt row, and nothing the fence refused (``transition_delivered``, ``over``);
 - once every job has finished and every pump is at rest, no pump keeps anything of an attempt
   it will never hear of again (``at_rest``);
+- with ``Config.job_control``: the handlers actually running per key and per queue, those that
+  outlive their ended attempt (past a time limit, a cancel ignored) included, stay within the
+  per-key and concurrency limits while their worker's lease is live (``_check_handler_limits``);
+  a unique key is held by one job from its enqueue while it stays in the covered states, and
+  the store's key column agrees (``unique_enqueued``, ``_check_unique``); a cancelled job never
+  starts an attempt after its cancel applied (``cancel_applied``, ``started``); each named
+  observer sees each applied transition, a cancel that applied at once included, and never a
+  refused one (``transition_delivered``, ``over``);
 - and in world.py: a claimed job finds a free worker thread at once, only the pump's own thread
   reads its driver, and a statement the pump sends is never refused (a refusal halts the pump).
 """

@@ -37,6 +37,14 @@ write's answer has arrived, for each outcome the executor says the store applied
 ``_send_task_finished``); the hint listener's pre-check (``_hint``); and the observer loop,
 which delivers the transitions a statement noted right after it ran (``_deliver_transitions``). These mirror
 backwave/shell/pump.py and execution.py; when those change, change them here the same way.
+
+Job control (``Config.job_control``). The operator cancels jobs at drawn moments with the admin's
+statement (``InMemoryStore.cancel_jobs``); the workers of a running one hear of it by a NOTIFY
+that may be lost (``_cancel_heard``; the heartbeat reads it too). A StopAttempt (a time limit
+passed, a cancel) reaches its handler, which obeys (returns soon) or runs on; with a hard limit,
+one still running that much later makes its process drain and end itself (``_hard_limit``, as
+backwave/shell/worker.py's _enforce_hard_limit), and the node restarts. Its draws, ties of what
+it schedules included, come from a stream of their own (``control_rng``).
 """
 
 from __future__ import annotations
