@@ -23,6 +23,7 @@ _EXPORTS = {
     "JobContext": "backwave.tasking.context",
     "Snooze": "backwave.tasking.control",
     "TaskCall": "backwave.tasking.task",
+    "TaskOptions": "backwave.tasking.task",
     "TimeLimitExceeded": "backwave.tasking.control",
     "Unique": "backwave.tasking.task",
     "UnstorableResult": "backwave.store.storable",
@@ -33,6 +34,7 @@ _EXPORTS = {
     "dag": "backwave.tasking.workflow",
     "enqueue_many": "backwave.tasking.task",
     "group": "backwave.tasking.workflow",
+    "task": "backwave.tasking.task",
 }
 
 # Written out, not computed: type checkers and linters read a literal list only.
@@ -49,6 +51,7 @@ __all__ = [
     "JobContext",
     "Snooze",
     "TaskCall",
+    "TaskOptions",
     "TimeLimitExceeded",
     "Unique",
     "UnstorableResult",
@@ -59,6 +62,7 @@ __all__ = [
     "dag",
     "enqueue_many",
     "group",
+    "task",
 ]
 
 # What type checkers and editors read instead of __getattr__ (tests/test_public_api.py holds
@@ -70,7 +74,7 @@ if TYPE_CHECKING:
     from backwave.tasking.control import Cancelled, Discard, Snooze, TimeLimitExceeded
     from backwave.tasking.payload import InvalidArguments
     from backwave.tasking.results import BackWaveTaskResult, EnqueuedResult
-    from backwave.tasking.task import TaskCall, Unique, aenqueue_many, enqueue_many
+    from backwave.tasking.task import TaskCall, TaskOptions, Unique, aenqueue_many, enqueue_many, task
     from backwave.tasking.workflow import Dependency, InvalidDependency, Workflow, chain, dag, group
 
 

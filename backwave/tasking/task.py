@@ -21,7 +21,7 @@ from inspect import iscoroutinefunction
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self, TypedDict, Unpack, overload
 
 from asgiref.sync import sync_to_async
 from django.tasks import Task, TaskResult
@@ -175,6 +175,44 @@ class BackWaveTask(Task):
         if after is None:
             return await Task.aenqueue(self, *args, **kwargs)
         return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, after=after, **kwargs)
+
+
+class TaskOptions(TypedDict, total=False):
+    """The options ``backwave.task`` takes: Django's (``priority``, ``queue_name``, ``backend``,
+    ``takes_context``), then BackWave's, each as ``BackWaveTask`` holds it (docs: "Tasks and
+    results", "Job control", "Admission limits", "Atomic tasks")."""
+
+    priority: int
+    queue_name: str
+    backend: str
+    takes_context: bool
+    max_attempts: int | None
+    backoff_base: float | None
+    backoff_max: float | None
+    tags: Sequence[str]
+    timeout: float | None
+    retry_on: type[BaseException] | Sequence[type[BaseException]]
+    discard_on: type[BaseException] | Sequence[type[BaseException]]
+    backoff: Callable[[int, BaseException], float | timedelta | None] | None
+    atomic: bool
+    unique: Unique | None
+    limit_by: str | None
+    limit_key: str | None
+
+
+@overload
+def task(function: Callable[..., Any], /, **options: Unpack[TaskOptions]) -> BackWaveTask: ...
+@overload
+def task(function: None = None, /, **options: Unpack[TaskOptions]) -> Callable[[Callable[..., Any]], BackWaveTask]: ...
+def task(
+    function: Callable[..., Any] | None = None, /, **options: Unpack[TaskOptions]
+) -> BackWaveTask | Callable[[Callable[..., Any]], BackWaveTask]:
+    """Django's ``@task`` (``django.tasks.task``), with BackWave's options in its signature so
+    that editors and type checkers know them: ``@backwave.task(queue_name="emails",
+    max_attempts=5)`` makes the same task as Django's decorator given the same options."""
+    from django.tasks import task as django_task
+
+    return django_task(function, **options)
 
 
 class TaskCall(NamedTuple):

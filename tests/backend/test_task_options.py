@@ -24,6 +24,20 @@ def test_task_decorator_builds_a_backwave_task_with_its_options():
     assert sample_tasks.charge.tags == ("billing", "nightly")  # a list becomes a tuple
 
 
+def test_backwave_task_is_djangos_decorator_with_the_options_typed():
+    """``backwave.task`` forwards to Django's ``@task``: the same task, with or without options,
+    with or without parentheses, and a non-BackWave option refused as Django refuses it."""
+    import backwave
+
+    options = {"queue_name": "emails", "max_attempts": 5, "backoff_base": 2.0, "tags": ["billing"], "retry_on": ValueError}
+    assert backwave.task(**options)(sample_tasks.undecorated) == task(**options)(sample_tasks.undecorated)
+    assert backwave.task(sample_tasks.undecorated) == task(sample_tasks.undecorated)
+    assert backwave.task(sample_tasks.undecorated).retry_on == ()
+    assert backwave.task(**options)(sample_tasks.undecorated).retry_on == (ValueError,)
+    with pytest.raises(TypeError, match="run_after cannot be defined statically"):
+        backwave.task(run_after=timezone.now())(sample_tasks.undecorated)
+
+
 def test_options_default_to_none_meaning_the_settings():
     assert sample_tasks.add.max_attempts is None
     assert sample_tasks.add.backoff_base is None

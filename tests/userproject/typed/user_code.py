@@ -5,12 +5,21 @@ from datetime import timedelta
 from typing import Any
 
 import backwave
-from backwave import Cancellation, Dependency, JobContext, Snooze, TaskCall, Unique, Workflow
+from backwave import BackWaveTaskResult, Cancellation, Dependency, JobContext, Snooze, TaskCall, Unique, Workflow
 from backwave.observers import Transition, observe
 from backwave.testing import DeterministicPump, DrainResult, JobAssertions, capture_enqueued
 
 ONE_PER_USER = Unique(by=("user_id",), period=60.0)
 NIGHTLY = Unique.debounce(key="nightly", period=300.0)
+
+
+@backwave.task(queue_name="emails", max_attempts=5, retry_on=[ConnectionError], unique=ONE_PER_USER)
+def send_welcome(user_id: int) -> str:
+    return f"welcome, {user_id}"
+
+
+def welcome_soon(user_id: int) -> BackWaveTaskResult:
+    return send_welcome.using(priority=10, tags=["signup"], limit_key="mail").enqueue(user_id, after=[41])
 
 
 def cancel_quietly(job_id: int) -> bool:

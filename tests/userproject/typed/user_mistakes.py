@@ -6,3 +6,4 @@ from backwave import Snooze, Unique
 backwave.cancel(1, by=3)
 Unique(by="user_id")
 Snooze("an hour")
+backwave.task(max_attempts="5")
