@@ -7,7 +7,8 @@ Defect 5 of issue 32 ("per-key and queue limits after a time limit or a late can
 counted only running rows, so a handler still running past its ended attempt let another of its
 key start. Planted back as the old claim (no overrun row counts), the first seed of 0, 1, 2, ...
 to find it is 1 ("2 handlers of key 'k2' run at once in queue q2 (1 of them of attempts already
-ended ...); its per-key limit is 1"), then 8, 12, 24 and 33 of the first 34.
+ended ...); its per-key limit is 1"), then 8 (a per-key limit), 13 and 16 (a queue's concurrency
+limit) and 24 of the first 25.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ QUEUES = ("q0", "q1", "q2")
 UNKNOWN_TASK = "sim.tasks.unknown"  # no handler: every attempt is unroutable
 TASK = "sim.tasks.work"
 CRASH_TASK = "sim.tasks.crash"  # every attempt kills its node (os._exit, a segfault, the OOM killer)
+RUNNING_JOB = -1  # a cancel of whichever job runs at its moment
 # What a Unique may cover: ready always (a waiting job too), running by default, finished states
 # only beside running (backwave/tasking/task.py refuses the rest at definition).
 UNIQUE_STATES = (("ready",), ("ready", "running"), ("ready", "running", "succeeded"), ("ready", "running", "succeeded", "failed"))
@@ -137,7 +138,7 @@ class Scenario:
     # Job control: (when, JobSpec index) of each cancel the operator asks for; the hard limit
     # (seconds a handler told to stop may go on before its process ends itself; None: none); the
     # chance a handler told to stop does so; the share of successes that snooze instead.
-    cancels: tuple[tuple[float, int], ...] = ()
+    cancels: tuple[tuple[float, int], ...] = ()  # RUNNING_JOB for the index: a job running then
     hard_time_limit: float | None = None
     obey_rate: float = 1.0
     snooze_rate: float | None = None  # None: world.SNOOZE_RATE, as before the knob
@@ -267,13 +268,15 @@ class Scenario:
             drawn.append(job)
         cancel_rate = rng.choice((0.0, 0.1, 0.3))
         # Most soon after the enqueue (the job ready, waiting or running), some much later.
-        changes["cancels"] = tuple(
-            sorted(
-                (job.at + (rng.expovariate(1 / 0.3) if rng.random() < 0.7 else rng.uniform(0, 10)), index)
-                for index, job in enumerate(drawn)
-                if rng.random() < cancel_rate
-            )
-        )
+        cancels = [
+            (job.at + (rng.expovariate(1 / 0.3) if rng.random() < 0.7 else rng.uniform(0, 10)), index)
+            for index, job in enumerate(drawn)
+            if rng.random() < cancel_rate
+        ]
+        # And some of whichever job runs at that moment: handlers are short, so a cancel drawn
+        # for a job rarely finds it running.
+        cancels += [(rng.uniform(0, self.fault_phase), RUNNING_JOB) for _ in range(rng.choice((0, 1, 3)))]
+        changes["cancels"] = tuple(sorted(cancels))
         changes["hard_time_limit"] = rng.choice((None, None, 0.5, 2.0))
         changes["obey_rate"] = rng.choice((0.0, 0.5, 0.9))
         changes["snooze_rate"] = rng.choice((0.02, 0.1))

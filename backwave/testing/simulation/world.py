@@ -71,7 +71,7 @@ from .faults import Faults
 from .handlers import Report, run_handler
 from .invariants import Invariants, SimulationBug
 from .logbook import Logbook, fmt_command, fmt_event
-from .scenario import CRASH_TASK, TASK, Config, Scenario
+from .scenario import CRASH_TASK, RUNNING_JOB, TASK, Config, Scenario
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -691,13 +691,24 @@ class World(Faults):
             self.at_control(self.t + self.control_rng.uniform(0.2, 1.0), self._restart, node)
 
     def _cancel(self, index: int) -> None:
-        """The operator cancels the job of JobSpec ``index`` (backwave.cancel, the admin): one
+        """The operator cancels the job of JobSpec ``index`` (or one running: RUNNING_JOB) with one
         statement; the workers of a running job hear of it by a NOTIFY (which may be lost:
         their heartbeat reads it too)."""
-        job_id = self.spec_jobs.get(index)
-        if job_id is None:
-            return  # not enqueued yet, or refused
-        database = self.scenario.jobs[index].database
+        if index == RUNNING_JOB:
+            running = sorted(
+                (job.id, database)
+                for database, db in enumerate(self.databases)
+                for job in db.jobs.values()
+                if job.state == "running"
+            )
+            if not running:
+                return
+            job_id, database = self.control_rng.choice(running)
+        else:
+            job_id = self.spec_jobs.get(index)
+            if job_id is None:
+                return  # not enqueued yet, or refused
+            database = self.scenario.jobs[index].database
         db = self.databases[database]
         attempts = db.jobs[job_id].attempts if job_id in db.jobs else 0
         observed = (
