@@ -78,12 +78,13 @@ def bw_count(count):
 
 @register.filter
 def bw_time(moment):
-    """A millisecond-precise time in Django's current zone, which local_times.js can re-show in
-    the browser's zone."""
+    """``timestamp()``'s format with milliseconds (attempts can be milliseconds apart), in Django's
+    current zone, which local_times.js can re-show in the browser's zone. One format on every page:
+    the year is in the title, as everywhere."""
     if moment is None:
         return "-"
     local = timezone.localtime(moment)
-    shown = local.strftime("%Y-%m-%d %H:%M:%S.") + f"{local.microsecond // 1000:03d}"
+    shown = local.strftime("%m-%d %H:%M:%S.") + f"{local.microsecond // 1000:03d}"
     return format_html(
         '<time datetime="{}" data-bw-time data-bw-precise title="{} {}">{}</time>',
         moment.isoformat(),

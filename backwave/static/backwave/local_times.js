@@ -37,7 +37,7 @@
     var precise = element.hasAttribute("data-bw-precise");
     var p = parts(date, zone, precise);
     var clock = p.hour + ":" + p.minute + ":" + p.second + (precise ? "." + p.fractionalSecond : "");
-    element.textContent = precise ? p.year + "-" + p.month + "-" + p.day + " " + clock : p.month + "-" + p.day + " " + clock;
+    element.textContent = p.month + "-" + p.day + " " + clock;
     element.title = p.year + "-" + p.month + "-" + p.day + " " + p.hour + ":" + p.minute + ":" + p.second + " " + zone
       + " (server: " + element.dataset.bwServerTitle + ")";
   }
