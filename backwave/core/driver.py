@@ -341,6 +341,11 @@ class NodeDriver:
                     self._ledger.failed(cmd.ReleaseLease)
                 self._give_up_lease()
                 self.state = State.STOPPED
+            elif isinstance(failed, cmd.ReleaseJobs):
+                # The jobs it gave back (claimed ahead, behind a handler past its deadline) may
+                # still run under the live lease, and the driver no longer holds them: without a
+                # reconcile they would sit there, never executed, while the heartbeat goes on.
+                self._claims.reconcile_needed = True
             return []
         if undo := _UNDO.get(type(failed)):  # ExpireLeases, MintSchedules, PurgePumps, PurgeTaskStats: none
             undo(self, retry_at)

@@ -76,8 +76,10 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | after a jittered backoff that doubles per fault in  |
                       |                  | a row (up to half a heartbeat); a failed claim may  |
                       |                  | have committed: the next claim waits for a          |
-                      |                  | ReconcileLease(known = (job, attempt) held); a      |
-                      |                  | failed ForgetOverruns: its attempts wait for it     |
+                      |                  | ReconcileLease(known = (job, attempt) held), and so |
+                      |                  | does it after a failed ReleaseJobs (its jobs still  |
+                      |                  | run under the lease, held by no one); a failed      |
+                      |                  | ForgetOverruns: its attempts wait for it            |
     RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
     RUNNING           | DrainRequested   | stop claiming; jobs claimed ahead: ReleaseJobs      | DRAINING
     any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same

@@ -194,3 +194,22 @@ def test_an_attempt_ended_past_its_deadline_gives_the_jobs_claimed_ahead_back():
     assert cmd.ReleaseJobs(lease_id=LEASE, job_ids=(e.id, f.id)) in commands
     assert t.finished(c, now=5.1) == []  # nothing waits for its thread any more
     assert t.driver.unreported == 2  # the two outcomes (slow's, c's); e and f went back
+
+
+def test_a_failed_give_back_of_the_jobs_claimed_ahead_reconciles_the_lease_before_the_next_claim():
+    """The ReleaseJobs of the jobs claimed ahead failed: they still run under the live lease, and
+    the driver no longer holds them. The next claim must reconcile the lease first (as after a
+    failed claim), or they sit running, never executed, under a lease the pump renews for ever
+    (the simulator's seed 1686)."""
+    t = Trace.running(**AHEAD)
+    seen_finishing(t)
+    slow = t.jobs.one(timeout=5.0)
+    c, e, f = t.jobs.make(3)
+    t.returned(slow, c, e, f, now=0.0)
+    assert t.returned(now=0.01) == []  # the claim of 2 in flight brings nothing
+    (give_back,) = of_type(t.tick(5.0), cmd.ReleaseJobs)
+    assert t.failed(give_back, now=5.05) == []
+    write, *rest = t.finished(c, now=5.1)
+    assert ids_of(write) == [slow.id, c.id]
+    assert of_type(rest, cmd.ClaimJobs) == [], rest  # not before the reconcile
+    assert rest == [cmd.ReconcileLease(lease_id=LEASE, known=((slow.id, 1), (c.id, 1)))]

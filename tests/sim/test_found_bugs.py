@@ -109,3 +109,12 @@ def test_a_crash_by_a_job_already_purged_kills_its_process_and_charges_nobody():
     its job had been retried elsewhere, finished and purged. The simulator looked the crasher's
     row up to see who ran beside it, and failed on the missing row instead of going on."""
     run_seed(21965, Config(ambiguous_faults=True, job_control=False))  # before job control was drawn
+
+
+def test_a_failed_give_back_of_jobs_claimed_ahead_strands_none_of_them():
+    """Seed 1686 (job control's first 10,000): a handler past its time limit made its pump give
+    back the job claimed ahead behind it, and that ReleaseJobs failed. The job stayed running
+    under the pump's live lease, unknown to its driver, which renewed the lease for ever: it
+    never reached a final state. Fixed: a failed ReleaseJobs reconciles the lease before the
+    next claim, as a failed claim does."""
+    run_seed(1686)
