@@ -89,6 +89,29 @@ def queues_in(database: str, queues: Iterable[str], backends: Iterable[BackendDa
     return [queue for queue in queues if database in queue_databases(queue, backends)]
 
 
+def console_databases() -> list[str]:
+    """The databases the operator's tools (the admin, ``backwave_jobs``, ``backwave_queue``) show:
+    those BackWave's backends enqueue into, in TASKS order, the router's database for the Job
+    model first when it is one of them (where the admin always looked); the router's alone when
+    no backend is BackWave's."""
+    from .models import Job
+
+    routed = router.db_for_read(Job)
+    used = list(dict.fromkeys(backend.database for backend in backwave_backends()))
+    if routed in used:
+        used.remove(routed)
+        used.insert(0, routed)
+    return used or [routed]
+
+
+def not_a_console_database(alias, databases: list[str] | None = None) -> str:
+    """The sentence refusing ``alias`` as one of ``console_databases()``."""
+    databases = console_databases() if databases is None else databases
+    close = difflib.get_close_matches(str(alias), databases, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{alias!r} is not a database BackWave's backends use ({', '.join(databases)}).{hint}"
+
+
 def database_problem(alias) -> str | None:
     """Why ``alias`` cannot be a database a worker serves (a sentence's end), or None."""
     if not isinstance(alias, str) or alias not in settings.DATABASES:

@@ -16,7 +16,9 @@ nothing.
 
 Page cost is bounded however large the job table grows: no page counts the whole table (see
 ``stats``), and tests pin the number of queries of each page. The admin reads and writes through
-the store's SQL and the models; it imports nothing from ``backwave.shell``.
+the store's SQL and the models; it imports nothing from ``backwave.shell``. With several
+databases in use, every page and action reads and writes the one chosen with the switch at the
+top of each page (``databases``).
 """
 
 from . import jobs, pumps, queues, schedules, taskstats, transitions  # noqa: F401  (registers the pages)

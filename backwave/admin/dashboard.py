@@ -28,6 +28,7 @@ from django.db import connections
 
 from .. import taskstats
 from ..core.health import UnservedQueue
+from ..databases import console_databases
 from ..models import Pump, ShownPumpStatus
 from ..ops import stats
 from ..store import operator
@@ -246,6 +247,8 @@ def _build(range_name: str, using: str, sections: frozenset[str]) -> Dashboard:
     # The verdict and the queue rows both say which queues no live pump serves.
     unserved = stats.unserved_queues(using) if sections & {"health", "queues"} else []
     lines = stats.queue_lines(stats.table_statistics(using), using, unserved=unserved) if "queues" in sections else []
+    if len(console_databases()) > 1:
+        lines = stats.lines_living_in(lines, using)
     with connections[using].cursor() as cursor:
         if "health" in sections:
             listeners, listening_since, _newest = operator.hint_sessions(cursor)

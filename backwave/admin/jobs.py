@@ -15,7 +15,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db import connections, router
+from django.db import connections
 from django.db.models.fields import BLANK_CHOICE_DASH
 from django.db.models.functions import Now
 from django.http import HttpResponseRedirect
@@ -33,6 +33,8 @@ from ..ops.formatting import attempt_row
 from ..ops.history import record_history
 from ..ops.redaction import redacted
 from ..store import operator
+from ..ops.history import history_note
+from .databases import OnSelectedDatabase, selected_database, switch_view
 from .common import BOTH_LOCATIONS, BigintIds, EngineRows, RefuseUnpermittedActions, duration_text, parse_row_id, timestamp
 
 LINKS_SHOWN = 50  # ancestors, and dependents, listed on a job's page (with the total of each)
@@ -96,7 +98,7 @@ class _StatisticsMixin:
     def statistics(request) -> stats.TableStatistics:
         statistics = getattr(request, "_backwave_statistics", None)
         if statistics is None:
-            statistics = request._backwave_statistics = stats.table_statistics()
+            statistics = request._backwave_statistics = stats.table_statistics(selected_database(request))
         return statistics
 
 
@@ -260,7 +262,7 @@ BULK_ACTIONS = {
 
 
 @admin.register(Job)
-class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
+class JobAdmin(OnSelectedDatabase, EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Jobs"
     list_display = (
         # Enqueued and run-at are on the job page (the id is in enqueue order; a scheduled job's
@@ -472,7 +474,9 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
     @admin.display(description="worker")
     def worker_link(self, job):
         return self._worker_html(
-            job, Pump.objects.filter(worker_id=job.worker_id).exists() if job.worker_id else False, short=False
+            job,
+            Pump.objects.using(job._state.db).filter(worker_id=job.worker_id).exists() if job.worker_id else False,
+            short=False,
         )
 
     @admin.display(description="schedule")
@@ -550,7 +554,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     def _workflow(self, request, job_id: int) -> dict:
         """The job's ancestors and dependents (links, states, policies), in one statement."""
-        with connections[router.db_for_read(Job)].cursor() as cursor:
+        with connections[selected_database(request)].cursor() as cursor:
             rows = operator.job_links(cursor, job_id, limit=LINKS_SHOWN)
         sides: dict[str, dict] = {"ancestor": {"rows": [], "total": 0}, "dependent": {"rows": [], "total": 0}}
         for side, linked_id, task_path, state, on_failure, total in rows:
@@ -574,7 +578,10 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         workflow = {}
         if (job_id := parse_row_id(object_id)) is not None:
             workflow = self._workflow(request, job_id)
-            attempts = [attempt_row(attempt) for attempt in Attempt.objects.filter(job_id=job_id).order_by("number")]
+            attempts = [
+                attempt_row(attempt)
+                for attempt in Attempt.objects.using(selected_database(request)).filter(job_id=job_id).order_by("number")
+            ]
         extra_context = {
             **(extra_context or {}),
             **time_zone_context(),
@@ -599,10 +606,11 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     def _act(self, request, queryset, action: str, **options):
         ids = self._ticked_job_ids(request)
-        on_batch = lambda result: record_history(request.user, action, result)  # noqa: E731
+        note = database_note(request)
+        on_batch = lambda result: record_history(request.user, action, result, note)  # noqa: E731
         if ids is None:
             return actions.act_on_matching(queryset, action, on_batch=on_batch, **options)
-        return actions.act_on_ids(ids, action, on_batch=on_batch, **options)
+        return actions.act_on_ids(ids, action, on_batch=on_batch, using=queryset.db, **options)
 
     @admin.action(description="Retry now (failed, quarantined or held jobs)", permissions=["retry"], location=BOTH_LOCATIONS)
     def retry_now(self, request, queryset):
@@ -635,7 +643,10 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
 
     def get_urls(self):
         bulk = path("bulk/<str:name>/", self.admin_site.admin_view(self.bulk_view), name="backwave_job_bulk")
-        return [bulk, *super().get_urls()]
+        # The switch of every BackWave page (admin/databases.py) lives here: a ModelAdmin's URLs
+        # are the only ones an app can add to whichever admin site registers it.
+        switch = path("database/", self.admin_site.admin_view(switch_view), name="backwave_database_switch")
+        return [bulk, switch, *super().get_urls()]
 
     def bulk_view(self, request, name):
         """Retry (or cancel) every job the changelist's filters and search match: a GET shows how
@@ -666,7 +677,7 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         matching = changelist.queryset.filter(state__in=actions.ALLOWED_STATES[action])
         if request.method == "POST":
             described = describe_filters(query)
-            note = f" by “{verb} all matching” ({described})" if described else f" by “{verb} all”"
+            note = (f" by “{verb} all matching” ({described})" if described else f" by “{verb} all”") + database_note(request)
             result = actions.act_on_matching(
                 changelist.queryset,
                 action,
@@ -693,6 +704,12 @@ class JobAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/backwave/job/bulk_confirmation.html", context)
+
+
+def database_note(request) -> str:
+    """What the admin's history adds to an action's entry on a database other than the first:
+    ids are per database, so "job 7" alone would say the first database's job 7."""
+    return history_note(selected_database(request))
 
 
 def describe_filters(query) -> str:

@@ -21,6 +21,7 @@ from django.utils.text import Truncator
 from ..models import Pump, PumpStatus, ShownPumpStatus
 from ..store import operator
 from .common import EngineRows, RefuseUnpermittedActions, timestamp_column
+from .databases import selected_database
 
 
 def count_in_flight(pumps, using: str) -> None:
@@ -74,7 +75,7 @@ class PumpAdmin(EngineRows, RefuseUnpermittedActions, admin.ModelAdmin):
 
     def get_queryset(self, request):
         # Annotated before ordering: the order is by the derived status (worst first).
-        queryset = self.model._default_manager.with_shown_status()
+        queryset = self.model._default_manager.using(selected_database(request)).with_shown_status()
         return queryset.order_by(*self.get_ordering(request))
 
     def get_ordering(self, request):

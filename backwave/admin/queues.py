@@ -13,6 +13,7 @@ from ..models import Queue
 from ..ops import actions, stats
 from ..queue_rules import parse_concurrency_limit
 from .common import EngineRows
+from .databases import selected_database, several_databases
 
 
 @admin.register(Queue)
@@ -45,10 +46,13 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
         actions = self._own_actions(request)
         if request.method == "POST":
             return self._run_action(request, actions)
-        with stats.without_jit():
-            statistics = stats.table_statistics()
-            lines = stats.queue_lines(statistics, unserved=stats.unserved_queues())
-            rate = stats.throughput()
+        using = selected_database(request)
+        with stats.without_jit(using):
+            statistics = stats.table_statistics(using)
+            lines = stats.queue_lines(statistics, using, unserved=stats.unserved_queues(using))
+            rate = stats.throughput(using)
+        if several_databases():
+            lines = stats.lines_living_in(lines, using)
         for line in lines:
             line.per_minute = rate.per_queue.get(line.name, [0] * stats.THROUGHPUT_MINUTES)
         context = {
@@ -86,17 +90,17 @@ class QueueAdmin(EngineRows, admin.ModelAdmin):
 
     @admin.action(description="Pause (workers stop claiming; running jobs finish)", permissions=["pause"])
     def pause(self, request, names):
-        n = actions.pause_queues(names)
+        n = actions.pause_queues(names, using=selected_database(request))
         messages.success(request, f"Paused {n} queue{'' if n == 1 else 's'}: {', '.join(sorted(names))}.")
 
     @admin.action(description="Resume", permissions=["pause"])
     def resume(self, request, names):
-        n = actions.resume_queues(names)
+        n = actions.resume_queues(names, using=selected_database(request))
         messages.success(request, f"Resumed {n} queue{'' if n == 1 else 's'}: {', '.join(sorted(names))}.")
 
     @admin.action(description="Set concurrency limit (blank: unlimited)", permissions=["limit"])
     def set_limit(self, request, names):
         limit = parse_concurrency_limit(request.POST.get("limit", ""), unlimited="leave it blank")
-        n = actions.limit_queues(names, limit)
+        n = actions.limit_queues(names, limit, using=selected_database(request))
         shown = "unlimited" if limit is None else f"at most {limit} running at once"
         messages.success(request, f"{n} queue{'' if n == 1 else 's'} now {shown}: {', '.join(sorted(names))}.")

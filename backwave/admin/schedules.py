@@ -7,10 +7,11 @@ from django.contrib import admin, messages
 from ..models import Schedule
 from ..ops import actions
 from .common import BigintIds, EngineRows, RefuseUnpermittedActions, timestamp_column
+from .databases import OnSelectedDatabase
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
+class ScheduleAdmin(OnSelectedDatabase, EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Schedules"
     live_refresh = False  # a schedule changes when a worker starts or an operator toggles it, not by the second
     list_display = ("name", "task_path", "cron", "queue", "next_run_shown", "last_slot_shown", "enabled")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db import connections, router
+from django.db import connections
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ..models import TaskStat
 from ..store import operator
 from .common import EngineRows
+from .databases import selected_database
 
 # name -> (seconds, bucket resolution, label)
 RANGES = {
@@ -49,7 +50,7 @@ class TaskStatAdmin(EngineRows, admin.ModelAdmin):
         # autodiscovery), a worker too, and the dashboard is this page's and the index's alone.
         from . import dashboard
 
-        with connections[router.db_for_read(TaskStat)].cursor() as cursor:
+        with connections[selected_database(request)].cursor() as cursor:
             summaries = dashboard.summaries(operator.task_stats(cursor, seconds=seconds, resolution=resolution))
             _watermark, rolled_at, rolled_age, behind, _now = operator.rollup_status(cursor, limit=dashboard.BEHIND_CAP + 1)
         summaries.sort(key=SORTS[sort])

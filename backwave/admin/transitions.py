@@ -28,6 +28,7 @@ from django.utils.text import Truncator
 from .. import conf
 from ..models import DeliveryState, Transition
 from .common import BigintIds, EngineRows, RefuseUnpermittedActions, timestamp
+from .databases import OnSelectedDatabase
 
 NO_LIVE_WORKER = "no live worker has this observer registered"
 
@@ -51,7 +52,7 @@ def live_window() -> float:
 
 
 @admin.register(Transition)
-class TransitionAdmin(EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
+class TransitionAdmin(OnSelectedDatabase, EngineRows, RefuseUnpermittedActions, BigintIds, admin.ModelAdmin):
     changelist_title = "Transitions waiting for their observers (dead ones first)"
     list_display = (
         "id",

@@ -183,24 +183,25 @@ def cancel_job_ids(ids, **options) -> JobActionResult:
 # --- queues -------------------------------------------------------------------------------------
 
 
-def _upsert_queues(names, **values) -> int:
-    with connections[router.db_for_write(Queue)].cursor() as cursor:
+def _upsert_queues(names, using: str | None, **values) -> int:
+    with connections[using or router.db_for_write(Queue)].cursor() as cursor:
         return operator.upsert_queues(cursor, names, **values)
 
 
-def pause_queues(names) -> int:
+# ``using``: the database of the queues' rows, where their jobs live (None: the Queue model's).
+def pause_queues(names, *, using: str | None = None) -> int:
     """Pause queues by name: workers stop claiming from them; running jobs finish."""
-    return _upsert_queues(names, paused=True)
+    return _upsert_queues(names, using, paused=True)
 
 
-def resume_queues(names) -> int:
+def resume_queues(names, *, using: str | None = None) -> int:
     """Resume paused queues by name."""
-    return _upsert_queues(names, paused=False)
+    return _upsert_queues(names, using, paused=False)
 
 
-def limit_queues(names, limit: int | None) -> int:
+def limit_queues(names, limit: int | None, *, using: str | None = None) -> int:
     """Set the cluster-wide concurrency limit of queues by name (None: unlimited)."""
-    return _upsert_queues(names, concurrency_limit=validate_concurrency_limit(limit))
+    return _upsert_queues(names, using, concurrency_limit=validate_concurrency_limit(limit))
 
 
 # --- schedules ----------------------------------------------------------------------------------

@@ -25,6 +25,15 @@ def records_history() -> bool:
     return apps.is_installed("django.contrib.admin")
 
 
+def history_note(database: str) -> str:
+    """What an entry adds for a job of ``database``: nothing for the first of the databases the
+    console shows (the router's, where entries always pointed), else which one: ids are per
+    database."""
+    from ..databases import console_databases
+
+    return "" if database == console_databases()[0] else f" in database {database!r}"
+
+
 def record_history(user, action: str, result: JobActionResult, note: str = "") -> None:
     """One LogEntry per job the action changed, naming who did it and the state it left: the
     job's History page and the admin's "Recent actions" show it. One INSERT per batch; nothing

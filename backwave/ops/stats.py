@@ -202,6 +202,20 @@ def queue_lines(
     return lines
 
 
+def lines_living_in(lines: list[QueueLine], using: str) -> list[QueueLine]:
+    """Those of ``lines`` (read from ``using``) whose queue lives there (a backend of that
+    database declares it, ``backwave.databases.queue_databases``), or that have a row or jobs
+    there: with several databases, a queue another database holds is no line of this one."""
+    from ..databases import backwave_backends, queue_databases
+
+    backends = backwave_backends()
+    return [
+        line
+        for line in lines
+        if line.has_row or any(count.value for count in line.counts.values()) or using in queue_databases(line.name, backends)
+    ]
+
+
 def unserved_queues(using: str = "default") -> list[UnservedQueue]:
     """One query: the queues of ``using`` with a due job and no live pump serving them."""
     with connections[using].cursor() as cursor:

@@ -20,6 +20,31 @@ register = template.Library()
 BANNER_PUMPS_SHOWN = 3
 
 
+@register.inclusion_tag("admin/backwave/includes/database_switch.html", takes_context=True)
+def backwave_database_switch(context):
+    """The switch between the databases BackWave's backends use (admin/databases.py), drawn only
+    when there are several: every BackWave page shows one of them at a time."""
+    from ..admin.databases import selected_database
+    from ..databases import console_databases
+
+    request = context.get("request")
+    databases = console_databases()
+    if request is None or len(databases) < 2 or not request.user.has_module_perms("backwave"):
+        return {"databases": []}
+    current_app = getattr(request, "current_app", None) or "admin"
+    try:
+        action = reverse(f"{current_app}:backwave_database_switch")
+    except NoReverseMatch:
+        return {"databases": []}
+    return {
+        "databases": databases,
+        "selected": selected_database(request),
+        "action": action,
+        "next": request.get_full_path(),
+        "csrf_token": context.get("csrf_token"),
+    }
+
+
 @register.inclusion_tag("admin/backwave/includes/halted_banner.html", takes_context=True)
 def backwave_halted_banner(context):
     """The banner every BackWave admin page shows while a pump is halted (one small query), to
@@ -28,8 +53,11 @@ def backwave_halted_banner(context):
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("backwave.view_pump"):
         return {"halted": [], "more": False, "pumps_url": ""}
+    from ..admin.databases import selected_database
+
     halted = list(
-        Pump.objects.filter(status=PumpStatus.HALTED)
+        Pump.objects.using(selected_database(request))
+        .filter(status=PumpStatus.HALTED)
         .only("worker_id", "group", "hostname", "reason")
         .order_by("group", "worker_id")[: BANNER_PUMPS_SHOWN + 1]
     )
@@ -113,7 +141,9 @@ def backwave_dashboard(context):
         return {"board": None}
     current_app = getattr(request, "current_app", None) or "admin"
     chosen = dashboard.pick_range(request.GET.get("range") if request is not None else None)
-    board = dashboard.build(chosen, sections=sections)
+    from ..admin.databases import selected_database
+
+    board = dashboard.build(chosen, using=selected_database(request), sections=sections)
     buckets = board.chart.buckets if board.chart is not None else []
 
     def url(name):

@@ -97,7 +97,7 @@ def test_command_pause_resume_limit_and_list(capsys):
     out = capsys.readouterr().out
     assert "Paused emails" in out
     assert "emails: at most 3 running at once, cluster-wide." in out
-    assert ["emails", "paused", "3"] in [line.split()[:3] for line in out.splitlines()]
+    assert ["default", "emails", "paused", "3"] in [line.split()[:4] for line in out.splitlines()]
 
     call_command("backwave_queue", "resume", "emails")
     call_command("backwave_queue", "limit", "emails")

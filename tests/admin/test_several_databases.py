@@ -82,17 +82,17 @@ def test_the_queues_page_and_the_dashboard_count_the_selected_database(operator_
     select(operator_client, "other")
     lines = {line.name: line for line in operator_client.get(QUEUES).context["lines"]}
     assert lines["remote"].counts["ready"].value == 2
-    assert "e2e" not in lines or lines["e2e"].counts["ready"].value == 0
+    assert "e2e" not in lines  # a queue of the other database only
     board = operator_client.get(INDEX).context["board"]
     queues = {health.line.name: health.line.counts["ready"].value for health in board.queues}
-    assert queues.get("remote") == 2 and queues.get("e2e", 0) == 0
+    assert queues.get("remote") == 2 and "e2e" not in queues
 
 
 def test_the_task_statistics_page_reads_the_selected_database(admin_client):
     select(admin_client, "other")
     with CaptureQueriesContext(connections["other"]) as other:
         assert admin_client.get(STATS).status_code == 200
-    assert any("backwave_taskstat" in query["sql"] for query in other.captured_queries)
+    assert any("backwave_task_stat" in query["sql"] for query in other.captured_queries)
 
 
 def test_job_actions_write_the_selected_database(operator_client):
@@ -106,7 +106,7 @@ def test_job_actions_write_the_selected_database(operator_client):
     # The job page's own action, and "retry all matching".
     remote = failed(Job.objects.using("other").get(pk=remote.pk))
     change = reverse("admin:backwave_job_change", args=[remote.pk])
-    operator_client.post(change, {"action": "retry_now", "_selected_action": [remote.pk]})
+    operator_client.post(change, {"CHANGE_FORM-action": "retry_now", "_selected_action": remote.pk})
     assert Job.objects.using("other").get(pk=remote.pk).state == "ready"
     failed(Job.objects.using("other").get(pk=remote.pk))
     bulk = reverse("admin:backwave_job_bulk", args=["retry-all"])

@@ -88,6 +88,8 @@ def test_no_page_scrolls_sideways(browser, live_server, pages, width, screenshot
         for name, url in pages.items():
             response = page.goto(f"{live_server.url}{url}")
             assert response is not None and response.status == 200, (name, response and response.status)
+            # The test settings have two databases: every page opens with the switch between them.
+            assert page.locator("#bw-database-switch").is_visible(), name
             scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
             if scroll > client:
                 wide[name] = (
@@ -141,3 +143,32 @@ def test_every_page_shows_times_in_the_jobs_pages_format(page, live_server, page
         assert all(COMPACT_TIME.match(text) for text in texts), (url, texts)
         content = page.locator("#content").inner_text()
         assert not re.search(r"\b(a\.m\.|p\.m\.|midnight|noon)\b", content), (url, "Django's default DATETIME_FORMAT")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_the_database_switch_shows_the_other_database_at_1024_px(browser, live_server):
+    from tests.shell.worker_tasks import noop
+
+    User.objects.create_superuser("boss", "boss@example.com", "pw")
+    noop.enqueue(1)
+    remote = noop.using(backend="remote", queue_name="remote").enqueue(2)
+    context = browser.new_context(viewport={"width": 1024, "height": 800})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    try:
+        log_in(page, live_server, "boss", "pw")
+        jobs = reverse("admin:backwave_job_changelist")
+        page.goto(f"{live_server.url}{jobs}")
+        page.select_option("#bw-database", "other")
+        with page.expect_navigation():
+            page.click("#bw-database-switch button[type=submit]")
+        assert page.url == f"{live_server.url}{jobs}"
+        assert page.locator("#bw-database").input_value() == "other"
+        rows = page.locator("#result_list tbody tr").all_inner_texts()
+        assert len(rows) == 1 and rows[0].split()[0] == remote.id
+        page.goto(f"{live_server.url}{reverse('admin:backwave_queue_changelist')}")
+        assert page.locator("#bw-database").input_value() == "other"  # kept in the session
+        scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client
+    finally:
+        context.close()

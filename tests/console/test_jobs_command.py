@@ -84,7 +84,18 @@ def test_list_filters_and_json(jobs):
 
     table = run("list", "--task", "shop.tasks.report")
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS", "ENQUEUED", "FINISHED", "WORKER", "LAST_ERROR"]
+    assert lines[0].split() == [
+        "ID",
+        "DATABASE",
+        "STATE",
+        "QUEUE",
+        "TASK",
+        "ATTEMPTS",
+        "ENQUEUED",
+        "FINISHED",
+        "WORKER",
+        "LAST_ERROR",
+    ]
     assert [line.split()[0] for line in lines[1:]] == [str(jobs["done"].pk), str(jobs["ready"].pk)]
     assert "UTC" in lines[1]  # times name their zone
 
@@ -112,7 +123,7 @@ def test_retry_cancel_and_purge(jobs):
 
     retried = run("retry", "--queue", "emails", "--older-than", "1d", "--yes")
     assert retried.returncode == 0, retried.stderr
-    assert retried.stdout.strip() == "Retried 1 job."
+    assert retried.stdout.strip() == "Retried 1 job (default: 1)."  # two databases: it says which
     assert Job.objects.get(pk=jobs["old_failed"].pk).state == "ready"
     assert Job.objects.get(pk=jobs["failed"].pk).state == "failed"
 
@@ -120,7 +131,7 @@ def test_retry_cancel_and_purge(jobs):
     assert (cancelled["changed"], cancelled["ids"]) == (1, [jobs["ready"].pk])
 
     purged = run("purge", "--state", "succeeded", "--older-than", "7d", "--yes")
-    assert purged.stdout.strip() == "Purged 1 job."
+    assert purged.stdout.strip() == "Purged 1 job (default: 1)."
     assert not Job.objects.filter(pk=jobs["done"].pk).exists()
     assert not Attempt.objects.filter(job_id=jobs["done"].pk).exists()
     assert LogEntry.objects.count() == 0  # no --as-user: nobody to name in the admin's history
@@ -142,7 +153,7 @@ def test_as_user_applies_the_admins_permissions_and_records_history(jobs):
     assert Job.objects.filter(state="failed").count() == 2
 
     done = run("retry", "--queue", "emails", "--yes", "--as-user", "retrier")
-    assert done.stdout.strip() == "Retried 2 jobs.", done.stderr
+    assert done.stdout.strip() == "Retried 2 jobs (default: 2).", done.stderr
     entries = list(LogEntry.objects.all())
     assert sorted((e.user.username, e.action_flag, int(e.object_id)) for e in entries) == sorted(
         [("retrier", CHANGE, jobs["failed"].pk), ("retrier", CHANGE, jobs["old_failed"].pk)]

@@ -73,12 +73,14 @@ def test_the_queue_list_shows_the_declared_queues_before_any_row():
     make_job(queue="stray")  # enqueued on no declared queue: shown too, marked so
     lines = queue_listing()
     header = lines[0].split()
-    assert header[:4] == ["QUEUE", "STATE", "LIMIT", "PER-KEY"]
-    by_name = {line.split()[0]: line for line in lines[1:]}
+    # Two databases in the test settings: each line says which one it is of.
+    assert header[:5] == ["DATABASE", "QUEUE", "STATE", "LIMIT", "PER-KEY"]
+    by_name = {line.split()[1]: line for line in lines[1:]}
     # TASKS' QUEUES (both backends), BACKWAVE["QUEUES"], and the job table's own.
     assert {"default", "emails", "reports", "remote", "keyed", "rated", "stray"} <= set(by_name)
     document = {row["queue"]: row for row in json.loads("\n".join(queue_listing("--json")))}
     assert document["emails"] | {"declared_in": None} == {
+        "database": "default",
         "queue": "emails",
         "state": "active",
         "concurrency_limit": None,
@@ -110,6 +112,6 @@ def test_the_queue_list_shows_a_row_s_pause_and_limit():
     document = {row["queue"]: row for row in json.loads("\n".join(queue_listing("--json")))}
     assert (document["emails"]["state"], document["emails"]["has_row"]) == ("paused", True)
     assert document["reports"]["concurrency_limit"] == 3
-    by_name = {line.split()[0]: line.split() for line in queue_listing()[1:]}
+    by_name = {line.split()[1]: line.split()[1:] for line in queue_listing()[1:]}
     assert by_name["emails"][1:3] == ["paused", "-"]
     assert by_name["reports"][1:3] == ["active", "3"]

@@ -44,8 +44,8 @@ def test_jobs_list_covers_every_backend_database_and_names_each_rows_database():
         ("other", remote.pk, "remote"),
     ]
     table = run("backwave_jobs", "list").splitlines()
-    assert table[0].split()[:2] == ["DATABASE", "ID"]
-    assert sorted(line.split()[0] for line in table[1:]) == ["default", "other"]
+    assert table[0].split()[:2] == ["ID", "DATABASE"]
+    assert sorted(line.split()[1] for line in table[1:]) == ["default", "other"]
     rows = json.loads(run("backwave_jobs", "list", "--json", "--database", "other"))
     assert [(row["database"], row["id"]) for row in rows] == [("other", remote.pk)]
 
@@ -85,7 +85,9 @@ def test_jobs_show_finds_the_job_in_its_database_and_asks_when_the_id_is_in_both
     remote = remote_job(8)
     local_job(1)
     if Job.objects.filter(pk=remote.pk).exists():
-        with pytest.raises(CommandError, match=rf"Job {remote.pk} exists in databases default and other: name one with --database"):
+        with pytest.raises(
+            CommandError, match=rf"Job {remote.pk} exists in databases default and other: name one with --database"
+        ):
             run("backwave_jobs", "show", str(remote.pk))
     else:
         assert json.loads(run("backwave_jobs", "show", str(remote.pk), "--json"))["database"] == "other"

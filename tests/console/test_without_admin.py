@@ -134,7 +134,7 @@ def test_backwave_queue_without_the_admin(names):
         assert run.returncode == 0, run.stderr[-3000:]
     run = manage(names, "backwave_queue", "list")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert ["e2e", "active", "3"] in [line.split()[:3] for line in run.stdout.splitlines()]
+    assert ["default", "e2e", "active", "3"] in [line.split()[:4] for line in run.stdout.splitlines()]
 
 
 def test_the_metrics_view_without_the_admin(names):

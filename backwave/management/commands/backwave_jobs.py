@@ -15,6 +15,12 @@ not limited, and what it does is logged (logger ``backwave.operator``) with the 
 and records each change in the admin's history under that user, as the admin does (where
 ``django.contrib.admin`` is installed).
 
+Several databases: BackWave's backends may enqueue into different databases, and the command
+covers every one of them (``backwave.databases.console_databases``) unless ``--database ALIAS``
+names one. Job ids are per database, so each row says where it lives when there are several;
+``list`` merges the databases' pages newest first, ``show`` asks for ``--database`` when the id
+exists in more than one, and an action reports what it did in each.
+
 Retry, cancel and purge act through ``backwave.ops.actions`` (the admin's statements too), in
 batches of ``actions.BATCH_SIZE`` each committed on its own; they refuse to run with no filter
 at all unless given ``--all``, and ask for confirmation unless given ``--yes``.
@@ -23,22 +29,25 @@ at all unless given ``--all``, and ask for confirmation unless given ``--yes``.
 from __future__ import annotations
 
 import getpass
+import heapq
 import json
 import logging
 import sys
+from itertools import islice
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 from django.utils import timezone
 
+from backwave.databases import console_databases, not_a_console_database
 from backwave.management import arguments
 from backwave.models import Attempt, Job, JobState
 from backwave.ops import actions
 from backwave.ops import search as job_search
 from backwave.ops.stats import COUNT_CAP
 from backwave.ops.formatting import attempt_row
-from backwave.ops.history import record_history
+from backwave.ops.history import history_note, record_history
 from backwave.ops.redaction import redacted
 from backwave.ops.tracebacks import error_message
 
@@ -47,7 +56,7 @@ logger = logging.getLogger("backwave.operator")
 PERMISSIONS = {"list": "view_job", "show": "view_job", "retry": "retry_job", "cancel": "cancel_job", "purge": "delete_job"}
 PAST = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 APPLIES = {"retry": "failed, quarantined or held", "cancel": "ready, scheduled, waiting or held", "purge": "finished"}
-LIST_COLUMNS = ("id", "state", "queue", "task", "attempts", "enqueued", "finished", "worker", "last_error")
+LIST_COLUMNS = ("id", "database", "state", "queue", "task", "attempts", "enqueued", "finished", "worker", "last_error")
 
 
 class Command(BaseCommand):
@@ -123,6 +132,11 @@ class Command(BaseCommand):
     def _common(parser):
         parser.add_argument("--json", action="store_true", help="JSON on stdout instead of a table.")
         parser.add_argument(
+            "--database",
+            metavar="ALIAS",
+            help="Only this database (a DATABASES alias a BackWave backend enqueues into); default: every one of them.",
+        )
+        parser.add_argument(
             "--as-user",
             metavar="USERNAME",
             help="Apply the admin's permission checks for this Django user, and record changes under their name.",
@@ -133,12 +147,22 @@ class Command(BaseCommand):
     def handle(self, *args, verb, **options):
         self._coerce(options)
         user = self._user(options.get("as_user"), verb)
+        databases = self._databases(options.get("database"))
         if verb == "show":
-            return self._show(options["job_id"], options)
+            return self._show(options["job_id"], databases, options)
         queryset, described = self._queryset(options)
         if verb == "list":
-            return self._list(queryset, options)
-        return self._act(verb, queryset, described, user, options)
+            return self._list(queryset, databases, options)
+        return self._act(verb, queryset, described, user, databases, options)
+
+    @staticmethod
+    def _databases(alias) -> list[str]:
+        databases = console_databases()
+        if alias is None:
+            return databases
+        if alias not in databases:
+            raise CommandError(f"--database {not_a_console_database(alias, databases)}")
+        return [alias]
 
     @staticmethod
     def _coerce(options):
@@ -220,12 +244,29 @@ class Command(BaseCommand):
 
     # --- reading ----------------------------------------------------------------------------
 
-    def _list(self, queryset, options):
+    def _list(self, queryset, databases, options):
         offset, limit = options["offset"], options["limit"]
-        jobs = list(queryset.defer("payload", "return_value").order_by("-id")[offset : offset + limit])
-        errors = self._last_errors([job.pk for job in jobs])
-        rows = [self._row(job, errors.get(job.pk, ("", ""))) for job in jobs]
-        note = self._page_note(queryset, offset, limit, len(rows))
+        several = len(databases) > 1
+        if several and offset + limit > arguments.MAX_LIMIT:
+            # Each database's page starts at its newest job: paging past offset reads it all.
+            raise CommandError(
+                f"--offset {offset:,} with --limit {limit:,} would read {offset + limit:,} jobs from each of {len(databases)} "
+                f"databases (at most {arguments.MAX_LIMIT:,} across several): name one with --database to page further."
+            )
+        pages = []
+        for alias in databases:
+            page = queryset.using(alias).defer("payload", "return_value").order_by("-id")
+            jobs = list(page[: offset + limit] if several else page[offset : offset + limit])
+            errors = self._last_errors(alias, [job.pk for job in jobs])
+            pages.append([(job, errors.get(job.pk, ("", ""))) for job in jobs])
+        if several:
+            # Ids are per database: newest first is by enqueue time across them.
+            merged = heapq.merge(*pages, key=lambda item: (item[0].enqueued_at, item[0].pk), reverse=True)
+            chosen = list(islice(merged, offset, offset + limit))
+        else:
+            chosen = pages[0]
+        rows = [self._row(job, error) for job, error in chosen]
+        note = self._page_note([queryset.using(alias) for alias in databases], offset, limit, len(rows))
         if options["json"]:
             self.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False))
             if note:  # stdout stays one JSON document
@@ -234,14 +275,15 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write(note or "No job matches.")
             return
+        columns = LIST_COLUMNS if several else tuple(c for c in LIST_COLUMNS if c != "database")
         self.stdout.write(
-            table([{**row, "enqueued": local(row["enqueued"]), "finished": local(row["finished"])} for row in rows], LIST_COLUMNS)
+            table([{**row, "enqueued": local(row["enqueued"]), "finished": local(row["finished"])} for row in rows], columns)
         )
         if note:
             self.stdout.write(note)
 
     @staticmethod
-    def _page_note(queryset, offset: int, limit: int, shown: int) -> str:
+    def _page_note(querysets, offset: int, limit: int, shown: int) -> str:
         """What the page leaves out, or "" when it shows every match. The total is counted only
         when the page does not tell it, and only up to COUNT_CAP + 1 rows (never the whole table)."""
         if offset == 0 and shown < limit:
@@ -249,7 +291,7 @@ class Command(BaseCommand):
         if 0 < shown < limit:
             total, capped = offset + shown, False
         else:
-            total = queryset.order_by().values("id")[: COUNT_CAP + 1].count()
+            total = sum(queryset.order_by().values("id")[: COUNT_CAP + 1].count() for queryset in querysets)
             total, capped = min(total, COUNT_CAP), total > COUNT_CAP
         if offset == 0 and not capped and total == shown:
             return ""
@@ -262,10 +304,13 @@ class Command(BaseCommand):
         return f"{text}."
 
     @staticmethod
-    def _last_errors(job_ids) -> dict[int, tuple[str, str]]:
-        """job id -> (error class, message) of its latest attempt: one query for the page."""
+    def _last_errors(database: str, job_ids) -> dict[int, tuple[str, str]]:
+        """job id -> (error class, message) of its latest attempt: one query per database."""
+        if not job_ids:
+            return {}
         latest = (
-            Attempt.objects.filter(job_id__in=job_ids)
+            Attempt.objects.using(database)
+            .filter(job_id__in=job_ids)
             .order_by("job_id", "-number")
             .distinct("job_id")
             .values_list("job_id", "error_class", "traceback")
@@ -277,6 +322,7 @@ class Command(BaseCommand):
         error_class, message = error
         return {
             "id": job.pk,
+            "database": job._state.db,
             "state": job.state,
             "queue": job.queue,
             "task": job.task_path,
@@ -289,11 +335,16 @@ class Command(BaseCommand):
             "last_error": f"{error_class.rsplit('.', 1)[-1]}: {message}" if error_class else "",
         }
 
-    def _show(self, job_id, options):
-        job = Job.objects.filter(pk=job_id).first()
-        if job is None:
-            raise CommandError(f"No job {job_id}.")
-        attempts = [attempt_row(a) for a in Attempt.objects.filter(job_id=job_id).order_by("number")]
+    def _show(self, job_id, databases, options):
+        found = [job for alias in databases if (job := Job.objects.using(alias).filter(pk=job_id).first()) is not None]
+        if not found:
+            raise CommandError(f"No job {job_id}" + (f" in databases {and_list(databases)}." if len(databases) > 1 else "."))
+        if len(found) > 1:
+            raise CommandError(
+                f"Job {job_id} exists in databases {and_list([job._state.db for job in found])}: name one with --database."
+            )
+        (job,) = found
+        attempts = [attempt_row(a) for a in Attempt.objects.using(job._state.db).filter(job_id=job_id).order_by("number")]
         document = {
             **self._row(job, ("", "")),
             "priority": job.priority,
@@ -324,6 +375,7 @@ class Command(BaseCommand):
             return
         for key in (
             "id",
+            *(("database",) if len(console_databases()) > 1 else ()),
             "task",
             "state",
             "queue",
@@ -360,11 +412,17 @@ class Command(BaseCommand):
 
     # --- acting -----------------------------------------------------------------------------
 
-    def _act(self, verb, queryset, described, user, options):
+    def _act(self, verb, queryset, described, user, databases, options):
         if not described and not options["all"]:
             raise CommandError(f"{verb} with no filter would touch every {APPLIES[verb]} job: add filters, or --all to mean it.")
-        matching = queryset.filter(state__in=actions.ALLOWED_STATES[verb]).count()
-        what = f"{matching:,} {APPLIES[verb]} job{'' if matching == 1 else 's'}" + (f" matching {described}" if described else "")
+        several = len(databases) > 1
+        counted = {alias: queryset.using(alias).filter(state__in=actions.ALLOWED_STATES[verb]).count() for alias in databases}
+        matching = sum(counted.values())
+        what = (
+            f"{matching:,} {APPLIES[verb]} job{'' if matching == 1 else 's'}"
+            + (f" matching {described}" if described else "")
+            + (f" ({per_database(found)})" if several and (found := {a: n for a, n in counted.items() if n}) else "")
+        )
         if options["dry_run"] or not matching:
             self._say(
                 options,
@@ -378,38 +436,60 @@ class Command(BaseCommand):
             if input(f"{verb.capitalize()} {what}? [y/N] ").strip().lower() not in ("y", "yes"):
                 raise CommandError("Nothing done.")
         note = f" by manage.py backwave_jobs {verb}" + (f" ({described})" if described else "")
-        on_batch = (lambda result: record_history(user, verb, result, note)) if user is not None else None
-        result = actions.act_on_matching(queryset, verb, on_batch=on_batch)
         who = f"Django user {user.get_username()!r}" if user is not None else f"OS user {getpass.getuser()!r} (no --as-user)"
-        logger.info(
-            "backwave_jobs %s by %s: %d job(s) %s%s",
-            verb,
-            who,
-            len(result.changed),
-            PAST[verb],
-            f" ({described})" if described else "",
-        )
-        refused = ", ".join(f"{n} {state}" for state, n in sorted(result.refused.items()))
+        results = {}
+        for alias in databases:
+            # Ids are per database: the history says which one a job was in (history_note).
+            where = note + history_note(alias)
+            on_batch = (lambda result, where=where: record_history(user, verb, result, where)) if user is not None else None
+            results[alias] = result = actions.act_on_matching(queryset.using(alias), verb, on_batch=on_batch)
+            logger.info(
+                "backwave_jobs %s by %s: %d job(s) %s%s%s",
+                verb,
+                who,
+                len(result.changed),
+                PAST[verb],
+                f" ({described})" if described else "",
+                f" in database {alias!r}" if several else "",
+            )
+        total = sum(results.values(), actions.JobActionResult())
+        refused = ", ".join(f"{n} {state}" for state, n in sorted(total.refused.items()))
         text = (
-            f"{PAST[verb].capitalize()} {len(result.changed):,} job{'' if len(result.changed) == 1 else 's'}"
+            f"{PAST[verb].capitalize()} {len(total.changed):,} job{'' if len(total.changed) == 1 else 's'}"
+            + (
+                f" ({per_database(changed)})"
+                if several and (changed := {a: len(r.changed) for a, r in results.items() if r.changed})
+                else ""
+            )
             + (f"; left alone, having moved on meanwhile: {refused}" if refused else "")
             + "."
         )
-        self._say(
-            options,
-            {
-                "verb": verb,
-                "matching": matching,
-                "changed": len(result.changed),
-                "ids": list(result.changed),
-                "refused": dict(result.refused),
-                "batches": result.batches,
-            },
-            text,
-        )
+        document = {
+            "verb": verb,
+            "matching": matching,
+            "changed": len(total.changed),
+            "ids": list(total.changed),
+            "refused": dict(total.refused),
+            "batches": total.batches,
+        }
+        if several:
+            document["databases"] = {
+                alias: {"matching": counted[alias], "changed": len(result.changed), "ids": list(result.changed)}
+                for alias, result in results.items()
+            }
+        self._say(options, document, text)
 
     def _say(self, options, document, text):
         self.stdout.write(json.dumps(document) if options["json"] else text)
+
+
+def and_list(names) -> str:
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def per_database(numbers: dict[str, int]) -> str:
+    return ", ".join(f"{alias}: {number:,}" for alias, number in numbers.items())
 
 
 def iso(moment) -> str | None:

@@ -12,7 +12,13 @@ depths (counted as the Queues page counts them, up to ``COUNT_CAP``). A queue no
 written a row for yet shows what its settings will make of it.
 
 Each edits the queue's row (creating it when the queue has none yet) with one statement; workers
-read the rows when they claim. The command only validates and hands over to
+read the rows when they claim. The row is written in the database where the queue's jobs live:
+that of the BackWave backends that declare the queue in their QUEUES (one with no QUEUES takes
+every queue), ``default`` for a queue no backend declares, as the workers read it
+(``backwave.databases.queue_databases``). A queue that lives in several databases needs
+``--database ALIAS``, which also overrides the choice. ``list`` shows every database BackWave's
+backends use (or the one ``--database`` names), each queue under the databases it lives in or
+has rows or jobs in. The command only validates and hands over to
 ``backwave.ops.actions``, which the admin's actions use too.
 """
 
@@ -23,6 +29,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from backwave import conf
+from backwave.databases import console_databases, not_a_console_database, queue_databases
 from backwave.ops import actions, stats
 from backwave.queue_rules import MAX_CONCURRENCY_LIMIT, parse_concurrency_limit, validate_queue_name
 
@@ -38,6 +45,7 @@ class Command(BaseCommand):
         ):
             command = sub.add_parser(name, help=text)
             command.add_argument("names", nargs="+", metavar="NAME", help="Queue name(s).")
+            database_option(command)
         limit = sub.add_parser("limit", help="Set the queue's cluster-wide concurrency limit; without N, unlimited.")
         limit.add_argument("names", nargs=1, metavar="NAME")
         limit.add_argument(
@@ -47,45 +55,82 @@ class Command(BaseCommand):
             metavar="N",
             help=f"A whole number from 1 to {MAX_CONCURRENCY_LIMIT:,}; leave out (or 'none') for unlimited.",
         )
+        database_option(limit)
         listing = sub.add_parser("list", help="Show every declared or used queue: paused or not, its limits and its depths.")
         listing.add_argument("--json", action="store_true", help="JSON on stdout instead of a table.")
+        database_option(listing, "Only this database (a DATABASES alias a BackWave backend enqueues into); default: every one.")
 
     def handle(self, *args, action, **options):
+        database = options.get("database")
+        databases = console_databases()
+        if database is not None and database not in databases:
+            raise CommandError(f"--database {not_a_console_database(database, databases)}")
         if action == "list":
-            return self._list(options["json"])
+            return self._list(options["json"], [database] if database else databases)
         names = options["names"]
         try:
             for name in names:
                 validate_queue_name(name)
-            if action == "pause":
-                actions.pause_queues(names)
-                self.stdout.write(f"Paused {', '.join(names)}: workers stop claiming from it; running jobs finish.")
-            elif action == "resume":
-                actions.resume_queues(names)
-                self.stdout.write(f"Resumed {', '.join(names)}.")
-            else:
-                limit = self._parse_limit(options["limit"])
-                actions.limit_queues(names, limit)
-                shown = "unlimited" if limit is None else f"at most {limit} running at once, cluster-wide"
-                self.stdout.write(f"{names[0]}: {shown}.")
+            homes = self._homes(names, database)
+            limit = self._parse_limit(options["limit"]) if action == "limit" else None
         except ValueError as error:
             raise CommandError(str(error)) from error
+        for alias, here in homes.items():
+            if action == "pause":
+                actions.pause_queues(here, using=alias)
+            elif action == "resume":
+                actions.resume_queues(here, using=alias)
+            else:
+                actions.limit_queues(here, limit, using=alias)
+        where = f" Written in database {' and '.join(map(repr, homes))}." if len(databases) > 1 else ""
+        if action == "pause":
+            self.stdout.write(f"Paused {', '.join(names)}: workers stop claiming from it; running jobs finish.{where}")
+        elif action == "resume":
+            self.stdout.write(f"Resumed {', '.join(names)}.{where}")
+        else:
+            shown = "unlimited" if limit is None else f"at most {limit} running at once, cluster-wide"
+            self.stdout.write(f"{names[0]}: {shown}.{where}")
+
+    @staticmethod
+    def _homes(names, database: str | None) -> dict[str, list[str]]:
+        """database -> the names whose rows it gets; every name checked before anything is written."""
+        if database is not None:
+            return {database: list(names)}
+        homes: dict[str, list[str]] = {}
+        for name in names:
+            found = queue_databases(name)
+            if len(found) > 1:
+                raise CommandError(
+                    f"Queue {name!r} lives in databases {', '.join(found[:-1])} and {found[-1]}: name one with --database "
+                    "(its jobs are in each; a worker reads the row of the database it claims from)."
+                )
+            homes.setdefault(found[0], []).append(name)
+        return homes
 
     @staticmethod
     def _parse_limit(raw):
         return parse_concurrency_limit(raw or "", unlimited="leave it out")
 
-    def _list(self, as_json: bool):
-        with stats.without_jit():
-            lines = stats.queue_lines(stats.table_statistics())
+    def _list(self, as_json: bool, databases: list[str]):
+        several = len(console_databases()) > 1
         declared = conf.declared_queues()
         settings_queues = conf.get_setting("QUEUES")
-        rows = [queue_row(line, declared.get(line.name, []), settings_queues.get(line.name)) for line in lines]
+        rows = []
+        for alias in databases:
+            with stats.without_jit(alias):
+                lines = stats.queue_lines(stats.table_statistics(alias), alias)
+            if several:
+                lines = stats.lines_living_in(lines, alias)
+            rows += [
+                {"database": alias, **queue_row(line, declared.get(line.name, []), settings_queues.get(line.name))}
+                for line in lines
+            ]
         if as_json:
             self.stdout.write(json.dumps(rows, indent=2))
             return
         cells = [
             [
+                *([row["database"]] if several else []),
                 row["queue"],
                 row["state"],
                 shown(row["concurrency_limit"]),
@@ -96,7 +141,16 @@ class Command(BaseCommand):
             ]
             for row in rows
         ]
-        header = ["QUEUE", "STATE", "LIMIT", "PER-KEY", "RATE", *(s.upper() for s in stats.QUEUE_LINE_STATES), "DECLARED IN"]
+        header = [
+            *(["DATABASE"] if several else []),
+            "QUEUE",
+            "STATE",
+            "LIMIT",
+            "PER-KEY",
+            "RATE",
+            *(s.upper() for s in stats.QUEUE_LINE_STATES),
+            "DECLARED IN",
+        ]
         widths = (
             [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(header)] if cells else [len(h) for h in header]
         )
@@ -106,6 +160,15 @@ class Command(BaseCommand):
             self.stdout.write(
                 "Queues without a row yet show their settings: a worker writes them when it starts; pause and limit write one now."
             )
+
+
+def database_option(parser, text: str | None = None) -> None:
+    parser.add_argument(
+        "--database",
+        metavar="ALIAS",
+        help=text
+        or "Write the row in this database (a DATABASES alias a BackWave backend enqueues into); needed for a queue that lives in several.",
+    )
 
 
 def shown(value) -> str:
