@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db.models.functions import Now
 
 from backwave.models import Job, Queue
+from tests.factories import JobFactory
 from tests.shell.worker_tasks import noop
 
 pytestmark = pytest.mark.django_db(databases=["default", "other"])
@@ -81,18 +82,16 @@ def test_jobs_retry_acts_on_every_database_or_the_one_named():
 
 
 def test_jobs_show_finds_the_job_in_its_database_and_asks_when_the_id_is_in_both():
-    remote_job(7)
     remote = remote_job(8)
-    local_job(1)
-    if Job.objects.filter(pk=remote.pk).exists():
-        with pytest.raises(
-            CommandError, match=rf"Job {remote.pk} exists in databases default and other: name one with --database"
-        ):
-            run("backwave_jobs", "show", str(remote.pk))
-    else:
-        assert json.loads(run("backwave_jobs", "show", str(remote.pk), "--json"))["database"] == "other"
+    Job.objects.filter(pk=remote.pk).delete()  # that id in "other" only
+    assert json.loads(run("backwave_jobs", "show", str(remote.pk), "--json"))["database"] == "other"
+    JobFactory(id=remote.pk)  # the same id in "default": another job
+    with pytest.raises(CommandError, match=rf"Job {remote.pk} exists in databases default and other: name one with --database"):
+        run("backwave_jobs", "show", str(remote.pk))
     document = json.loads(run("backwave_jobs", "show", str(remote.pk), "--json", "--database", "other"))
     assert (document["database"], document["payload"]["args"]) == ("other", [8])
+    with pytest.raises(CommandError, match=r"No job 999999999 in databases default and other\."):
+        run("backwave_jobs", "show", "999999999")
 
 
 def test_queue_pause_writes_the_row_where_the_queues_jobs_live():
