@@ -35,6 +35,10 @@ class Drain:
                 return []
         elif not outcomes.waiting:
             return self.release(now, lease_id)
+        elif not outcomes.writable(now):
+            # Only busy outcomes wait (another transaction holds their rows): written again once
+            # due, until the deadline; past it they go with the lease.
+            return self.release(now, lease_id) if self.past_deadline(now) else []
         return outcomes.write(now, lease_id) if trusted else []
 
     def release(self, now: float, lease_id: uuid.UUID | None) -> list[cmd.Command]:

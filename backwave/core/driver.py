@@ -100,6 +100,8 @@ class NodeDriver:
                 deadlines.append(linger_due)
         elif self._drain.deadline is not None:
             deadlines.append(self._drain.deadline)
+            if (held_back_due := self._outcomes.held_back_due) is not None:
+                deadlines.append(held_back_due)  # a busy outcome's next write
         if (attempt_deadline := self._slots.next_deadline()) is not None:
             deadlines.append(attempt_deadline)
         if (forget_due := self._overruns.next_due()) is not None:
@@ -235,6 +237,10 @@ class NodeDriver:
         written = {o.job_id for o in self._outcomes.writing}
         if not event.applied <= written:
             raise InvalidEvent(event, self.state, f"applied ids {sorted(event.applied - written)} were not in the write")
+        if not event.busy <= written - event.applied:
+            raise InvalidEvent(
+                event, self.state, f"busy ids {sorted(event.busy - (written - event.applied))} were not in the write, or applied"
+            )
         if event.released < 0 or (event.released and not event.applied):
             raise InvalidEvent(
                 event, self.state, f"released must be 0 or more, and only with applied outcomes; got {event.released}"
@@ -242,8 +248,9 @@ class NodeDriver:
         self.stats.writes += 1
         self.stats.released += event.released
         self.stats.applied += len(event.applied)
-        self.stats.lost += len(written) - len(event.applied)
-        self._outcomes.written(event.now)
+        self.stats.lost += len(written) - len(event.applied) - len(event.busy)
+        self.stats.busy += len(event.busy)
+        self._outcomes.written(event.now, event.busy)
         if self.state is State.DRAINING:
             return self._drain_step(event.now)
         if self.state is not State.RUNNING:
@@ -448,8 +455,8 @@ class NodeDriver:
         oldest has lingered ``outcome_linger`` (and any fault backoff has passed), or the pool
         is not expected to go idle within a round-trip (so lingering would gain nothing)."""
         outcomes = self._outcomes
-        if not outcomes.waiting:
-            return False
+        if not outcomes.writable(now):
+            return False  # nothing, or only busy outcomes not due again yet (their linger is)
         if outcomes.full or not self._slots.executing:
             return True
         linger_due = outcomes.linger_due
@@ -507,7 +514,7 @@ class NodeDriver:
         self.stats.abandoned += self._slots.abandon_all()
         self._overruns.lease_lost()
         if drop_buffer:
-            self._outcomes.waiting.clear()
+            self._outcomes.clear()
         self._claims.lease_lost()
         self._ledger.lease_lost(STALE_TOLERANT)
 

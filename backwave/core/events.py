@@ -83,10 +83,12 @@ class CancelRequested(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutcomesWritten(Event):
     """The outcome write landed; ``applied`` are the ids the fence let through, ``released`` the
-    dependents it made ready (jobs whose last ancestor's success it applied)."""
+    dependents it made ready (jobs whose last ancestor's success it applied), ``busy`` the ids
+    whose row another transaction held: not written, to be written again later."""
 
     applied: frozenset[int]
     released: int = 0
+    busy: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -135,19 +135,37 @@ class OutcomeBuffer:
     not_before: float = 0.0
     round_trip: float | None = None  # a write's learned round-trip (None until one landed)
     overruns: Overruns | None = None  # the driver's: which handlers outlive their ended attempt
+    # Outcomes that came back busy (another transaction held their job's row), by job id: the
+    # earliest the next write may carry them. They wait in ``waiting`` like any other.
+    held_back: dict[int, float] = field(default_factory=dict)
 
     def add(self, outcome: Outcome, now: float) -> None:
         if not self.waiting:
             self.waiting_since = now
         self.waiting.append(outcome)
 
+    def writable(self, now: float) -> int:
+        """How many outcomes waiting a write sent now would carry (busy ones only once due)."""
+        if not self.held_back:
+            return len(self.waiting)
+        return sum(1 for o in self.waiting if self.held_back.get(o.job_id, now) <= now)
+
+    @property
+    def held_back_due(self) -> float | None:
+        """When the first busy outcome may go again; None while none waits for that."""
+        return min(self.held_back.values()) if self.held_back else None
+
     @property
     def linger_due(self) -> float | None:
         """When the outcomes waiting have lingered long enough to be written without a full
-        batch or an idle pool; None while none waits or a write is in flight."""
+        batch or an idle pool (busy ones: once due again); None while none waits or a write is
+        in flight."""
         if not self.waiting or self.writing:
             return None
-        return max(self.waiting_since + self.options.outcome_linger, self.not_before)
+        due = max(self.waiting_since + self.options.outcome_linger, self.not_before)
+        if self.held_back and all(o.job_id in self.held_back for o in self.waiting):
+            due = max(due, min(self.held_back.values()))
+        return due
 
     @property
     def writing(self) -> tuple[Outcome, ...]:
@@ -168,16 +186,42 @@ class OutcomeBuffer:
         Each outcome is flagged overrun as its handler is then (core/overruns.py)."""
         if self.writing or not self.waiting:
             return []
-        batch = tuple(self.waiting.popleft() for _ in range(min(len(self.waiting), self.options.outcome_batch)))
+        if self.held_back:
+            batch, kept = self._take_writable(now)
+            if not batch:
+                return []
+            self.waiting = kept
+        else:
+            batch = tuple(self.waiting.popleft() for _ in range(min(len(self.waiting), self.options.outcome_batch)))
         if self.overruns is not None:
             batch = self.overruns.flag(batch)
         self.waiting_since = now  # what is left (past a full batch) lingers from this write on
         return [self.ledger.send(cmd.WriteOutcomes(lease_id=lease_id, outcomes=batch), now)]
 
-    def written(self, now: float) -> None:
-        _, sent_at = self.ledger.landed(cmd.WriteOutcomes)
+    def _take_writable(self, now: float) -> tuple[tuple[Outcome, ...], deque[Outcome]]:
+        """The next batch, in buffer order, passing over busy outcomes not due yet; and what stays."""
+        batch: list[Outcome] = []
+        kept: deque[Outcome] = deque()
+        for outcome in self.waiting:
+            if len(batch) < self.options.outcome_batch and self.held_back.get(outcome.job_id, now) <= now:
+                self.held_back.pop(outcome.job_id, None)
+                batch.append(outcome)
+            else:
+                kept.append(outcome)
+        return tuple(batch), kept
+
+    def written(self, now: float, busy: Collection[int] = ()) -> None:
+        """The write in flight landed; its ``busy`` outcomes wait again, due after poll_interval."""
+        write, sent_at = self.ledger.landed(cmd.WriteOutcomes)
         if now >= sent_at:
             self.round_trip = learned(self.round_trip, now - sent_at)
+        if busy:
+            again = [o for o in write.outcomes if o.job_id in busy]
+            if not self.waiting:
+                self.waiting_since = now
+            self.waiting.extendleft(reversed(again))
+            for outcome in again:
+                self.held_back[outcome.job_id] = now + self.options.poll_interval
 
     def write_failed(self, retry_at: float) -> None:
         # Nothing was written: the batch goes back to the front, to be written once later, and
@@ -192,6 +236,12 @@ class OutcomeBuffer:
 
     def drop(self, job_ids: Collection[int]) -> None:
         self.waiting = deque(o for o in self.waiting if o.job_id not in job_ids)
+        for job_id in job_ids:
+            self.held_back.pop(job_id, None)
+
+    def clear(self) -> None:
+        self.waiting.clear()
+        self.held_back.clear()
 
 
 def learned(average: float | None, sample: float) -> float:

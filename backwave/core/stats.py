@@ -20,3 +20,4 @@ class DriverStats:
     rolled_up: int = 0  # finished attempts folded into the task statistics by this pump's maintenance
     reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
     released: int = 0  # dependents this pump's outcome writes made ready
+    busy: int = 0  # outcomes a write came back with because another transaction held their row

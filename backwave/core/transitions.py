@@ -65,7 +65,9 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | dependents it released (their last ancestor         |
                       |                  | succeeded in it) are claimable at once, and a claim |
                       |                  | in flight runs after the write and sees them;       |
-                      |                  | released counted (stats.released)                   |
+                      |                  | released counted (stats.released); its busy         |
+                      |                  | outcomes (*******) wait poll_interval, then go in   |
+                      |                  | the next write                                      |
     RUNNING           | LeaseRenewed     | held: its cancels, each as a CancelRequested; lost: | RUNNING/OPENING
                       |                  | abandon all (their slots stay taken until their     |
                       |                  | handlers return; jobs claimed ahead are dropped and |
@@ -100,7 +102,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
     DRAINING          | JobFinished,     | as RUNNING but no claims; when nothing executes (or | DRAINING
                       | OutcomesWritten, | the deadline passes): WriteOutcomes, then           |
                       | Tick             | ReleaseLease (gives back what did not finish); a    |
-                      |                  | Tick ends attempts past their deadline as RUNNING's |
+                      |                  | Tick ends attempts past their deadline as RUNNING's;|
+                      |                  | busy outcomes are retried until the deadline        |
     DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
     DRAINING          | LeaseRenewed     | held: its cancels, as in RUNNING; lost: give up     | STOPPED
     DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
@@ -145,6 +148,12 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        one is sent again on a tick past its fault backoff). One that returned while its outcome
        still waited leaves no row. A lost lease, a self-fence or a drain's end drops them all:
        the rows count only under a live lease, and go with it.
+    ******* busy: an outcome the store could not write because another transaction (an
+       application's: an enqueue after= it, a cancel, a select_for_update()) holds its job's row
+       comes back busy in OutcomesWritten, neither applied nor lost. The rest of its batch landed;
+       it waits in the buffer, still holding its slot, and goes in the first write after
+       poll_interval (a Tick then sends it when nothing else does). Draining, a busy outcome still
+       held at the deadline is given up with the lease (ReleaseLease).
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent

@@ -119,9 +119,32 @@ def _driver_ended(outcome: Outcome, report) -> OutcomeRecord:
     )
 
 
+def _with_earlier(earlier: Sequence[ProgressReport], later: Sequence[ProgressReport]) -> list[ProgressReport]:
+    """``later``'s reports, each over an earlier one of the same attempt (a value not set since,
+    None, keeps the earlier one's), and the earlier ones nothing came since for."""
+    if not earlier:
+        return list(later)
+    merged = {(report.job_id, report.attempt): report for report in earlier}
+    for report in later:
+        before = merged.get((report.job_id, report.attempt))
+        if before is not None:
+            report = replace(
+                report,
+                progress=before.progress if report.progress is None else report.progress,
+                metadata=before.metadata if report.metadata is None else report.metadata,
+            )
+        merged[(report.job_id, report.attempt)] = report
+    return list(merged.values())
+
+
 def _released(applied) -> int:
     """The dependents a write made ready (a store double may answer a plain set)."""
     return getattr(applied, "released", 0) if applied else 0
+
+
+def _busy(applied) -> frozenset[int]:
+    """The outcomes a write passed over for rows another transaction held (none from a plain set)."""
+    return getattr(applied, "busy", frozenset())
 
 
 def lease_ids_from(rng: Random) -> Callable[[], uuid.UUID]:
@@ -183,6 +206,9 @@ class Executor:
         self._on_fault = on_fault
         self._on_answered = on_answered
         self._progress = progress  # what the running attempts reported since the last heartbeat
+        # Reports the last heartbeat could not write (another transaction held their job rows):
+        # sent again with the next one, under what the attempt reported since.
+        self._busy_reports: list[ProgressReport] = []
         self._stop_attempt = stop_attempt  # flags a handler's context (StopAttempt)
         self._logger = logger
 
@@ -329,13 +355,13 @@ class Executor:
             self._settled(first.outcomes, applied)
             now = self._clock()
             return [
-                ev.OutcomesWritten(now=now, applied=frozenset(applied), released=_released(applied)),
+                ev.OutcomesWritten(now=now, applied=frozenset(applied), released=_released(applied), busy=_busy(applied)),
                 ev.ClaimReturned(now=now, jobs=tuple(jobs)),
             ]
         if isinstance(first, cmd.ClaimJobs):
             return [ev.ClaimReturned(now=self._clock(), jobs=tuple(answer))]
         self._settled(first.outcomes, answer)
-        return [ev.OutcomesWritten(now=self._clock(), applied=frozenset(answer), released=_released(answer))]
+        return [ev.OutcomesWritten(now=self._clock(), applied=frozenset(answer), released=_released(answer), busy=_busy(answer))]
 
     def _run_one(self, command: cmd.Command) -> ev.Event:
         store, options = self.store, self.options
@@ -353,7 +379,9 @@ class Executor:
                 self._on_lease_held()
                 return ev.LeaseOpened(now=self._clock(), lease_id=lease_id)
             case cmd.RenewLease():
-                beat = store.heartbeat(lease_id=command.lease_id, duration=options.lease_duration, progress=self._progress())
+                reports = _with_earlier(self._busy_reports, self._progress())
+                beat = store.heartbeat(lease_id=command.lease_id, duration=options.lease_duration, progress=reports)
+                self._busy_reports = [report for report in reports if report.job_id in beat.busy] if beat.held else []
                 if beat.held:
                     self._on_lease_held()
                 return ev.LeaseRenewed(now=self._clock(), held=beat.held, cancels=tuple(sorted(beat.cancels.items())))
@@ -422,13 +450,21 @@ class Executor:
                 # as its handler's report: task_finished says what was stored.
                 written = replaced.get(outcome.job_id) or (outcome_record(outcome) if outcome.reason else None)
                 self._on_applied(outcome, written)
-        if len(applied) < len(outcomes):
+        busy = _busy(applied)
+        if len(applied) + len(busy) < len(outcomes):
             self._log(
                 logging.WARNING,
                 "Pump %s: the lease fence refused %d of %d outcome(s); those jobs were expired or re-claimed and run elsewhere",
                 self.worker_id,
-                len(outcomes) - len(applied),
+                len(outcomes) - len(applied) - len(busy),
                 len(outcomes),
+            )
+        if busy:
+            self._log(
+                logging.DEBUG,
+                "Pump %s: another transaction holds the row of job(s) %s; their outcome is written again shortly",
+                self.worker_id,
+                ", ".join(f"#{job_id}" for job_id in sorted(busy)),
             )
 
     def _log(self, level: int, message: str, *args) -> None:

@@ -9,7 +9,7 @@ as an event, not a crash.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -148,11 +148,13 @@ class ProgressReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
-    """What a heartbeat answered: whether the lease is still held, and the cancels requested of
-    jobs running under it (job id -> who asked)."""
+    """What a heartbeat answered: whether the lease is still held, the cancels requested of
+    jobs running under it (job id -> who asked), and the jobs whose reports it could not write
+    because another transaction held their rows (``busy``: send those again next time)."""
 
     held: bool
     cancels: dict[int, str] = field(default_factory=dict)
+    busy: frozenset[int] = frozenset()
 
 
 class Applied(set):
@@ -160,13 +162,25 @@ class Applied(set):
 
     ``replaced`` maps each of those whose record could not be stored as given to the record
     written in its place: a failed attempt with error class backwave.UnstorableResult and a text
-    saying why (see write_outcomes_many).
+    saying why (see write_outcomes_many). ``busy`` are the ids the write passed over because
+    another transaction held their job's row (or changed it while the write ran): neither
+    applied nor refused, to be sent again.
     """
 
-    def __init__(self, ids=(), replaced: dict[int, OutcomeRecord] | None = None, released: int = 0):
+    def __init__(self, ids=(), replaced: dict[int, OutcomeRecord] | None = None, released: int = 0, busy: Iterable[int] = ()):
         super().__init__(ids)
         self.replaced: dict[int, OutcomeRecord] = dict(replaced or {})
         self.released = released  # dependents the write made ready (their last ancestor succeeded)
+        self.busy = frozenset(busy)
+
+    def joined(self, other: Applied) -> Applied:
+        """Both writes' answers as one (each outcome went in one of them)."""
+        return Applied(
+            self | other,
+            {**self.replaced, **other.replaced},
+            released=self.released + other.released,
+            busy=(self.busy | other.busy) - (self | other),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,7 +297,9 @@ class Store(Protocol):
         job (fenced: this live lease, still running, this attempt; None keeps what the row
         holds), and reading the cancels requested of the lease's running jobs. A report the
         server refuses for its data (SQLSTATE class 22) never costs the lease: the heartbeat is
-        sent again without the reports, which are dropped."""
+        sent again without the reports, which are dropped. The renewal never waits for a job
+        row: a report whose job row another transaction holds is not written, its job id comes
+        back in ``Heartbeat.busy``."""
 
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Put every job still running under the lease back to ready (refunding the attempt, due

@@ -8,11 +8,13 @@ lease FOR KEY SHARE, the job) stay locked until the caller's transaction ends, s
 release the job between this write and that commit.
 
 A job that had no dependents when it was claimed is written by ``write_outcomes_plain``, as
-the batch path writes it (no lock, no settling); should a dependent have been enqueued while it
-ran (the plain write's fence then leaves it), the settling write follows, in the same
-transaction. The settling write is preceded by ``lock_outcome_jobs`` (its own statement, so
-that the outcome statement's snapshot, taken after the lock was granted, sees a dependent whose
-enqueue committed meanwhile: see lock_outcome_jobs in queries.sql).
+the batch path writes it (no settling); should a dependent have been enqueued while it ran (the
+plain write's fence then leaves it), the settling write follows, in the same transaction. The
+outcome statements pass over a job row another transaction holds ("busy"), which the batch path
+writes again later; the handler's transaction cannot wait for a later write, so here the
+settling write is preceded by ``lock_outcome_jobs``, which waits for such a holder (on this
+handler's thread alone, never the pump's), and the statement after it, its snapshot taken once
+the lock was granted, sees what the holder committed (a dependent enqueued after= the job).
 
 Before them, the worker's own planner settings (``set_transaction_settings``: generic plans,
 no JIT, no sequential scan where an index serves), which the handler's Django connection does
@@ -97,9 +99,9 @@ def _write(connection, lease_id: uuid.UUID, record: OutcomeRecord, params: dict,
             applied = applied_from_rows(_execute(cursor, _PLAIN, params).fetchall(), replaced)
             if record.job_id in applied:
                 return applied
-            # Given a dependent while it ran, or refused by the fence (refused again below).
-        if (lock := lock_params(lease_id, [record])) is not None:
-            _execute(cursor, _LOCK, lock)
+            # Given a dependent while it ran, held by another transaction, or refused by the fence
+            # (refused again below).
+        _execute(cursor, _LOCK, lock_params(lease_id, [record]))
         return applied_from_rows(_execute(cursor, _SETTLING, params).fetchall(), replaced)
 
 

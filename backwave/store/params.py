@@ -93,8 +93,10 @@ def heartbeat_params(lease_id: uuid.UUID, duration: float, progress: Sequence[Pr
 
 
 def heartbeat_from_row(row: tuple) -> Heartbeat:
-    held, cancels, _reported = row
-    return Heartbeat(held=bool(held), cancels={int(job_id): by for job_id, by in (cancels or {}).items()})
+    held, cancels, _reported, busy = row
+    return Heartbeat(
+        held=bool(held), cancels={int(job_id): by for job_id, by in (cancels or {}).items()}, busy=frozenset(busy or ())
+    )
 
 
 def is_refused_heartbeat(error: StoreError) -> bool:
@@ -400,18 +402,17 @@ def has_json_nul(encoded: str) -> bool:
 
 
 def applied_from_rows(rows: list[tuple], replaced: Mapping[int, OutcomeRecord]) -> Applied:
-    """The ids a write's RETURNING gave back, with the replacements among them."""
-    ids = {row[0] for row in rows}
-    released = rows[0][1] if rows and len(rows[0]) > 1 else 0
-    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids}, released=released)
+    """The ids a write's RETURNING gave back (job id, released, busy), with the replacements
+    among them; the busy ones apart."""
+    ids = {row[0] for row in rows if not (len(row) > 2 and row[2])}
+    busy = {row[0] for row in rows if len(row) > 2 and row[2]}
+    released = next((row[1] for row in rows if row[0] in ids), 0) if len(rows[0] if rows else ()) > 1 else 0
+    return Applied(ids, {job_id: record for job_id, record in replaced.items() if job_id in ids}, released=released, busy=busy)
 
 
-def lock_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any] | None:
-    """lock_outcome_jobs' parameters: the jobs whose outcome ends them (a retry or a snooze
-    settles no dependent), as an array literal, or None when there are none and the lock is not
-    sent."""
-    ending = [str(o.job_id) for o in outcomes if o.kind not in (OutcomeKind.RETRY, OutcomeKind.SNOOZED)]
-    return {"lease_id": lease_id, "job_ids": "{" + ",".join(ending) + "}"} if ending else None
+def lock_params(lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
+    """lock_outcome_jobs' parameters: the jobs, as an array literal."""
+    return {"lease_id": lease_id, "job_ids": "{" + ",".join(str(o.job_id) for o in outcomes) + "}"}
 
 
 # -- the second wall: a batch the server refuses for one row's data ----------------------------
@@ -485,7 +486,7 @@ def write_isolating(
         return _write_replacement(write, outcomes[0], refused)
     middle = len(outcomes) // 2
     first, second = write_isolating(write, outcomes[:middle]), write_isolating(write, outcomes[middle:])
-    return Applied(first | second, {**first.replaced, **second.replaced}, released=first.released + second.released)
+    return first.joined(second)
 
 
 def _write_replacement(
@@ -503,7 +504,12 @@ def _write_replacement(
                 raise
             reason += f"; written as it was decided ({outcome.kind.value}), it was refused again [{again.sqlstate}]: {_server_reason(again)}"
             continue
-        return Applied(applied, {outcome.job_id: replacement} if outcome.job_id in applied else {}, released=applied.released)
+        return Applied(
+            applied,
+            {outcome.job_id: replacement} if outcome.job_id in applied else {},
+            released=applied.released,
+            busy=applied.busy,
+        )
     raise AssertionError("unreachable: the last replacement is written or raises")
 
 

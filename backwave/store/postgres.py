@@ -80,7 +80,6 @@ from .params import (
     is_refused_heartbeat,
     known_params,
     lease_seconds,
-    lock_params,
     outcome_batch,
     run_enqueue,
     transition_record,
@@ -412,27 +411,25 @@ class PostgresStore:
         self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], params: dict[str, Any], *, settling: bool = False
     ) -> list[tuple[str, dict[str, Any]]]:
         """The plain write when no job of the batch had dependents when claimed (and ``settling``
-        is not asked for); else write_outcomes_many behind lock_outcome_jobs, the batch's jobs
-        forgotten as ancestors (a job claimed again is remembered again by its claim)."""
+        is not asked for); else write_outcomes_many, the batch's jobs forgotten as ancestors (a
+        job claimed again is remembered again by its claim)."""
         ancestors = self._ancestors
         if not settling and not any(o.job_id in ancestors for o in outcomes):
             return [("write_outcomes_plain", params)]
         for o in outcomes:
             ancestors.pop(o.job_id, None)
-        lock = lock_params(lease_id, outcomes)
-        return [("lock_outcome_jobs", lock), ("write_outcomes_many", params)] if lock else [("write_outcomes_many", params)]
+        return [("write_outcomes_many", params)]
 
     def _settle_missed(
         self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord], statements: list[tuple[str, Any]], applied: Applied
     ) -> Applied:
-        """``applied``, and when the plain write left outcomes unapplied, those written again by
-        the settling write: a job given a dependent while it ran, or one the fence refuses (for
-        which the second write is refused too)."""
-        if statements[-1][0] != "write_outcomes_plain" or len(applied) == len(outcomes):
+        """``applied``, and when the plain write left outcomes unapplied (not busy), those written
+        again by the settling write: a job given a dependent while it ran, or one the fence
+        refuses (for which the second write is refused too)."""
+        if statements[-1][0] != "write_outcomes_plain" or len(applied) + len(applied.busy) == len(outcomes):
             return applied
-        missed = [o for o in outcomes if o.job_id not in applied]
-        again = self._write_outcomes(lease_id, missed, settling=True)
-        return Applied(applied | again, {**applied.replaced, **again.replaced}, released=applied.released + again.released)
+        missed = [o for o in outcomes if o.job_id not in applied and o.job_id not in applied.busy]
+        return applied.joined(self._write_outcomes(lease_id, missed, settling=True))
 
     def _pipeline(self, operation: str, statements: list[tuple[str, Mapping[str, Any]]]) -> list[list[tuple]]:
         """Run the named statements in order in one round-trip and one transaction."""

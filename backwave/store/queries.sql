@@ -72,19 +72,39 @@ RETURNING id
 -- lapsed writes nothing (its jobs are maintenance's). The job rows are fenced like outcomes
 -- (this lease, still running, this attempt). The cancels are read through the partial index
 -- backwave_job_running_lease: one probe of the lease's running jobs.
+-- The renewal never waits for a job row: an application's transaction may hold a running job's
+-- row for as long as it stays open (an enqueue after= it, a cancel, a select_for_update()), and
+-- a lease must not lapse for that. The reports' rows are locked with SKIP LOCKED ("reportable"),
+-- and the reports of the rows passed over come back as "busy" (their job ids), for the pump to
+-- send again with the next heartbeat. The cancels are a plain read, which no lock stops.
 WITH renewed AS MATERIALIZED (
     UPDATE backwave_lease
     SET renewed_at = now(), expires_at = now() + make_interval(secs => %(duration)s)
     WHERE id = %(lease_id)s AND expires_at > now()
     RETURNING id
+), report AS MATERIALIZED (
+    SELECT p.job_id, p.attempt, p.progress, p.metadata
+    FROM jsonb_to_recordset(%(progress)s::jsonb) AS p(job_id bigint, attempt int, progress jsonb, metadata jsonb)
+    WHERE (SELECT count(*) FROM renewed) > 0
+), fenced AS MATERIALIZED (
+    SELECT j.id
+    FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT r.job_id FROM report AS r))
+      AND j.lease_id = %(lease_id)s AND j.state = 'running'
+      AND EXISTS (SELECT FROM report AS r WHERE r.job_id = j.id AND r.attempt = j.attempts)
+), reportable AS MATERIALIZED (
+    SELECT j.id
+    FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT f.id FROM fenced AS f))
+    FOR NO KEY UPDATE SKIP LOCKED
 ), reported AS (
     UPDATE backwave_job AS j
-    SET progress = coalesce(p.progress, j.progress),
-        metadata = coalesce(p.metadata, j.metadata)
-    FROM jsonb_to_recordset(%(progress)s::jsonb) AS p(job_id bigint, attempt int, progress jsonb, metadata jsonb)
-    WHERE j.id = p.job_id AND j.attempts = p.attempt
+    SET progress = coalesce(r.progress, j.progress),
+        metadata = coalesce(r.metadata, j.metadata)
+    FROM report AS r
+    WHERE j.id = r.job_id AND j.attempts = r.attempt
+      AND j.id = ANY(ARRAY(SELECT k.id FROM reportable AS k))
       AND j.lease_id = %(lease_id)s AND j.state = 'running'
-      AND (SELECT count(*) FROM renewed) > 0
     RETURNING j.id
 )
 SELECT (SELECT count(*) FROM renewed) > 0 AS held,
@@ -92,17 +112,38 @@ SELECT (SELECT count(*) FROM renewed) > 0 AS held,
         FROM backwave_job AS j
         WHERE j.lease_id = %(lease_id)s AND j.state = 'running' AND j.cancel_requested_at IS NOT NULL
           AND (SELECT count(*) FROM renewed) > 0) AS cancels,
-       (SELECT count(*) FROM reported) AS reported
+       (SELECT count(*) FROM reported) AS reported,
+       ARRAY(SELECT f.id FROM fenced AS f WHERE f.id NOT IN (SELECT k.id FROM reportable AS k) ORDER BY f.id) AS busy
 
 
 -- name: release_lease
--- The DELETE runs first and takes the lease row before any job row: the "(SELECT count(*) FROM
--- gone) >= 0" gate is always true, but as an InitPlan it makes the DELETE finish before the
--- UPDATE scans a job. That keeps the locking order of expire_leases (lease, then jobs), so a
--- release racing an expiry of the same lease waits instead of deadlocking, and then finds the
--- jobs already handed back. Jobs are released even when the lease row is already gone.
-WITH gone AS MATERIALIZED (
-    DELETE FROM backwave_lease WHERE id = %(lease_id)s RETURNING id
+-- The lease row is locked first, before any job row: "(SELECT count(*) FROM lease_row) >= 0"
+-- is always true, but as an InitPlan it makes the lock come before "running" scans a job. That
+-- keeps the locking order of expire_leases (lease, then jobs), so a release racing an expiry of
+-- the same lease waits instead of deadlocking, and then finds the jobs already handed back.
+-- Jobs are released even when the lease row is already gone. A job row another transaction
+-- holds (an application's, open for as long as it likes) is not waited for: passed over
+-- (SKIP LOCKED), it keeps the lease, which is made lapsed instead of deleted, and lease expiry
+-- gives it back once it can (see expire_leases).
+WITH lease_row AS MATERIALIZED (
+    SELECT id FROM backwave_lease WHERE id = %(lease_id)s FOR UPDATE
+), running AS MATERIALIZED (
+    SELECT j.id FROM backwave_job AS j
+    WHERE j.lease_id = %(lease_id)s AND j.state = 'running'
+      AND (SELECT count(*) FROM lease_row) >= 0
+), taken AS MATERIALIZED (
+    SELECT j.id FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM running AS r))
+      AND j.lease_id = %(lease_id)s AND j.state = 'running'
+    FOR NO KEY UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM backwave_lease
+    WHERE id = %(lease_id)s
+      AND NOT EXISTS (SELECT FROM running AS r WHERE r.id NOT IN (SELECT t.id FROM taken AS t))
+), lapsed AS (
+    UPDATE backwave_lease SET expires_at = least(expires_at, now())
+    WHERE id = %(lease_id)s
+      AND EXISTS (SELECT FROM running AS r WHERE r.id NOT IN (SELECT t.id FROM taken AS t))
 ), released AS (
     UPDATE backwave_job AS j
     SET state = 'ready',
@@ -110,8 +151,7 @@ WITH gone AS MATERIALIZED (
         run_at = now(),
         attempts = greatest(j.attempts - 1, 0),
         started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
-    WHERE j.lease_id = %(lease_id)s AND j.state = 'running'
-      AND (SELECT count(*) FROM gone) >= 0
+    WHERE j.id = ANY(ARRAY(SELECT t.id FROM taken AS t))
     RETURNING j.id
 )
 SELECT id FROM released ORDER BY id
@@ -543,9 +583,11 @@ WITH lease AS MATERIALIZED (
 -- ("settling": succeeded, failed for good or discarded, cancelled, quarantined; not a retry nor
 -- a snooze, which make it ready again) settles the job's dependents
 -- (settle_dependents, included below): a dependent whose last ancestor succeeded here is ready
--- when this statement commits. lock_outcome_jobs runs just before this statement, in the same
--- transaction, so that this statement's snapshot sees every dependency committed on these jobs
--- (see there). The count of dependents made ready rides on every returned row.
+-- when this statement commits. A dependency committed on one of these jobs after this
+-- statement's snapshot changed the job's row (enqueue_with_dependencies flags it), so that
+-- job is busy here (see "taken"), and written by a later statement that sees the dependency.
+-- The count of dependents made ready rides on every returned row; busy ones come back as rows
+-- of their own (busy true), neither applied nor refused.
 WITH RECURSIVE {{outcome_applied}}
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
               o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key
@@ -561,26 +603,35 @@ WITH RECURSIVE {{outcome_applied}}
     SELECT %(observed)s::jsonb AS observed
 )
 {{settle_dependents}}
+, logged AS (
 {{outcome_attempts}}
-RETURNING job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready') AS released
+    RETURNING job_id
+)
+SELECT l.job_id, (SELECT count(*) FROM dep_released AS r WHERE r.state = 'ready') AS released, false AS busy
+FROM logged AS l
+UNION ALL
+SELECT b.id, 0, true FROM busy AS b
 
 
 -- name: write_outcomes_plain
 -- write_outcomes_many for a batch none of whose jobs had dependents when claimed (the store
--- knows from the claim's has_dependents): no lock_outcome_jobs before it and no settling, so
--- one statement of the round-trip instead of two, and no probe of the dependency table. The
+-- knows from the claim's has_dependents): no settling, so no probe of the dependency table. The
 -- fence has one more condition, NOT has_dependents: a dependent enqueued while the job ran
--- flagged it (enqueue_with_dependencies), by an update this statement waits for and re-checks,
--- so such a job is left as this statement found it. The store then writes the outcomes not
--- applied here with write_outcomes_many, behind its lock (a refused one is refused again: the
--- same fence). "released" is always 0.
+-- flagged it (enqueue_with_dependencies; committed since this statement's
+-- snapshot, the job is busy here), so such a job is left as this statement found it. The store
+-- then writes the outcomes neither applied nor busy here with write_outcomes_many (a refused one
+-- is refused again: the same fence). "released" is always 0.
 WITH {{outcome_applied}}
       AND NOT j.has_dependents
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
               o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key
-), {{outcome_noted}}, {{outcome_overran}}
+), {{outcome_noted}}, {{outcome_overran}}, logged AS (
 {{outcome_attempts}}
-RETURNING job_id, 0::bigint AS released
+    RETURNING job_id
+)
+SELECT l.job_id, 0::bigint AS released, false AS busy FROM logged AS l
+UNION ALL
+SELECT b.id, 0, true FROM busy AS b
 
 
 -- name: outcome_applied
@@ -602,6 +653,30 @@ lease AS MATERIALIZED (
          AS b(job_id bigint, attempt int, kind text, retry_delay float8, boxed jsonb,
               error_class text, traceback text, duration float8, progress jsonb, metadata jsonb,
               output jsonb, tag_add varchar[], tag_remove varchar[], overrun boolean)
+), seen AS MATERIALIZED (
+    -- The batch's jobs the fence lets through, as this statement's snapshot has them, and the
+    -- version of each ("id = ANY(ARRAY(...))": the ids as one array, see below).
+    SELECT j.id, j.xmin AS version
+    FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT i.job_id FROM outcome AS i))
+      AND j.lease_id = %(lease_id)s
+      AND j.state = (SELECT 'running')
+      AND EXISTS (SELECT FROM lease)
+), taken AS MATERIALIZED (
+    -- Locked without waiting: a row another transaction holds (an application's, open for as
+    -- long as it likes: an enqueue after= the job, a cancel, a select_for_update()) is passed
+    -- over, so one held row never holds the batch. So is a row changed since the snapshot (the
+    -- lock is then taken on its newer version, which READ COMMITTED returns): this statement
+    -- would not see what committed with that change, such as a dependent enqueued after= the
+    -- job (see enqueue_with_dependencies). Both are "busy": not written, the
+    -- writer sends them again, and a new statement then sees what the holder committed.
+    SELECT j.id, j.xmin AS version
+    FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT s.id FROM seen AS s))
+    FOR NO KEY UPDATE SKIP LOCKED
+), busy AS MATERIALIZED (
+    SELECT s.id FROM seen AS s
+    WHERE NOT EXISTS (SELECT FROM taken AS t WHERE t.id = s.id AND t.version = s.version)
 ), applied AS (
     UPDATE backwave_job AS j
     SET state = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
@@ -629,12 +704,12 @@ lease AS MATERIALIZED (
                                GROUP BY t.tag ORDER BY min(t.n))::varchar(64)[] END
     FROM outcome AS o
     WHERE j.id = o.job_id
-      -- The ids again, as one array (an InitPlan): the planner reads "id = ANY(...)" through the
+      -- The ids taken, as one array (an InitPlan): the planner reads "id = ANY(...)" through the
       -- primary key. Joined from the JSON alone (which it takes for 100 rows), and with
       -- statistics taken while nothing ran (every lease_id NULL, so "lease_id = ..." looks like
       -- one row), it filtered the whole table by lease first: a sequential scan per batch
       -- (2.96 ms for 16 outcomes at 10,000 rows, against 0.69 ms by probes).
-      AND j.id = ANY(ARRAY(SELECT i.job_id FROM outcome AS i))
+      AND j.id = ANY(ARRAY(SELECT t.id FROM taken AS t WHERE t.id NOT IN (SELECT b.id FROM busy AS b)))
       AND j.lease_id = %(lease_id)s
       -- A sub-select, not the literal: with "j.state = 'running'" the planner may read the
       -- partial indexes on running rows (backwave_job_running_lease, _running_queue), which it
@@ -709,15 +784,13 @@ FROM applied AS a
 
 
 -- name: lock_outcome_jobs
--- Sent just before write_outcomes_many, in the same transaction (one pipelined round-trip), for
--- the jobs whose outcome ends them. An enqueue that names one of them in after= holds its row
--- FOR SHARE until the enqueuing transaction commits. Without this lock, the outcome statement
--- would wait for that row inside its own statement, whose snapshot was taken before the enqueue
--- committed: it would apply the outcome without seeing the new dependent, which would then wait
--- for ever. Waiting here instead, the outcome statement that follows takes a fresh snapshot (READ
--- COMMITTED) that sees the dependency; and an enqueue that comes second waits for this
--- transaction and reads the ancestor as it ended. The lease row first and job rows in id
--- order, as every statement locks (see the top of this file).
+-- An atomic task's outcome only (backwave/store/in_transaction.py), sent just before
+-- write_outcomes_many in the handler's transaction: the outcome statements pass over a job row
+-- another transaction holds (busy), and the handler's transaction cannot be written again later,
+-- so it waits here, on the handler's thread (never the pump's), for whoever holds the row. The
+-- outcome statement that follows takes a fresh snapshot (READ COMMITTED) that sees what the
+-- holder committed (a dependent enqueued after= the job), and finds the row its own. The lease
+-- row first and job rows in id order, as every statement locks (see the top of this file).
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
@@ -858,10 +931,19 @@ FOR NO KEY UPDATE OF j
 -- Fenced like write_outcomes_many (this lease, live, job still running), minus the attempt
 -- number: a release gives back whatever attempt is running. The attempt is refunded (the job
 -- did not run to an outcome), and started_at is cleared when that was the first attempt.
+-- A row another transaction holds is passed over (SKIP LOCKED), never waited for: it stays
+-- running under the lease, and goes back with it (release_lease, or expiry once it lapses).
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
+), taken AS MATERIALIZED (
+    SELECT j.id FROM backwave_job AS j
+    WHERE j.id = ANY(%(job_ids)s::bigint[])
+      AND j.lease_id = %(lease_id)s
+      AND j.state = 'running'
+      AND EXISTS (SELECT FROM lease)
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE backwave_job AS j
 SET state = 'ready',
@@ -869,10 +951,7 @@ SET state = 'ready',
     run_at = now(),
     attempts = greatest(j.attempts - 1, 0),
     started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
-WHERE j.id = ANY(%(job_ids)s::bigint[])
-  AND j.lease_id = %(lease_id)s
-  AND j.state = 'running'
-  AND EXISTS (SELECT FROM lease)
+WHERE j.id = ANY(ARRAY(SELECT t.id FROM taken AS t))
 RETURNING j.id
 
 
@@ -898,24 +977,35 @@ RETURNING j.id
 -- version (finished, lease_id NULL), so the job is skipped. "stranded" reads (and locks) the
 -- jobs before the UPDATE so that the text can say what each was before (RETURNING only sees
 -- the new row). A job failed here settles its dependents (settle_dependents).
+--
+-- Expiry never waits for a job row either: an application's transaction may hold a running
+-- job's row for as long as it stays open (an enqueue after= it, a cancel, a select_for_update()).
+-- "stranded" locks with SKIP LOCKED, and a lease whose running jobs were not all taken (some
+-- held, or changed since the snapshot) is not deleted: it stays lapsed, its writes fenced off,
+-- and a later run releases the rest.
 WITH RECURSIVE lapsed AS MATERIALIZED (
-    SELECT id FROM backwave_lease
+    SELECT id, worker_id, expires_at, renewed_at FROM backwave_lease
     WHERE expires_at < now()
     ORDER BY expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), lapsed_running AS MATERIALIZED (
+    SELECT j.id, j.lease_id
+    FROM backwave_job AS j
+    WHERE j.lease_id IN (SELECT l.id FROM lapsed AS l) AND j.state = 'running'
+), stranded AS MATERIALIZED (
+    SELECT j.id, j.suspect AS was_suspect, l.worker_id AS lease_worker_id, l.expires_at AS lease_expired_at,
+           l.renewed_at AS lease_renewed_at
+    FROM backwave_job AS j
+    JOIN lapsed AS l ON j.lease_id = l.id
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM lapsed_running AS r)) AND j.state = 'running'
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), gone AS MATERIALIZED (
     DELETE FROM backwave_lease AS l
     USING lapsed
     WHERE l.id = lapsed.id
-    RETURNING l.id, l.worker_id, l.expires_at, l.renewed_at
-), stranded AS MATERIALIZED (
-    SELECT j.id, j.suspect AS was_suspect, gone.worker_id AS lease_worker_id, gone.expires_at AS lease_expired_at,
-           gone.renewed_at AS lease_renewed_at
-    FROM backwave_job AS j
-    JOIN gone ON j.lease_id = gone.id
-    WHERE j.state = 'running'
-    FOR NO KEY UPDATE OF j
+      AND NOT EXISTS (SELECT FROM lapsed_running AS r WHERE r.lease_id = l.id AND r.id NOT IN (SELECT s.id FROM stranded AS s))
+    RETURNING l.id
 ), released AS (
     UPDATE backwave_job AS j
     SET state = CASE WHEN NOT s.was_suspect OR j.attempts - j.forgiven_attempts < j.max_attempts
@@ -1574,7 +1664,9 @@ WITH lease AS MATERIALIZED (
           SELECT FROM unnest(%(known_ids)s::bigint[], %(known_attempts)s::int[]) AS k(id, attempt)
           WHERE k.id = j.id AND k.attempt = j.attempts)
       AND EXISTS (SELECT FROM lease)
-    FOR NO KEY UPDATE
+    -- A row another transaction holds is not waited for: it stays under the lease, for the
+    -- next reconcile, the lease's release or its expiry.
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE backwave_job AS j
 SET state = 'ready',
@@ -1680,13 +1772,14 @@ WITH {{key_lookups_by_index}}, given AS MATERIALIZED (
     WHERE w.ancestor_id IS NOT NULL
       AND (a.id IS NULL OR (a.state IN ('failed', 'cancelled', 'quarantined') AND w.on_failure <> 'run'))
 ), flagged AS (
-    -- An update, not only the lock: an outcome write of the ancestor that waits for this
-    -- transaction then re-checks the updated row, finds it has dependents and leaves the job
-    -- to the write that settles them (write_outcomes_plain). Once set, never cleared.
+    -- An update, not only the lock, and even of a row flagged already: a new row version, so an
+    -- outcome write whose snapshot is older than this commit finds the row changed and leaves
+    -- it busy, to a later statement that sees the new dependent (see "taken" in
+    -- outcome_applied). Once set, never cleared.
     UPDATE backwave_job AS j
     SET has_dependents = true
     FROM ancestors AS a
-    WHERE j.id = a.id AND NOT j.has_dependents AND NOT EXISTS (SELECT FROM refused)
+    WHERE j.id = a.id AND NOT EXISTS (SELECT FROM refused)
 ), waits AS (
     SELECT w.job_position,
            count(*) FILTER (WHERE w.ancestor_position IS NOT NULL

@@ -425,6 +425,10 @@ class MemoryDatabase:
     rate_windows: dict[str, tuple[datetime, int]] = field(default_factory=dict)
     key_rate_windows: dict[tuple[str, str], tuple[datetime, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Job rows another transaction holds (an application's open transaction, as PostgreSQL's row
+    # locks): the engine's statements pass them over (SKIP LOCKED) and never wait for them. A
+    # test adds and removes ids to play that transaction.
+    held_rows: set[int] = field(default_factory=set)
     last_id: int = 0
     last_transition_id: int = 0
     last_schedule_id: int = 0
@@ -554,22 +558,32 @@ class InMemoryStore:
                 return Heartbeat(held=False)
             lease.renewed_at = now
             lease.expires_at = now + timedelta(seconds=params["duration"])
+            busy = set()
             for report in reports:
                 job = db.jobs.get(report["job_id"])
                 if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == report["attempt"]:
-                    _report(job, report)
+                    if job.id in db.held_rows:
+                        busy.add(job.id)  # SKIP LOCKED: sent again with the next heartbeat
+                    else:
+                        _report(job, report)
             cancels = {
                 job.id: job.cancel_requested_by
                 for job in db.jobs.values()
                 if job.lease_id == lease_id and job.state == "running" and job.cancel_requested_at is not None
             }
-            return Heartbeat(held=True, cancels=cancels)
+            return Heartbeat(held=True, cancels=cancels, busy=frozenset(busy))
 
     def release_lease(self, *, lease_id: uuid.UUID) -> list[int]:
         """Hand the lease's running jobs back (ready, attempt refunded) and delete it."""
         with self._operation() as (db, now):
-            db.forget_leases([lease_id])  # jobs are released even when the lease row is gone
-            released = [job for job in db.jobs.values() if job.lease_id == lease_id and job.state == "running"]
+            running = [job for job in db.jobs.values() if job.lease_id == lease_id and job.state == "running"]
+            released = [job for job in running if job.id not in db.held_rows]  # SKIP LOCKED
+            if len(released) < len(running):
+                # A held row keeps the lease, lapsed from now on: expiry gives it back once it can.
+                if (lease := db.leases.get(lease_id)) is not None:
+                    lease.expires_at = min(lease.expires_at, now)
+            else:
+                db.forget_leases([lease_id])  # jobs are released even when the lease row is gone
             for job in released:
                 _refund(job, now)
             return sorted(job.id for job in released)
@@ -584,12 +598,15 @@ class InMemoryStore:
             )[:limit]
             gone = {lease.id: lease for lease in lapsed}
             # "j.state = 'running'": never resurrects a finished job.
-            released = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
+            running = [job for job in db.jobs.values() if job.lease_id in gone and job.state == "running"]
+            released = [job for job in running if job.id not in db.held_rows]  # SKIP LOCKED
             if any((job.id, job.attempts) in db.attempts for job in released):
                 raise StoreError(
                     'expire_leases failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"'
                 )
-            db.forget_leases(gone)
+            # A lease with a held job stays, lapsed, for a later run to give that job back.
+            keeping = {job.lease_id for job in running if job.id in db.held_rows}
+            db.forget_leases([lease_id for lease_id in gone if lease_id not in keeping])
             failed_for_good: dict[int, str] = {}
             for job in released:
                 lease = gone[job.lease_id]
@@ -647,9 +664,9 @@ class InMemoryStore:
         def together(claim: tuple[str, dict[str, Any]]) -> tuple[Applied, list[ClaimedJob]]:
             rows, replaced = _outcome_rows(lease_id, outcomes)
             with self._operation() as (db, now):  # one transaction: both statements see one now()
-                applied, released = self._write(db, now, lease_id, rows, self.observed)
+                applied, released, busy = self._write(db, now, lease_id, rows, self.observed)
                 self._note_outcomes(db, now, rows, applied)
-                return applied_from_rows([(job_id, released) for job_id in applied], replaced), self._claim(db, now, claim)
+                return _answer(applied, released, busy, replaced), self._claim(db, now, claim)
 
         return write_then_claim(
             self,
@@ -665,9 +682,9 @@ class InMemoryStore:
     def _write_outcomes(self, lease_id: uuid.UUID, outcomes: Sequence[OutcomeRecord]) -> Applied:
         rows, replaced = _outcome_rows(lease_id, outcomes)
         with self._operation() as (db, now):
-            applied, released = self._write(db, now, lease_id, rows, self.observed)
+            applied, released, busy = self._write(db, now, lease_id, rows, self.observed)
             self._note_outcomes(db, now, rows, applied)
-        return applied_from_rows([(job_id, released) for job_id in applied], replaced)
+        return _answer(applied, released, busy, replaced)
 
     def _note_outcomes(self, db: MemoryDatabase, now: datetime, rows: list[dict[str, Any]], applied: set[int]) -> None:
         """write_outcomes_many's "noted" CTE: a transition per applied outcome observers watch."""
@@ -807,7 +824,7 @@ class InMemoryStore:
             released = set()
             for job_id in dict.fromkeys(job_ids):
                 job = db.jobs.get(job_id)
-                if job is not None and job.lease_id == lease_id and job.state == "running":
+                if job is not None and job.lease_id == lease_id and job.state == "running" and job_id not in db.held_rows:
                     _refund(job, now)
                     released.add(job_id)
             return released
@@ -821,7 +838,12 @@ class InMemoryStore:
                 return set()
             released = set()
             for job in db.jobs.values():
-                if job.lease_id == lease_id and job.state == "running" and (job.id, job.attempts) not in keep:
+                if (
+                    job.lease_id == lease_id
+                    and job.state == "running"
+                    and (job.id, job.attempts) not in keep
+                    and job.id not in db.held_rows
+                ):
                     released.add((job.id, job.attempts))  # the attempt as it ran, before the refund
                     _refund(job, now)
             return released
@@ -1339,8 +1361,8 @@ class InMemoryStore:
     @staticmethod
     def _write(
         db: MemoryDatabase, now: datetime, lease_id: uuid.UUID, rows: list[dict[str, Any]], observed: str
-    ) -> tuple[set[int], int]:
-        """The applied ids, and how many dependents were made ready."""
+    ) -> tuple[set[int], int, set[int]]:
+        """The applied ids, how many dependents were made ready, and the busy ids (held rows)."""
         # The %(outcomes)s::jsonb cast: the server reads the whole batch before the fence.
         for row in rows:
             # A side channel the attempt did not use is left out of its row (NULL in jsonb_to_recordset).
@@ -1348,13 +1370,17 @@ class InMemoryStore:
                 if value is not None and (refusal := _jsonb_refusal(value)):
                     raise _refused(*refusal)
         if not _live(db, lease_id, now):
-            return set(), 0
+            return set(), 0, set()
         # The fence: this lease's token, still running, at this attempt. Checked for the whole
         # batch before anything changes, as one statement either applies or fails as a whole.
         applied = []
+        busy = set()
         for row in rows:
             job = db.jobs.get(row["job_id"])
             if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == row["attempt"]:
+                if job.id in db.held_rows:
+                    busy.add(job.id)  # SKIP LOCKED: written again later, the rest lands now
+                    continue
                 if (job.id, row["attempt"]) in db.attempts:
                     raise StoreError(
                         'write_outcomes_many failed [23505]: duplicate key value violates unique constraint "backwave_attempt_once"',
@@ -1398,7 +1424,7 @@ class InMemoryStore:
                     lease_id=lease_id, queue=job.queue, limit_key=job.limit_key, since=now
                 )
         settling = {job.id: _ATTEMPT_STATE[row["kind"]] for job, row, *_ in applied if row["kind"] not in _AGAIN}
-        return {job.id for job, *_ in applied}, settle_dependents(db, now, settling, observed)
+        return {job.id for job, *_ in applied}, settle_dependents(db, now, settling, observed), busy
 
 
 class _Operation:
@@ -1482,6 +1508,12 @@ def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str
             job.state, job.run_at = "ready", max(job.run_at, now)
             made_ready += 1
     return made_ready
+
+
+def _answer(applied: set[int], released: int, busy: set[int], replaced: dict) -> Applied:
+    """An outcome write's answer as write_outcomes_many's rows make it (busy rows apart)."""
+    rows = [(job_id, released, False) for job_id in applied] + [(job_id, 0, True) for job_id in busy]
+    return applied_from_rows(rows, replaced)
 
 
 def _ended_words(state: str) -> str:

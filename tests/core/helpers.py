@@ -186,10 +186,11 @@ class Trace:
             attempt = 1 if isinstance(job, int) else job.attempt
         return self.send(ev.JobFinished(now=self._now(now), job_id=job_id, attempt=attempt, result=result, jitter=jitter))
 
-    def written(self, applied: Iterable[int] | cmd.WriteOutcomes, now=None, released=0):
+    def written(self, applied: Iterable[int] | cmd.WriteOutcomes, now=None, released=0, busy: Iterable[int] = ()):
         if isinstance(applied, cmd.WriteOutcomes):
-            applied = ids_of(applied)
-        return self.send(ev.OutcomesWritten(now=self._now(now), applied=frozenset(applied), released=released))
+            applied = [job_id for job_id in ids_of(applied) if job_id not in set(busy)]
+        event = ev.OutcomesWritten(now=self._now(now), applied=frozenset(applied), released=released, busy=frozenset(busy))
+        return self.send(event)
 
     def renewed(self, held=True, now=None):
         return self.send(ev.LeaseRenewed(now=self._now(now), held=held))

@@ -318,3 +318,17 @@ def overruns_under_a_key(context, tally, seconds=1.0):
 def overruns_in_a_queue(context, tally, seconds=1.0):
     """A job of the queue with a concurrency limit of one (tests/settings.py) that overruns its time limit."""
     return _overrun(context, tally, seconds)
+
+
+# --- an application's transaction beside the pump (tests/shell/test_application_transactions.py) ---
+
+
+@task(queue_name="e2e", takes_context=True)
+def reports_until_file(context, path):
+    """Reports progress (what the heartbeat writes) until the file exists, then returns its attempt."""
+    step = 0
+    while not os.path.exists(path):
+        context.set_progress({"step": step})
+        step += 1
+        time.sleep(0.02)
+    return context.attempt

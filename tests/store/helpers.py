@@ -9,10 +9,13 @@ injected clock).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from threading import Lock
 
+import psycopg
 from django.db import connection
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
@@ -131,6 +134,17 @@ class PostgresRows:
 
     def lease_ids(self) -> list[uuid.UUID]:
         return list(Lease.objects.values_list("pk", flat=True))
+
+    @contextmanager
+    def hold(self, *pks: int) -> Iterator[None]:
+        """An application's transaction holding these job rows (select_for_update()) until the
+        block ends, on a session of its own, rolled back then."""
+        params = {**connection.get_connection_params(), "autocommit": False}
+        params.pop("cursor_factory", None)
+        with psycopg.connect(**params) as session:
+            session.execute("SELECT id FROM backwave_job WHERE id = ANY(%s) ORDER BY id FOR UPDATE", [list(pks)])
+            yield
+            session.rollback()
 
     def lapse(self, lease_id: uuid.UUID, *, seconds_ago: float = 1.0) -> None:
         """Move a lease's expiry into the past by the database clock."""
@@ -346,6 +360,15 @@ class MemoryRows:
 
     def lease_ids(self) -> list[uuid.UUID]:
         return list(self.database.leases)
+
+    @contextmanager
+    def hold(self, *pks: int) -> Iterator[None]:
+        """An application's transaction holding these job rows until the block ends."""
+        self.database.held_rows.update(pks)
+        try:
+            yield
+        finally:
+            self.database.held_rows.difference_update(pks)
 
     def lapse(self, lease_id: uuid.UUID, *, seconds_ago: float = 1.0) -> None:
         self.database.leases[lease_id].expires_at = self.now() - timedelta(seconds=seconds_ago)

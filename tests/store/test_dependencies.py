@@ -3,7 +3,6 @@ statement, the failure policies, Job Output and tag deltas."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import psycopg
@@ -173,21 +172,20 @@ def test_releasing_a_fan_out_of_10000_is_one_statement(store, lease, rows):
 
 @pytest.mark.stores("postgres")
 def test_an_enqueue_committing_while_its_ancestor_is_written_is_still_released(store, lease, rows):
-    """The race lock_outcome_jobs closes: the enqueue holds its ancestor FOR SHARE until its
-    transaction commits; the outcome write waits for it, then sees the new dependent."""
-    (ancestor_id,) = store.enqueue_many([new()])
-    (ancestor,) = claim(store, lease)
+    """The enqueue's transaction, still open, has the ancestor's row: the outcome write waits for
+    nothing, it comes back busy; written again once the enqueue committed, it sees the new
+    dependent and releases it."""
+    (ancestor_id, other_id) = store.enqueue_many([new(), new()])
+    ancestor, other = claim(store, lease)
     params = {**PostgresStore.from_django()._connect_params, "autocommit": False}
     with psycopg.connect(**params) as enqueuer:
         with enqueuer.cursor() as cursor:
             (dependent,) = insert_jobs(cursor, [new(after=[After(job_id=ancestor_id)])])
-        writer = threading.Thread(target=lambda: store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)]))
-        writer.start()
-        writer.join(timeout=0.5)
-        assert writer.is_alive()  # waiting for the enqueue's commit
+        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor), outcome(other)])
+        assert applied == {other_id} and applied.busy == {ancestor_id}
         enqueuer.commit()
-    writer.join(timeout=10)
-    assert not writer.is_alive()
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)])
+    assert applied == {ancestor_id} and applied.released == 1
     assert rows.states([ancestor_id, dependent]) == {ancestor_id: "succeeded", dependent: "ready"}
 
 
@@ -267,8 +265,7 @@ def _statements_sent(store, monkeypatch) -> list[list[str]]:
 
 @pytest.mark.stores("postgres")
 def test_the_outcomes_of_jobs_nobody_waits_for_are_written_without_a_lock_or_settling(store, lease, rows, monkeypatch):
-    """lock_outcome_jobs and the settling CTEs cost a batch of plain jobs a statement and a probe
-    of the dependency table per ended job (15 us a job of the server's time in the throughput
+    """The settling CTEs cost a batch of plain jobs a probe of the dependency table per ended job (15 us a job of the server's time in the throughput
     benchmark): a batch none of whose jobs had dependents when claimed is one plain statement."""
     store.enqueue_many([new(), new(), new()])
     jobs = claim(store, lease)
@@ -280,15 +277,13 @@ def test_the_outcomes_of_jobs_nobody_waits_for_are_written_without_a_lock_or_set
 
 
 @pytest.mark.stores("postgres")
-def test_an_ancestor_claimed_with_its_dependents_is_written_behind_the_lock_and_settles(store, lease, rows, monkeypatch):
+def test_an_ancestor_claimed_with_its_dependents_is_written_by_the_settling_write(store, lease, rows, monkeypatch):
     (ancestor_id, dependent_id) = store.enqueue_many([new(), new(after=[After(position=0)])])
     (ancestor,) = claim(store, lease)
     sent = _statements_sent(store, monkeypatch)
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)])
     assert applied == {ancestor_id} and applied.released == 1
-    assert [[name for name in trip if name != "set_transaction_settings"] for trip in sent] == [
-        ["lock_outcome_jobs", "write_outcomes_many"]
-    ]
+    assert [[name for name in trip if name != "set_transaction_settings"] for trip in sent] == [["write_outcomes_many"]]
     assert rows.states([ancestor_id, dependent_id]) == {ancestor_id: "succeeded", dependent_id: "ready"}
 
 
@@ -304,7 +299,7 @@ def test_a_dependent_enqueued_while_its_ancestor_ran_is_released_by_a_second_wri
     assert applied == {ancestor_id, other_id} and applied.released == 1
     assert [[name for name in trip if name != "set_transaction_settings"] for trip in sent] == [
         ["write_outcomes_plain"],
-        ["lock_outcome_jobs", "write_outcomes_many"],
+        ["write_outcomes_many"],
     ]
     assert rows.states([ancestor_id, other_id, dependent_id]) == {
         ancestor_id: "succeeded",
