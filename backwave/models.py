@@ -253,10 +253,10 @@ class Job(models.Model):
     # Ancestors (Dependency rows) that have not succeeded yet: the dependent is ready when this
     # reaches 0, in the same statement that applies its last ancestor's success.
     waiting_on = models.IntegerField(default=0, db_default=0, help_text="Ancestors this job still waits for.")
-    # Set, for good, by the enqueue of the first job that waits for this one (in the same
-    # transaction as its Dependency row). The outcome write of a job without it needs no lock
-    # beforehand and settles nothing; and since the enqueue updates the row, a write racing it
-    # sees the flag and leaves the job to the write that settles (see write_outcomes_plain).
+    # Set, for good, at the commit of an enqueue of a job that waits for this one (migration
+    # 0022's deferred trigger; in the batch that inserts both, at the insert). The outcome write
+    # of a job without it settles nothing; the commit updates the row, so a write racing it finds
+    # the row changed and passes it over (busy) to a write that settles (see write_outcomes_plain).
     has_dependents = models.BooleanField(default=False, db_default=False, help_text="Some job waits for this one.")
     reason = models.TextField(
         blank=True,

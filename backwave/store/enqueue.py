@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from psycopg.pq import TransactionStatus
 
-from .contract import Inserted, NewJob
+from .contract import NOTHING_OBSERVED, Inserted, NewJob
 from .params import inserted_from_rows, run_enqueue
 from .queries import QUERIES
 
@@ -22,8 +22,9 @@ def insert_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[in
     return [inserted.id for inserted in enqueue_jobs(cursor, jobs, hint=hint)]
 
 
-def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[Inserted]:
-    """insert_jobs, saying for each job whether it was a duplicate and of what."""
+def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True, observed: str = NOTHING_OBSERVED) -> list[Inserted]:
+    """insert_jobs, saying for each job whether it was a duplicate and of what. ``observed``: the
+    transitions observers watch, noted for a dependent its ancestor's end cancels at the commit."""
     if not jobs:
         return []
 
@@ -31,7 +32,7 @@ def enqueue_jobs(cursor, jobs: Sequence[NewJob], *, hint: bool = True) -> list[I
         cursor.execute(QUERIES[name], params)
         return cursor.fetchall()
 
-    name, rows = run_enqueue(execute, jobs, hint=hint)
+    name, rows = run_enqueue(execute, jobs, hint=hint, observed=observed)
     restore_caller_settings(cursor, name, rows)
     return inserted_from_rows(name, rows)
 

@@ -107,9 +107,10 @@ def is_refused_heartbeat(error: StoreError) -> bool:
 # -- enqueue ---------------------------------------------------------------------------------------
 
 
-def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[str, Any]]:
+def insert_statement(jobs: Sequence[NewJob], *, hint: bool, observed: str = NOTHING_OBSERVED) -> tuple[str, dict[str, Any]]:
     """The enqueue's statement and parameters: enqueue_many, or enqueue_with_dependencies when
-    a job of the batch waits for others (the plain batch keeps the plain statement)."""
+    a job of the batch waits for others (the plain batch keeps the plain statement; ``observed``:
+    the transitions observers watch, for a dependent cancelled at the commit)."""
     if not any(job.after for job in jobs):
         return enqueue_statement(jobs), insert_jobs_params(jobs, hint=hint)
     if any(job.unique_key is not None for job in jobs):
@@ -124,7 +125,7 @@ def insert_statement(jobs: Sequence[NewJob], *, hint: bool) -> tuple[str, dict[s
             }
             for edge in job.after
         ]
-    return "enqueue_with_dependencies", {"jobs": json.dumps(rows), "hint": hint}
+    return "enqueue_with_dependencies", {"jobs": json.dumps(rows), "hint": hint, "observed": observed}
 
 
 # How many statements a unique enqueue sends at most: each one after the first is for keys that
@@ -134,12 +135,12 @@ MAX_UNIQUE_ROUNDS = 16
 
 
 def run_enqueue(
-    execute: Callable[[str, dict[str, Any]], list[tuple]], jobs: Sequence[NewJob], *, hint: bool
+    execute: Callable[[str, dict[str, Any]], list[tuple]], jobs: Sequence[NewJob], *, hint: bool, observed: str = NOTHING_OBSERVED
 ) -> tuple[str, list[tuple]]:
     """Run the enqueue statement for ``jobs`` through ``execute(name, params) -> rows``: one
     statement, and for a unique batch one more for each round of keys the last one could not
     settle (their rows replace the unsettled ones). The statement's name and rows, in input order."""
-    name, params = insert_statement(jobs, hint=hint)
+    name, params = insert_statement(jobs, hint=hint, observed=observed)
     rows = execute(name, params)
     if name != "enqueue_unique_many":
         return name, rows

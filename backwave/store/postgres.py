@@ -507,7 +507,7 @@ class PostgresStore:
         """Insert jobs in one statement; returns their ids in input order."""
         if not jobs:
             return []
-        return inserted_ids(*run_enqueue(self._execute, jobs, hint=True))
+        return inserted_ids(*run_enqueue(self._execute, jobs, hint=True, observed=self.observed))
 
     # -- transition observers -------------------------------------------------------------------
 

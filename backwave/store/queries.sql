@@ -584,7 +584,8 @@ WITH lease AS MATERIALIZED (
 -- a snooze, which make it ready again) settles the job's dependents
 -- (settle_dependents, included below): a dependent whose last ancestor succeeded here is ready
 -- when this statement commits. A dependency committed on one of these jobs after this
--- statement's snapshot changed the job's row (enqueue_with_dependencies flags it), so that
+-- statement's snapshot changed the job's row (backwave_settle_new_dependent, migration 0022,
+-- flags it at the enqueue's commit), so that
 -- job is busy here (see "taken"), and written by a later statement that sees the dependency.
 -- The count of dependents made ready rides on every returned row; busy ones come back as rows
 -- of their own (busy true), neither applied nor refused.
@@ -617,12 +618,16 @@ SELECT b.id, 0, true FROM busy AS b
 -- write_outcomes_many for a batch none of whose jobs had dependents when claimed (the store
 -- knows from the claim's has_dependents): no settling, so no probe of the dependency table. The
 -- fence has one more condition, NOT has_dependents: a dependent enqueued while the job ran
--- flagged it (enqueue_with_dependencies; committed since this statement's
+-- flagged it (backwave_settle_new_dependent, at the enqueue's commit; committed since this statement's
 -- snapshot, the job is busy here), so such a job is left as this statement found it. The store
 -- then writes the outcomes neither applied nor busy here with write_outcomes_many (a refused one
 -- is refused again: the same fence). "released" is always 0.
 WITH {{outcome_applied}}
       AND NOT j.has_dependents
+      -- A dependent enqueued in the writer's own transaction (the test pump's, in a test's
+      -- transaction that never commits, so the trigger never flags the job): one probe of the
+      -- ancestor index.
+      AND NOT EXISTS (SELECT FROM backwave_dependency AS d WHERE d.ancestor_id = j.id)
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
               o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key
 ), {{outcome_noted}}, {{outcome_overran}}, logged AS (
@@ -668,7 +673,7 @@ lease AS MATERIALIZED (
     -- over, so one held row never holds the batch. So is a row changed since the snapshot (the
     -- lock is then taken on its newer version, which READ COMMITTED returns): this statement
     -- would not see what committed with that change, such as a dependent enqueued after= the
-    -- job (see enqueue_with_dependencies). Both are "busy": not written, the
+    -- job (see backwave_settle_new_dependent, migration 0022). Both are "busy": not written, the
     -- writer sends them again, and a new statement then sees what the holder committed.
     SELECT j.id, j.xmin AS version
     FROM backwave_job AS j
@@ -1726,12 +1731,15 @@ SELECT inserted.id, inserted.enqueued_at FROM inserted CROSS JOIN hinted ORDER B
 -- enqueue_many for a batch in which some job waits for others (after=, a chain, a group, a
 -- DAG): the jobs and their dependency rows in one statement, or nothing at all. Each job's
 -- "after" is a JSON array of {job, pos, on_failure}: an existing job's id, or the 1-based
--- position of a job of this batch (the caller has refused cycles). An existing ancestor is
--- locked FOR SHARE, in id order, until the enqueuing transaction commits, and flagged
--- has_dependents: a worker writing its outcome meanwhile waits for the commit (lock_outcome_jobs,
--- or the flag's update for write_outcomes_plain) and then sees this dependent, and one that
--- wrote first is read here as it ended. A job waits (state waiting, waiting_on =
--- ancestors not yet succeeded) or, when every ancestor has already succeeded, is ready.
+-- position of a job of this batch (the caller has refused cycles). An existing ancestor is read
+-- without a lock (beyond the foreign key's FOR KEY SHARE, which no engine statement conflicts
+-- with: they all change no key): the enqueuing transaction may stay open for as long as its
+-- caller likes, and a running ancestor's row is the engine's to write meanwhile. An ancestor
+-- that ends between this read and the commit is settled at the commit, by the deferred trigger
+-- backwave_settle_new_dependent (migration 0022), which also flags it has_dependents; the
+-- observers it notes a cancelled dependent's transition for are this statement's (set as
+-- backwave.observed for the transaction). A job waits (state waiting, waiting_on = ancestors
+-- not yet succeeded) or, when every ancestor has already succeeded, is ready.
 -- Refused, with nothing inserted: an ancestor id that names no job ("refused" returns it with a
 -- NULL state) and one that already failed, was cancelled or quarantined when its dependency's
 -- on_failure is not "run" (returned with its state: a dependent cancelled or held at birth is a
@@ -1763,23 +1771,12 @@ WITH {{key_lookups_by_index}}, given AS MATERIALIZED (
     SELECT j.id, j.state
     FROM backwave_job AS j
     WHERE j.id IN (SELECT w.ancestor_id FROM wanted AS w WHERE w.ancestor_id IS NOT NULL)
-    ORDER BY j.id
-    FOR SHARE OF j
 ), refused AS MATERIALIZED (
     SELECT DISTINCT w.ancestor_id, a.state
     FROM wanted AS w
     LEFT JOIN ancestors AS a ON a.id = w.ancestor_id
     WHERE w.ancestor_id IS NOT NULL
       AND (a.id IS NULL OR (a.state IN ('failed', 'cancelled', 'quarantined') AND w.on_failure <> 'run'))
-), flagged AS (
-    -- An update, not only the lock, and even of a row flagged already: a new row version, so an
-    -- outcome write whose snapshot is older than this commit finds the row changed and leaves
-    -- it busy, to a later statement that sees the new dependent (see "taken" in
-    -- outcome_applied). Once set, never cleared.
-    UPDATE backwave_job AS j
-    SET has_dependents = true
-    FROM ancestors AS a
-    WHERE j.id = a.id AND NOT EXISTS (SELECT FROM refused)
 ), waits AS (
     SELECT w.job_position,
            count(*) FILTER (WHERE w.ancestor_position IS NOT NULL
@@ -1820,6 +1817,7 @@ WITH {{key_lookups_by_index}}, given AS MATERIALIZED (
 )
 SELECT n.id, NULL::bigint AS refused_id, NULL::text AS refused_state, k.enable_seqscan, n.state, n.enqueued_at
 FROM numbered AS n CROSS JOIN hinted CROSS JOIN checked AS k
+CROSS JOIN (SELECT set_config('backwave.observed', %(observed)s, true)) AS watching
 UNION ALL
 SELECT NULL, r.ancestor_id, r.state, k.enable_seqscan, NULL, NULL FROM refused AS r CROSS JOIN checked AS k
 ORDER BY 1, 2

@@ -44,7 +44,7 @@ from django.utils.module_loading import import_string
 
 from .. import conf
 from ..queue_rules import QUEUE_NAME_RULE, is_queue_name
-from ..store.contract import After, DependencyRefused, NewJob
+from ..store.contract import NOTHING_OBSERVED, After, DependencyRefused, NewJob
 from ..store.enqueue import enqueue_jobs
 from ..tracing import enqueue_trace_context
 from .payload import encode_payload
@@ -182,7 +182,9 @@ class BackWaveBackend(BaseTaskBackend):
             jobs.append(job)
         with connections[self.database].cursor() as cursor:
             try:
-                inserted = enqueue_jobs(cursor, jobs)
+                inserted = enqueue_jobs(
+                    cursor, jobs, observed=_observed() if any(job.after for job in jobs) else NOTHING_OBSERVED
+                )
             except DependencyRefused as refused:
                 from .workflow import InvalidDependency
 
@@ -349,6 +351,14 @@ class BackWaveBackend(BaseTaskBackend):
                 obj=self.alias,
                 id="backwave.E107",
             )
+
+
+def _observed() -> str:
+    """The transitions this process's observers watch (a dependent cancelled at an enqueue's
+    commit notes its transition for them, as a worker's outcome write would)."""
+    from ..observers import discovered
+
+    return discovered().observed
 
 
 def _engine_vendor(engine: str) -> str | None:

@@ -88,7 +88,7 @@ class DjangoConnectionStore(PostgresStore):
                 cursor.execute(_statement(name), self._with_clock(params))
                 return cursor.fetchall()
 
-            name, rows = run_enqueue(execute, jobs, hint=False)
+            name, rows = run_enqueue(execute, jobs, hint=False, observed=self.observed)
             # Inside atomic(): in a test's transaction the statement's SET LOCAL would outlive it.
             restore_caller_settings(cursor, name, rows)
         return inserted_ids(name, rows)

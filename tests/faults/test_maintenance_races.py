@@ -78,7 +78,7 @@ def test_3_a_job_finishing_while_its_lease_is_expired_is_not_resurrected(start_w
     write = raw_connection()
     outcome = OutcomeRecord(job_id=job_a, attempt=1, kind=OutcomeKind.SUCCEEDED, return_value="done")
     applied = write.execute(QUERIES["write_outcomes_many"], outcome_params(lease_a, [outcome])).fetchall()
-    assert applied == [(job_a, 0)]  # (job id, dependents released)
+    assert applied == [(job_a, 0, False)]  # (job id, dependents released, busy)
     lapse(lease_a)  # the lease lapses while the write is still open
     lapse(canary)  # a lapsed lease nobody holds: proof that maintenance runs meanwhile
     wait_until(

@@ -3,7 +3,12 @@ statement, the failure policies, Job Output and tag deltas."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -12,7 +17,7 @@ from django.db import connection
 from backwave.core.jobs import OutcomeKind
 from backwave.store import operator
 from backwave.store.contract import After, DependencyRefused, NewJob, OutcomeRecord
-from backwave.store.enqueue import insert_jobs
+from backwave.store.enqueue import enqueue_jobs, insert_jobs
 from backwave.store.postgres import PostgresStore
 
 PAYLOAD = {"args": [], "kwargs": {}}
@@ -170,23 +175,96 @@ def test_releasing_a_fan_out_of_10000_is_one_statement(store, lease, rows):
     assert rows.count("ready") == 10_000 and rows.count("waiting") == 0
 
 
+@contextmanager
+def enqueuing() -> Iterator[psycopg.Cursor]:
+    """An application's transaction on a session of its own, committed at the end of the block."""
+    params = {**PostgresStore.from_django()._connect_params, "autocommit": False}
+    with psycopg.connect(**params) as session, session.cursor() as cursor:
+        yield cursor
+        session.commit()
+
+
 @pytest.mark.stores("postgres")
-def test_an_enqueue_committing_while_its_ancestor_is_written_is_still_released(store, lease, rows):
-    """The enqueue's transaction, still open, has the ancestor's row: the outcome write waits for
-    nothing, it comes back busy; written again once the enqueue committed, it sees the new
-    dependent and releases it."""
+def test_an_ancestor_that_succeeds_while_the_enqueue_is_open_releases_its_dependent_at_the_commit(store, lease, rows):
+    """The enqueue locks nothing the outcome write waits for (it writes at once, not busy); the
+    dependent it could not see is settled when the enqueue commits."""
     (ancestor_id, other_id) = store.enqueue_many([new(), new()])
     ancestor, other = claim(store, lease)
-    params = {**PostgresStore.from_django()._connect_params, "autocommit": False}
-    with psycopg.connect(**params) as enqueuer:
-        with enqueuer.cursor() as cursor:
-            (dependent,) = insert_jobs(cursor, [new(after=[After(job_id=ancestor_id)])])
+    with enqueuing() as cursor:
+        (dependent,) = insert_jobs(cursor, [new(after=[After(job_id=ancestor_id)])])
         applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor), outcome(other)])
-        assert applied == {other_id} and applied.busy == {ancestor_id}
-        enqueuer.commit()
+        assert applied == {ancestor_id, other_id} and not applied.busy and applied.released == 0
+        assert rows.states([dependent]) == {}  # not committed yet
+    assert rows.states([ancestor_id, dependent]) == {ancestor_id: "succeeded", dependent: "ready"}
+    assert rows.job(ancestor_id).has_dependents
+
+
+@pytest.mark.stores("postgres")
+def test_an_ancestor_that_fails_while_the_enqueue_is_open_cancels_its_dependents_at_the_commit(make_store, lease, rows):
+    """Its dependent is cancelled, with its 'cancelled' transition for the observers the enqueue
+    named, and the batch's own dependent of that dependent with it."""
+    store = make_store()
+    (ancestor_id,) = store.enqueue_many([new()])
+    (ancestor,) = claim(store, lease)
+    watched = json.dumps([{"kind": "cancelled", "task_path": None, "queue": None, "observer": "tests.watch"}])
+    with enqueuing() as cursor:
+        first, second, held = enqueue_jobs(
+            cursor,
+            [
+                new(after=[After(job_id=ancestor_id)]),
+                new(after=[After(position=0)]),
+                new(after=[After(job_id=ancestor_id, on_failure="hold")]),
+            ],
+            observed=watched,
+        )
+        store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor, OutcomeKind.FAILED)])
+    ids = [first.id, second.id, held.id]
+    assert rows.states(ids) == {first.id: "cancelled", second.id: "cancelled", held.id: "held"}
+    assert rows.job(first.id).reason == f"Cancelled: ancestor #{ancestor_id} failed."
+    assert rows.job(second.id).reason == f"Cancelled: ancestor #{first.id} was cancelled."
+    assert rows.job(held.id).reason.startswith(f"Held: ancestor #{ancestor_id} failed.")
+    noted = {(t.job_id, t.kind, tuple(t.observers)) for t in rows.transitions()}
+    assert noted == {(first.id, "cancelled", ("tests.watch",)), (second.id, "cancelled", ("tests.watch",))}
+
+
+@pytest.mark.stores("postgres")
+def test_an_outcome_whose_snapshot_is_older_than_the_enqueues_commit_is_busy_and_written_again(make_store, lease, rows):
+    """The commit changed the ancestor's row after the write's snapshot was taken: the write
+    passes it over rather than end it without seeing the dependent, and the next write settles
+    it. The write is held between its snapshot and its job rows by a lock on its lease row (the
+    first row it takes)."""
+    store = make_store(lock_timeout=30)
+    (ancestor_id,) = store.enqueue_many([new()])
+    (ancestor,) = claim(store, lease)
+    answers = []
+    params = {**PostgresStore.from_django()._connect_params, "autocommit": False}
+    with psycopg.connect(**params) as blocker:
+        blocker.execute("SELECT id FROM backwave_lease WHERE id = %s FOR UPDATE", [lease.id])
+        writer = threading.Thread(
+            target=lambda: answers.append(store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)]))
+        )
+        writer.start()
+        wait_until_waiting(store.backend_pid)
+        with enqueuing() as cursor:
+            (dependent,) = insert_jobs(cursor, [new(after=[After(job_id=ancestor_id)])])
+        blocker.rollback()
+    writer.join(timeout=30)
+    ((first,),) = [answers]
+    assert first == set() and first.busy == {ancestor_id}
     applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(ancestor)])
     assert applied == {ancestor_id} and applied.released == 1
     assert rows.states([ancestor_id, dependent]) == {ancestor_id: "succeeded", dependent: "ready"}
+
+
+def wait_until_waiting(pid: int) -> None:
+    """Return once backend ``pid`` waits for a lock (pg_locks, read on a side connection)."""
+    params = {**PostgresStore.from_django()._connect_params, "autocommit": True}
+    with psycopg.connect(**params) as side:
+        for _ in range(3000):
+            if side.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", [pid]).fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited for a lock")
 
 
 def test_retention_keeps_an_ancestor_while_a_dependent_may_still_read_its_output(store, rows):
