@@ -66,9 +66,10 @@ def test_3_a_job_finishing_while_its_lease_is_expired_is_not_resurrected(start_w
     (a) a fenced outcome write is in flight (holding its lease row) when the lease lapses:
         expiry skips that lease while the write holds it; the write commits the outcome, and the
         next expiry deletes the lease and finds nothing running under it;
-    (b) expiry has already picked and deleted the lapsed lease when the job row it is about to
-        release is locked by a transaction that finishes the job: expiry waits for it, re-checks
-        ``state = 'running'`` on the committed row, and leaves the finished job alone."""
+    (b) the job row expiry is about to release is locked by a transaction that finishes the job:
+        expiry does not wait for it (nor for any row another transaction holds), it keeps the
+        lease, lapsed; once the finish commits, the next expiry finds nothing running under it,
+        deletes the lease and leaves the finished job alone."""
     maintainer = start_worker("--queues", "faults", *FAST)
     wait_until(lambda: "BackWave worker started" in maintainer.output, what="the maintainer starting", workers=[maintainer])
 
@@ -103,8 +104,14 @@ def test_3_a_job_finishing_while_its_lease_is_expired_is_not_resurrected(start_w
         "UPDATE backwave_job SET state = 'succeeded', lease_id = NULL, finished_at = now(), return_value = '\"finished\"' WHERE id = %s",
         [job_b],
     )
+    canary_b, _ = running_job_under_a_lease(duration=60)
     lapse(lease_b)
-    wait_until(maintenance_blocked_on_a_row_lock, what="expiry waiting on the finishing job's row", workers=[maintainer])
+    lapse(canary_b)
+    wait_until(
+        lambda: not Lease.objects.filter(id=canary_b).exists(), what="maintenance expiring the canary lease", workers=[maintainer]
+    )
+    assert Lease.objects.filter(id=lease_b).exists(), "expiry must keep a lease whose job row another transaction holds"
+    assert not maintenance_blocked_on_a_row_lock(), "expiry never waits for a job row"
     completion.commit()
     completion.close()
     wait_until(lambda: not Lease.objects.filter(id=lease_b).exists(), what="expiry finishing", workers=[maintainer])
