@@ -54,7 +54,8 @@ def raw_connection() -> psycopg.Connection:
 
 def maintenance_blocked_on_a_row_lock() -> bool:
     rows = sql(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'backwave' AND wait_event_type = 'Lock' AND query LIKE %s",
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'backwave' "
+        "AND wait_event_type = 'Lock' AND query LIKE %s",
         ["%backwave_lease%expires_at < now()%"],
     )
     return rows[0][0] > 0

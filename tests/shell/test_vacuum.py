@@ -151,7 +151,9 @@ def test_a_lost_session_is_opened_again_and_the_thread_goes_on(cleaners, caplog)
     cleaner = cleaners(after=1_000)
     cleaner._session.changes()  # connected
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'backwave-vacuum'")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'backwave-vacuum' AND datname = current_database()"
+        )
     Job.objects.bulk_create(JobFactory.build_batch(1_500, queue=QUEUE))
     _flush_statistics()
     caplog.set_level(logging.WARNING, logger="backwave.maintenance")
