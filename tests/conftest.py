@@ -74,3 +74,36 @@ def sql_flush_of_written_tables(self, style, tables, *, reset_sequences=False, a
 
 def pytest_configure(config):
     DatabaseOperations.sql_flush = sql_flush_of_written_tables
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """bin/test's ``--dist loadscope`` with tests/userproject as one scope: its modules share one
+    built wheel and virtualenv (a session fixture), and two builds at once would write the same
+    egg-info in the checkout. Every other module is a scope of its own, as loadscope has it."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UserProjectAsOneScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/userproject" if nodeid.startswith("tests/userproject/") else super()._split_scope(nodeid)
+
+    return UserProjectAsOneScope(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config, report):
+    """A report as pytest-xdist's worker sends it, with any lone surrogate escaped: tests of
+    unstorable values log text that holds one, and UTF-8 (the channel's) cannot carry it."""
+    return _escaped_surrogates((yield))
+
+
+def _escaped_surrogates(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _escaped_surrogates(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_escaped_surrogates(item) for item in value)
+    return value
