@@ -58,6 +58,9 @@ class NodeDriver:
         self._slots = Slots(options, self._outcomes)
         self._lease = LeaseClock(options, self._ledger)
         self._drain = Drain(self._ledger, self._slots)
+        # Jobs a release passed over (another transaction held their rows; ******** in the
+        # transition table), by id: when to give them back again.
+        self._releases_again: dict[int, float] = {}
 
     # ---- what the shell may ask -------------------------------------------------------------
 
@@ -106,6 +109,8 @@ class NodeDriver:
             deadlines.append(attempt_deadline)
         if (forget_due := self._overruns.next_due()) is not None:
             deadlines.append(forget_due)
+        if self._releases_again:
+            deadlines.append(min(self._releases_again.values()))
         return min(deadlines)
 
     @property
@@ -315,7 +320,27 @@ class NodeDriver:
             raise InvalidEvent(event, self.state, f"the store gave back attempts this pump holds: {sorted(given_back_held)}")
         self._claims.reconciled()
         self.stats.reconciled += len(event.released)
+        self._release_again_later(event.busy, event.now)
         return self._claim(event.now) if self.state is State.RUNNING else []
+
+    def _on_jobs_released(self, event: ev.JobsReleased) -> list[cmd.Command]:
+        self._release_again_later(event.busy, event.now)
+        return []
+
+    def _release_again_later(self, busy: frozenset[int], now: float) -> None:
+        if busy and self.lease_id is not None:
+            due = now + self.options.poll_interval
+            self._releases_again.update(dict.fromkeys(busy, due))
+
+    def _release_again(self, now: float) -> list[cmd.Command]:
+        """ReleaseJobs of the busy releases now due (******** in the transition table)."""
+        due = tuple(sorted(job_id for job_id, at in self._releases_again.items() if at <= now))
+        if not due or self.lease_id is None:
+            return []
+        for job_id in due:
+            del self._releases_again[job_id]
+        self.stats.released_again += 1
+        return [cmd.ReleaseJobs(lease_id=self.lease_id, job_ids=due)]
 
     def _on_overruns_forgotten(self, event: ev.OverrunsForgotten) -> list[cmd.Command]:
         self._overruns.forgotten()
@@ -389,6 +414,7 @@ class NodeDriver:
             return self._lose_lease(now)
         commands += self._end_overdue(now)
         commands += self._forget_overruns(now)  # after a failed one
+        commands += self._release_again(now)
         if self.state is State.DRAINING:
             commands += self._drain_step(now)
         elif now >= self._claims.next_poll:
@@ -516,6 +542,7 @@ class NodeDriver:
         if drop_buffer:
             self._outcomes.clear()
         self._claims.lease_lost()
+        self._releases_again.clear()  # they go with the lease
         self._ledger.lease_lost(STALE_TOLERANT)
 
     # The fault hooks (tests/faults/hooks.py) replace this method and set the attribute below.
@@ -548,7 +575,7 @@ _HANDLERS = {
     ev.PumpsPurged: NodeDriver._on_nothing_to_do,
     ev.TaskStatsPurged: NodeDriver._on_nothing_to_do,
     ev.TablesAnalyzed: NodeDriver._on_nothing_to_do,
-    ev.JobsReleased: NodeDriver._on_nothing_to_do,
+    ev.JobsReleased: NodeDriver._on_jobs_released,
     ev.LeaseReleased: NodeDriver._on_lease_released,
     ev.OverrunsForgotten: NodeDriver._on_overruns_forgotten,
     ev.LeaseReconciled: NodeDriver._on_lease_reconciled,

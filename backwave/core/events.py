@@ -151,16 +151,20 @@ class TaskStatsPurged(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobsReleased(Event):
-    """Jobs the driver gave back are ready again."""
+    """Jobs the driver gave back are ready again; ``busy`` ones were passed over (another
+    transaction held their rows) and still run under the lease."""
 
     released: frozenset[int]
+    busy: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseReconciled(Event):
-    """Attempts that ran under the lease unknown to the driver were given back: (job id, attempt)."""
+    """Attempts that ran under the lease unknown to the driver were given back: (job id, attempt).
+    ``busy``: the ids of such jobs passed over (another transaction held their rows)."""
 
     released: frozenset[tuple[int, int]]
+    busy: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

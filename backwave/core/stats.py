@@ -21,3 +21,4 @@ class DriverStats:
     reconciled: int = 0  # jobs a lost claim reply had left under the lease, given back
     released: int = 0  # dependents this pump's outcome writes made ready
     busy: int = 0  # outcomes a write came back with because another transaction held their row
+    released_again: int = 0  # ReleaseJobs sent again of jobs a release passed over (rows held)

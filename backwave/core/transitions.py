@@ -72,7 +72,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | abandon all (their slots stay taken until their     |
                       |                  | handlers return; jobs claimed ahead are dropped and |
                       |                  | lapse with the lease), OpenLease                    |
-    RUNNING, DRAINING | JobsReleased     | nothing to do                                       | same
+    RUNNING, DRAINING | JobsReleased     | its busy jobs (********): ReleaseJobs of them again | same
+                      |                  | after poll_interval, on a tick                      |
     RUNNING, DRAINING | OverrunsForgotten| handlers that returned meanwhile: ForgetOverruns    | same
     RUNNING           | StoreFailed      | undo the command's bookkeeping, retry on a tick     | RUNNING
                       |                  | after a jittered backoff that doubles per fault in  |
@@ -82,7 +83,8 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | does it after a failed ReleaseJobs (its jobs still  |
                       |                  | run under the lease, held by no one); a failed      |
                       |                  | ForgetOverruns: its attempts wait for it            |
-    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free)       | RUNNING
+    RUNNING           | LeaseReconciled  | the claim that waited for it: ClaimJobs(free); its  | RUNNING
+                      |                  | busy jobs (********) as JobsReleased's              |
     RUNNING           | DrainRequested   | stop claiming; jobs claimed ahead: ReleaseJobs      | DRAINING
     any*              | JobFinished      | of an abandoned attempt: no outcome; its slot       | same
                       |                  | reopens (a poll or a write's claim uses it, or the  |
@@ -106,7 +108,7 @@ Lifecycle states, the events each accepts, and what each accepted event does::
                       |                  | busy outcomes are retried until the deadline        |
     DRAINING          | ClaimReturned    | ReleaseJobs of what it claimed                      | DRAINING
     DRAINING          | LeaseRenewed     | held: its cancels, as in RUNNING; lost: give up     | STOPPED
-    DRAINING          | LeaseReconciled  | nothing to claim                                    | DRAINING
+    DRAINING          | LeaseReconciled  | nothing to claim; its busy jobs as JobsReleased's   | DRAINING
     DRAINING          | LeaseReleased    | the abandoned handlers keep their slots             | STOPPED
     DRAINING          | StoreFailed      | on the release, or past the deadline: give up, the  | STOPPED
                       |                  | lease lapses and maintenance frees the rest         |
@@ -154,6 +156,12 @@ Lifecycle states, the events each accepts, and what each accepted event does::
        it waits in the buffer, still holding its slot, and goes in the first write after
        poll_interval (a Tick then sends it when nothing else does). Draining, a busy outcome still
        held at the deadline is given up with the lease (ReleaseLease).
+    ******** busy releases: jobs a ReleaseJobs or a ReconcileLease passed over because another
+       transaction held their rows come back busy in its answer. They still run under the live
+       lease, held by no one and never executed (the heartbeat keeps that lease), so the driver
+       sends ReleaseJobs of them again on the first tick past poll_interval, until an answer
+       has none busy. No claim waits for them (the driver knows which jobs they are); a lost
+       lease, a self-fence or a drain's end forgets them: they go with the lease.
     any*: every state but NEW.
 
 Stale results: a lost lease, a self-fence or a drain's end leaves the results of commands sent

@@ -143,7 +143,8 @@ def _released(applied) -> int:
 
 
 def _busy(applied) -> frozenset[int]:
-    """The outcomes a write passed over for rows another transaction held (none from a plain set)."""
+    """The jobs a write or release passed over for rows another transaction held (none from a
+    plain set)."""
     return getattr(applied, "busy", frozenset())
 
 
@@ -394,13 +395,13 @@ class Executor:
                         self.worker_id,
                         len(released),
                     )
-                return ev.LeaseReconciled(now=self._clock(), released=frozenset(released))
+                return ev.LeaseReconciled(now=self._clock(), released=frozenset(released), busy=_busy(released))
             case cmd.ForgetOverruns():
                 forgotten = store.forget_overruns(lease_id=command.lease_id, attempts=command.attempts)
                 return ev.OverrunsForgotten(now=self._clock(), forgotten=forgotten)
             case cmd.ReleaseJobs():
                 released = store.release_jobs_many(lease_id=command.lease_id, job_ids=command.job_ids)
-                return ev.JobsReleased(now=self._clock(), released=frozenset(released))
+                return ev.JobsReleased(now=self._clock(), released=frozenset(released), busy=_busy(released))
             case cmd.ReleaseLease():
                 released = store.release_lease(lease_id=command.lease_id)
                 if released:

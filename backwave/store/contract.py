@@ -183,6 +183,16 @@ class Applied(set):
         )
 
 
+class Released(set):
+    """What release_jobs_many and reconcile_lease return: what they gave back, and ``busy``, the
+    ids of the jobs they passed over because another transaction held their rows (still running
+    under the lease, held by no one: the caller gives them back again later)."""
+
+    def __init__(self, given=(), busy: Iterable[int] = ()):
+        super().__init__(given)
+        self.busy = frozenset(busy)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionRecord:
     """A transition row as claim_transitions returns it, claimed for one delivery pass."""
@@ -367,15 +377,16 @@ class Store(Protocol):
         round-trip per batch. When the server refuses the write for a row's data, the outcomes
         are written as write_outcomes_many isolates them, and the claim runs after them."""
 
-    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
+    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> Released:
         """Give unfinished jobs back (ready, due now, attempt refunded, suspect unchanged), fenced
-        like outcomes."""
+        like outcomes; returns their ids, and as ``busy`` those passed over (rows held)."""
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> Released:
         """Give back (ready, due now, attempt refunded) every job running under the lease whose
         (id, attempt) is not in ``known``: what a claim whose answer was lost may have left there,
         a later attempt of a job the caller holds at an earlier one included. Returns the (id,
-        attempt) pairs given back, the attempt as it was running."""
+        attempt) pairs given back, the attempt as it was running, and as ``busy`` the ids of
+        such jobs passed over (rows held)."""
 
     def expire_leases(self, *, limit: int) -> int:
         """Delete up to ``limit`` leases whose expiry passed (database clock) and release their

@@ -64,6 +64,7 @@ from .contract import (
     OutcomeRecord,
     ProgressReport,
     PumpHealth,
+    Released,
     ScheduleDefinition,
     ScheduleSlot,
     StoreError,
@@ -491,17 +492,23 @@ class PostgresStore:
         job_ids, numbers = zip(*attempts)
         return self._execute("forget_overruns", {"lease_id": lease_id, "job_ids": list(job_ids), "attempts": list(numbers)})[0][0]
 
-    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
-        """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
+    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> Released:
+        """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes;
+        ``busy``: those passed over, their rows held by another transaction."""
         if not job_ids:
-            return set()
-        return {row[0] for row in self._execute("release_jobs_many", {"lease_id": lease_id, "job_ids": list(job_ids)})}
+            return Released()
+        rows = self._execute("release_jobs_many", {"lease_id": lease_id, "job_ids": list(job_ids)})
+        return Released((job_id for job_id, busy in rows if not busy), busy=(job_id for job_id, busy in rows if busy))
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> Released:
         """Give back the jobs running under the lease at an attempt not in ``known`` ((job id,
-        attempt) pairs, after a claim whose answer was lost); returns their (id, attempt)."""
+        attempt) pairs, after a claim whose answer was lost); returns their (id, attempt), and
+        as ``busy`` the ids of those passed over (rows held)."""
         params = {"lease_id": lease_id, **known_params(known)}
-        return {(row[0], row[1]) for row in self._execute("reconcile_lease", params)}
+        rows = self._execute("reconcile_lease", params)
+        return Released(
+            ((job_id, attempt) for job_id, attempt, busy in rows if not busy), busy=(row[0] for row in rows if row[2])
+        )
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one statement; returns their ids in input order."""

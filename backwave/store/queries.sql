@@ -587,9 +587,41 @@ WITH lease AS MATERIALIZED (
 -- statement's snapshot changed the job's row (backwave_settle_new_dependent, migration 0022,
 -- flags it at the enqueue's commit), so that
 -- job is busy here (see "taken"), and written by a later statement that sees the dependency.
+-- A job whose open dependent another transaction holds is busy as well ("writable"): settling
+-- it would wait for that row, and with it every other outcome of the batch.
 -- The count of dependents made ready rides on every returned row; busy ones come back as rows
 -- of their own (busy true), neither applied nor refused.
-WITH RECURSIVE {{outcome_applied}}
+WITH RECURSIVE {{outcome_taken}}
+, ancestors_taken AS MATERIALIZED (
+    -- The jobs taken whose outcome ends them and that have dependents: settle_dependents
+    -- updates those dependents' rows, which an application may hold too (a cancel of one, a
+    -- select_for_update()).
+    SELECT t.id
+    FROM taken AS t JOIN outcome AS o ON o.job_id = t.id
+    WHERE t.unchanged AND t.has_dependents AND o.kind NOT IN ('retry', 'snoozed')
+), dependents_taken AS MATERIALIZED (
+    -- Their open dependents, locked without waiting, in id order. A dependent's own dependents,
+    -- which a failure may cancel in turn (dep_doomed), are not: a cancel policy two links deep
+    -- waits for a holder of that row, as it always did.
+    SELECT w.id
+    FROM backwave_job AS w
+    WHERE w.id = ANY(ARRAY(SELECT d.job_id FROM backwave_dependency AS d
+                           WHERE d.ancestor_id = ANY(ARRAY(SELECT a.id FROM ancestors_taken AS a))))
+      AND w.state IN ('waiting', 'held')
+    ORDER BY w.id
+    FOR NO KEY UPDATE OF w SKIP LOCKED
+), writable AS MATERIALIZED (
+    -- An ancestor one of whose open dependents another transaction holds is busy too, as its
+    -- own row held would make it: the rest of the batch lands, and it is written again later.
+    SELECT t.id FROM taken AS t
+    WHERE t.unchanged
+      AND NOT EXISTS (
+          SELECT FROM backwave_dependency AS d
+          WHERE d.ancestor_id = t.id
+            AND t.id = ANY(ARRAY(SELECT a.id FROM ancestors_taken AS a))
+            AND d.job_id <> ALL (ARRAY(SELECT x.id FROM dependents_taken AS x))
+            AND (SELECT w.state FROM backwave_job AS w WHERE w.id = d.job_id) IN ('waiting', 'held'))
+), {{outcome_applied}}
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
               o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key
 ), settling AS (
@@ -622,7 +654,9 @@ SELECT b.id, 0, true FROM busy AS b
 -- snapshot, the job is busy here), so such a job is left as this statement found it. The store
 -- then writes the outcomes neither applied nor busy here with write_outcomes_many (a refused one
 -- is refused again: the same fence). "released" is always 0.
-WITH {{outcome_applied}}
+WITH {{outcome_taken}}, writable AS MATERIALIZED (
+    SELECT t.id FROM taken AS t WHERE t.unchanged
+), {{outcome_applied}}
       AND NOT j.has_dependents
       -- A dependent enqueued in the writer's own transaction (the test pump's, in a test's
       -- transaction that never commits, so the trigger never flags the job): one probe of the
@@ -639,9 +673,10 @@ UNION ALL
 SELECT b.id, 0, true FROM busy AS b
 
 
--- name: outcome_applied
--- Not a statement: the outcome writes' fence and update (the CTEs lease, outcome and the head
--- of applied, up to its RETURNING), shared by write_outcomes_many and write_outcomes_plain.
+-- name: outcome_taken
+-- Not a statement: the outcome writes' fence and row locks (the CTEs lease, outcome, seen and
+-- taken), shared by write_outcomes_many and write_outcomes_plain. Each then says which jobs
+-- taken it may write (a CTE "writable"(id)) before outcome_applied.
 lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
@@ -676,13 +711,19 @@ lease AS MATERIALIZED (
     -- job (see backwave_settle_new_dependent, migration 0022). Both are "busy": not written, the
     -- writer sends them again, and a new statement then sees what the holder committed.
     -- The join is a primary-key probe per row of "seen" (its estimate, one row, keeps it so).
-    SELECT j.id, j.xmin = s.version AS unchanged
+    SELECT j.id, j.xmin = s.version AS unchanged, j.has_dependents
     FROM seen AS s
     JOIN backwave_job AS j ON j.id = s.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
-), busy AS MATERIALIZED (
+)
+
+
+-- name: outcome_applied
+-- Not a statement: the outcome writes' update (the CTEs busy and the head of applied, up to its
+-- RETURNING), after outcome_taken and a CTE "writable".
+busy AS MATERIALIZED (
     SELECT s.id FROM seen AS s
-    WHERE s.id <> ALL (ARRAY(SELECT t.id FROM taken AS t WHERE t.unchanged))
+    WHERE s.id <> ALL (ARRAY(SELECT t.id FROM writable AS t))
 ), applied AS (
     UPDATE backwave_job AS j
     SET state = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
@@ -715,7 +756,7 @@ lease AS MATERIALIZED (
       -- statistics taken while nothing ran (every lease_id NULL, so "lease_id = ..." looks like
       -- one row), it filtered the whole table by lease first: a sequential scan per batch
       -- (2.96 ms for 16 outcomes at 10,000 rows, against 0.69 ms by probes).
-      AND j.id = ANY(ARRAY(SELECT t.id FROM taken AS t WHERE t.unchanged))
+      AND j.id = ANY(ARRAY(SELECT t.id FROM writable AS t))
       AND j.lease_id = %(lease_id)s
       -- A sub-select, not the literal: with "j.state = 'running'" the planner may read the
       -- partial indexes on running rows (backwave_job_running_lease, _running_queue), which it
@@ -796,22 +837,32 @@ FROM applied AS a
 -- so it waits here, on the handler's thread (never the pump's), for whoever holds the row. The
 -- outcome statement that follows takes a fresh snapshot (READ COMMITTED) that sees what the
 -- holder committed (a dependent enqueued after= the job), and finds the row its own. The lease
--- row first and job rows in id order, as every statement locks (see the top of this file).
+-- row first and job rows in id order, as every statement locks (see the top of this file);
+-- then the job's open dependents, in id order, which the write would otherwise find held by
+-- another transaction (an outcome busy, which this write cannot send again).
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
+), locked AS MATERIALIZED (
+    SELECT j.id
+    FROM backwave_job AS j
+    -- The ids travel as the text of an array literal ("{1,2,3}"): psycopg adapts a Python list
+    -- element by element, which cost the worker more than the lock itself.
+    WHERE j.id = ANY(%(job_ids)s::text::bigint[])
+      AND j.lease_id = %(lease_id)s
+      AND j.state = 'running'
+      AND EXISTS (SELECT FROM lease)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 )
-SELECT j.id
-FROM backwave_job AS j
--- The ids travel as the text of an array literal ("{1,2,3}"): psycopg adapts a Python list
--- element by element, which cost the worker more than the lock itself.
-WHERE j.id = ANY(%(job_ids)s::text::bigint[])
-  AND j.lease_id = %(lease_id)s
-  AND j.state = 'running'
-  AND EXISTS (SELECT FROM lease)
-ORDER BY j.id
-FOR NO KEY UPDATE OF j
+SELECT w.id
+FROM backwave_job AS w
+WHERE w.id = ANY(ARRAY(SELECT d.job_id FROM backwave_dependency AS d
+                       WHERE d.ancestor_id = ANY(ARRAY(SELECT l.id FROM locked AS l))))
+  AND w.state IN ('waiting', 'held')
+ORDER BY w.id
+FOR NO KEY UPDATE OF w
 
 
 -- name: settle_dependents
@@ -938,27 +989,37 @@ FOR NO KEY UPDATE OF j
 -- number: a release gives back whatever attempt is running. The attempt is refunded (the job
 -- did not run to an outcome), and started_at is cleared when that was the first attempt.
 -- A row another transaction holds is passed over (SKIP LOCKED), never waited for: it stays
--- running under the lease, and goes back with it (release_lease, or expiry once it lapses).
+-- running under the lease, held by no one, so it comes back busy (busy true) and the pump sends
+-- it again (see ******** in core/transitions.py). Released rows come back with busy false.
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
-), taken AS MATERIALIZED (
+), seen AS MATERIALIZED (
     SELECT j.id FROM backwave_job AS j
     WHERE j.id = ANY(%(job_ids)s::bigint[])
       AND j.lease_id = %(lease_id)s
       AND j.state = 'running'
       AND EXISTS (SELECT FROM lease)
+), taken AS MATERIALIZED (
+    SELECT j.id FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT s.id FROM seen AS s))
+      AND j.lease_id = %(lease_id)s
+      AND j.state = 'running'
     FOR NO KEY UPDATE SKIP LOCKED
+), released AS (
+    UPDATE backwave_job AS j
+    SET state = 'ready',
+        lease_id = NULL,
+        run_at = now(),
+        attempts = greatest(j.attempts - 1, 0),
+        started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
+    WHERE j.id = ANY(ARRAY(SELECT t.id FROM taken AS t))
+    RETURNING j.id
 )
-UPDATE backwave_job AS j
-SET state = 'ready',
-    lease_id = NULL,
-    run_at = now(),
-    attempts = greatest(j.attempts - 1, 0),
-    started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
-WHERE j.id = ANY(ARRAY(SELECT t.id FROM taken AS t))
-RETURNING j.id
+SELECT r.id, false AS busy FROM released AS r
+UNION ALL
+SELECT s.id, true FROM seen AS s WHERE s.id <> ALL (ARRAY(SELECT t.id FROM taken AS t))
 
 
 -- name: expire_leases
@@ -1656,13 +1717,16 @@ FOR NO KEY UPDATE
 -- retry due at once whose write committed with the lost claim was taken back as the next
 -- attempt, while the pump still holds the outcome of the one before. The pump sends this before
 -- its next claim, so nothing it is about to claim can be among them. Returns (id, attempt) of
--- what it gave back, the attempt as it ran (read before the refund, the rows locked meanwhile).
+-- what it gave back, the attempt as it ran (read before the refund, the rows locked meanwhile),
+-- busy false; and, busy true (attempt NULL), the ids of such jobs whose rows another transaction
+-- held: not waited for, they stay under the lease and the pump releases them later (see ********
+-- in core/transitions.py).
 WITH lease AS MATERIALIZED (
     SELECT id FROM backwave_lease
     WHERE id = %(lease_id)s AND expires_at > now()
     FOR KEY SHARE
-), stray AS MATERIALIZED (
-    SELECT j.id, j.attempts
+), unknown AS MATERIALIZED (
+    SELECT j.id
     FROM backwave_job AS j
     WHERE j.lease_id = %(lease_id)s
       AND j.state = 'running'
@@ -1670,19 +1734,30 @@ WITH lease AS MATERIALIZED (
           SELECT FROM unnest(%(known_ids)s::bigint[], %(known_attempts)s::int[]) AS k(id, attempt)
           WHERE k.id = j.id AND k.attempt = j.attempts)
       AND EXISTS (SELECT FROM lease)
-    -- A row another transaction holds is not waited for: it stays under the lease, for the
-    -- next reconcile, the lease's release or its expiry.
+), stray AS MATERIALIZED (
+    SELECT j.id, j.attempts
+    FROM backwave_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT u.id FROM unknown AS u))
+      AND j.lease_id = %(lease_id)s
+      AND j.state = 'running'
+      AND NOT EXISTS (
+          SELECT FROM unnest(%(known_ids)s::bigint[], %(known_attempts)s::int[]) AS k(id, attempt)
+          WHERE k.id = j.id AND k.attempt = j.attempts)
     FOR NO KEY UPDATE SKIP LOCKED
+), given AS (
+    UPDATE backwave_job AS j
+    SET state = 'ready',
+        lease_id = NULL,
+        run_at = now(),
+        attempts = greatest(j.attempts - 1, 0),
+        started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
+    FROM stray AS s
+    WHERE j.id = s.id
+    RETURNING j.id, s.attempts
 )
-UPDATE backwave_job AS j
-SET state = 'ready',
-    lease_id = NULL,
-    run_at = now(),
-    attempts = greatest(j.attempts - 1, 0),
-    started_at = CASE WHEN j.attempts <= 1 THEN NULL ELSE j.started_at END
-FROM stray AS s
-WHERE j.id = s.id
-RETURNING j.id, s.attempts
+SELECT g.id, g.attempts, false AS busy FROM given AS g
+UNION ALL
+SELECT u.id, NULL, true FROM unknown AS u WHERE u.id <> ALL (ARRAY(SELECT s.id FROM stray AS s))
 
 
 -- name: enqueue_many

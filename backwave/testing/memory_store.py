@@ -49,6 +49,7 @@ from backwave.store.contract import (
     OutcomeRecord,
     ProgressReport,
     PumpHealth,
+    Released,
     ScheduleDefinition,
     ScheduleSlot,
     StoreError,
@@ -814,39 +815,40 @@ class InMemoryStore:
             settle_dependents(db, now, settling, observed)
             return rows
 
-    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> set[int]:
+    def release_jobs_many(self, *, lease_id: uuid.UUID, job_ids: Sequence[int]) -> Released:
         """Give unfinished jobs back (ready, due now, attempt refunded), fenced like outcomes."""
         if not job_ids:
-            return set()
+            return Released()
         with self._operation() as (db, now):
             if not _live(db, lease_id, now):
-                return set()
-            released = set()
+                return Released()
+            released, busy = set(), set()
             for job_id in dict.fromkeys(job_ids):
                 job = db.jobs.get(job_id)
-                if job is not None and job.lease_id == lease_id and job.state == "running" and job_id not in db.held_rows:
+                if job is not None and job.lease_id == lease_id and job.state == "running":
+                    if job_id in db.held_rows:
+                        busy.add(job_id)  # SKIP LOCKED: the pump sends it again
+                        continue
                     _refund(job, now)
                     released.add(job_id)
-            return released
+            return Released(released, busy=busy)
 
-    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+    def reconcile_lease(self, *, lease_id: uuid.UUID, known: Sequence[tuple[int, int]]) -> Released:
         """Give back the jobs running under the lease at an attempt not in ``known``."""
         params = known_params(known)
         keep = set(zip(params["known_ids"], params["known_attempts"], strict=True))
         with self._operation() as (db, now):
             if not _live(db, lease_id, now):
-                return set()
-            released = set()
+                return Released()
+            released, busy = set(), set()
             for job in db.jobs.values():
-                if (
-                    job.lease_id == lease_id
-                    and job.state == "running"
-                    and (job.id, job.attempts) not in keep
-                    and job.id not in db.held_rows
-                ):
+                if job.lease_id == lease_id and job.state == "running" and (job.id, job.attempts) not in keep:
+                    if job.id in db.held_rows:
+                        busy.add(job.id)  # SKIP LOCKED: the pump releases it later
+                        continue
                     released.add((job.id, job.attempts))  # the attempt as it ran, before the refund
                     _refund(job, now)
-            return released
+            return Released(released, busy=busy)
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[int]:
         """Insert jobs in one operation; returns their ids in input order."""
@@ -1378,7 +1380,7 @@ class InMemoryStore:
         for row in rows:
             job = db.jobs.get(row["job_id"])
             if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == row["attempt"]:
-                if job.id in db.held_rows:
+                if job.id in db.held_rows or (db.held_rows and row["kind"] not in _AGAIN and _holds_a_dependent(db, job.id)):
                     busy.add(job.id)  # SKIP LOCKED: written again later, the rest lands now
                     continue
                 if (job.id, row["attempt"]) in db.attempts:
@@ -1508,6 +1510,15 @@ def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str
             job.state, job.run_at = "ready", max(job.run_at, now)
             made_ready += 1
     return made_ready
+
+
+def _holds_a_dependent(db: MemoryDatabase, ancestor_id: int) -> bool:
+    """write_outcomes_many's "dependents_taken": whether another transaction holds an open
+    direct dependent of the ancestor, which settling it would have to update."""
+    return any(
+        ancestor == ancestor_id and job_id in db.held_rows and db.jobs[job_id].state in ("waiting", "held")
+        for job_id, ancestor in db.dependencies
+    )
 
 
 def _answer(applied: set[int], released: int, busy: set[int], replaced: dict) -> Applied:

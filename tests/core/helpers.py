@@ -198,8 +198,8 @@ class Trace:
     def expired(self, released=0, now=None):
         return self.send(ev.LeasesExpired(now=self._now(now), released=released))
 
-    def jobs_released(self, ids: Iterable[int], now=None):
-        return self.send(ev.JobsReleased(now=self._now(now), released=frozenset(ids)))
+    def jobs_released(self, ids: Iterable[int], now=None, busy: Iterable[int] = ()):
+        return self.send(ev.JobsReleased(now=self._now(now), released=frozenset(ids), busy=frozenset(busy)))
 
     def lease_released(self, now=None):
         return self.send(ev.LeaseReleased(now=self._now(now)))

@@ -76,6 +76,7 @@ def test_every_statement_the_store_uses_is_loaded():
         "expire_leases",
         # the plain outcome write (no job of its batch has dependents) and the blocks both share
         "write_outcomes_plain",
+        "outcome_taken",
         "outcome_applied",
         "outcome_noted",
         "outcome_attempts",

@@ -16,13 +16,17 @@ from __future__ import annotations
 import pytest
 
 from backwave.core.jobs import OutcomeKind
-from backwave.store.contract import OutcomeRecord, ProgressReport
+from backwave.store.contract import After, NewJob, OutcomeRecord, ProgressReport
 
 pytestmark = pytest.mark.stores("postgres", "memory")
 
 
 def claim(store, lease, limit=10):
     return store.claim_jobs(lease_id=lease.id, worker_id=lease.worker_id, queues=["default"], limit=limit)
+
+
+def new(after=(), max_attempts=1) -> NewJob:
+    return NewJob(task_path="app.tasks.t", payload={"args": [], "kwargs": {}}, max_attempts=max_attempts, after=tuple(after))
 
 
 def outcome(job, kind=OutcomeKind.SUCCEEDED):
@@ -102,6 +106,34 @@ def test_releasing_jobs_and_reconciling_pass_a_held_job_over(store, lease, rows)
     rows.make_jobs(3)
     held, released, stray = claim(store, lease)
     with rows.hold(held.id):
-        assert store.release_jobs_many(lease_id=lease.id, job_ids=[held.id, released.id]) == {released.id}
-        assert store.reconcile_lease(lease_id=lease.id, known=[(stray.id, stray.attempt)]) == set()
+        given_back = store.release_jobs_many(lease_id=lease.id, job_ids=[held.id, released.id])
+        assert given_back == {released.id} and given_back.busy == {held.id}  # for the driver to send again
+        reconciled = store.reconcile_lease(lease_id=lease.id, known=[(stray.id, stray.attempt)])
+        assert reconciled == set() and reconciled.busy == {held.id}
     assert rows.states([held.id, released.id, stray.id]) == {held.id: "running", released.id: "ready", stray.id: "running"}
+    given_back = store.release_jobs_many(lease_id=lease.id, job_ids=[held.id, released.id])  # released: not busy
+    assert given_back == {held.id} and not given_back.busy
+    assert rows.states([held.id]) == {held.id: "ready"}
+
+
+def test_a_held_dependent_makes_its_ancestors_outcome_busy_and_the_rest_of_the_batch_lands(store, lease, rows):
+    # An application holding a dependent (a cancel of it, a select_for_update() in a long
+    # atomic()) while its ancestor finishes: the write settling that dependent would wait for it.
+    ancestor, dependent, other = store.enqueue_many([new(), new(after=[After(position=0)]), new()])
+    claimed = {job.id: job for job in claim(store, lease)}
+    outcomes = [outcome(claimed[ancestor]), outcome(claimed[other])]
+    with rows.hold(dependent):
+        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=outcomes)
+        assert applied == {other} and applied.busy == {ancestor}
+        assert rows.states([ancestor, dependent, other]) == {ancestor: "running", dependent: "waiting", other: "succeeded"}
+    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(claimed[ancestor])])
+    assert applied == {ancestor} and applied.released == 1 and not applied.busy
+    assert rows.states([ancestor, dependent]) == {ancestor: "succeeded", dependent: "ready"}
+
+
+def test_a_retry_of_an_ancestor_is_not_held_by_its_dependent(store, lease, rows):
+    ancestor, dependent = store.enqueue_many([new(max_attempts=3), new(after=[After(position=0)])])
+    (job,) = claim(store, lease)
+    with rows.hold(dependent):
+        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job, OutcomeKind.RETRY)])
+    assert applied == {ancestor} and not applied.busy
