@@ -596,45 +596,31 @@ WITH RECURSIVE {{outcome_taken}}
     -- The jobs taken whose outcome ends them and that have dependents: settle_dependents
     -- updates those dependents' rows, which an application may hold too (a cancel of one, a
     -- select_for_update()).
-    SELECT t.id, o.kind <> 'succeeded' AS failing
+    SELECT t.id
     FROM taken AS t JOIN outcome AS o ON o.job_id = t.id
     WHERE t.unchanged AND t.has_dependents AND o.kind NOT IN ('retry', 'snoozed')
-), dependents_reached(id, root, cancelled) AS (
-    -- The rows settling each of them (root) updates: its direct dependents, and, for a failure,
-    -- those its cancels reach in turn over "cancel" dependencies, as dep_doomed walks them.
-    -- Ids as arrays and the index probed per row found, for dep_doomed's reasons (see there).
-    SELECT d.job_id, d.ancestor_id,
-           d.on_failure = 'cancel' AND d.ancestor_id = ANY(ARRAY(SELECT a.id FROM ancestors_taken AS a WHERE a.failing))
-    FROM backwave_dependency AS d
-    WHERE d.ancestor_id = ANY(ARRAY(SELECT a.id FROM ancestors_taken AS a))
-    UNION
-    SELECT c.job_id, x.root, true
-    FROM dependents_reached AS x
-    CROSS JOIN LATERAL (
-        SELECT c.job_id FROM backwave_dependency AS c
-        WHERE x.cancelled AND c.ancestor_id = x.id AND c.on_failure = 'cancel'
-        OFFSET 0
-    ) AS c
-    WHERE (SELECT w.state FROM backwave_job AS w WHERE w.id = x.id) IN ('waiting', 'held')
 ), dependents_taken AS MATERIALIZED (
-    -- Those of them still open, locked without waiting, in id order.
+    -- Their open dependents, locked without waiting, in id order. A dependent's own dependents,
+    -- which a failure may cancel in turn (dep_doomed), are not: a cancel policy two links deep
+    -- waits for a holder of that row, as it always did.
     SELECT w.id
     FROM backwave_job AS w
-    WHERE w.id = ANY(ARRAY(SELECT r.id FROM dependents_reached AS r))
+    WHERE w.id = ANY(ARRAY(SELECT d.job_id FROM backwave_dependency AS d
+                           WHERE d.ancestor_id = ANY(ARRAY(SELECT a.id FROM ancestors_taken AS a))))
       AND w.state IN ('waiting', 'held')
     ORDER BY w.id
     FOR NO KEY UPDATE OF w SKIP LOCKED
 ), writable AS MATERIALIZED (
-    -- An ancestor one of whose open dependents (or of the dependents its failure cancels in
-    -- turn) another transaction holds is busy too, as its own row held would make it: the rest
-    -- of the batch lands, and it is written again later.
+    -- An ancestor one of whose open dependents another transaction holds is busy too, as its
+    -- own row held would make it: the rest of the batch lands, and it is written again later.
     SELECT t.id FROM taken AS t
     WHERE t.unchanged
       AND NOT EXISTS (
-          SELECT FROM dependents_reached AS r
-          WHERE r.root = t.id
-            AND r.id <> ALL (ARRAY(SELECT x.id FROM dependents_taken AS x))
-            AND (SELECT w.state FROM backwave_job AS w WHERE w.id = r.id) IN ('waiting', 'held'))
+          SELECT FROM backwave_dependency AS d
+          WHERE d.ancestor_id = t.id
+            AND t.id = ANY(ARRAY(SELECT a.id FROM ancestors_taken AS a))
+            AND d.job_id <> ALL (ARRAY(SELECT x.id FROM dependents_taken AS x))
+            AND (SELECT w.state FROM backwave_job AS w WHERE w.id = d.job_id) IN ('waiting', 'held'))
 ), {{outcome_applied}}
     RETURNING j.id, j.worker_id, j.last_attempted_at, o.attempt, o.kind, o.return_value,
               o.error_class, o.traceback, o.duration, o.overrun, j.queue, j.limit_key

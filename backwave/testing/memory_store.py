@@ -1380,9 +1380,7 @@ class InMemoryStore:
         for row in rows:
             job = db.jobs.get(row["job_id"])
             if job is not None and job.lease_id == lease_id and job.state == "running" and job.attempts == row["attempt"]:
-                if job.id in db.held_rows or (
-                    db.held_rows and row["kind"] not in _AGAIN and _holds_a_dependent(db, job.id, row["kind"] != "succeeded")
-                ):
+                if job.id in db.held_rows or (db.held_rows and row["kind"] not in _AGAIN and _holds_a_dependent(db, job.id)):
                     busy.add(job.id)  # SKIP LOCKED: written again later, the rest lands now
                     continue
                 if (job.id, row["attempt"]) in db.attempts:
@@ -1514,24 +1512,13 @@ def settle_dependents(db: MemoryDatabase, now: datetime, settling: dict[int, str
     return made_ready
 
 
-def _holds_a_dependent(db: MemoryDatabase, ancestor_id: int, failing: bool) -> bool:
-    """write_outcomes_many's "dependents_reached" and "dependents_taken": whether another
-    transaction holds an open row that settling the ancestor would have to update: a direct
-    dependent, or, for a failure, one its cancels reach in turn over "cancel" dependencies."""
-    reached, todo = set(), [ancestor_id]
-    while todo:
-        ancestor = todo.pop()
-        for (job_id, parent), (on_failure, _position) in db.dependencies.items():
-            # From the ancestor itself every dependent; past it only "cancel" ones, in a failure.
-            if parent != ancestor or (ancestor != ancestor_id and on_failure != "cancel") or job_id in reached:
-                continue
-            reached.add(job_id)
-            if db.jobs[job_id].state in ("waiting", "held"):
-                if job_id in db.held_rows:
-                    return True
-                if failing and on_failure == "cancel":
-                    todo.append(job_id)
-    return False
+def _holds_a_dependent(db: MemoryDatabase, ancestor_id: int) -> bool:
+    """write_outcomes_many's "dependents_taken": whether another transaction holds an open
+    direct dependent of the ancestor, which settling it would have to update."""
+    return any(
+        ancestor == ancestor_id and job_id in db.held_rows and db.jobs[job_id].state in ("waiting", "held")
+        for job_id, ancestor in db.dependencies
+    )
 
 
 def _answer(applied: set[int], released: int, busy: set[int], replaced: dict) -> Applied:

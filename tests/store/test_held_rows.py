@@ -131,34 +131,6 @@ def test_a_held_dependent_makes_its_ancestors_outcome_busy_and_the_rest_of_the_b
     assert rows.states([ancestor, dependent]) == {ancestor: "succeeded", dependent: "ready"}
 
 
-def test_a_held_dependent_two_links_down_makes_a_failing_ancestors_outcome_busy(store, lease, rows):
-    # A failure cancels its dependent, which cancels its own dependent in turn: the write settling
-    # the ancestor updates that second row too, which an application may hold.
-    ancestor, child, grandchild, other = store.enqueue_many(
-        [new(), new(after=[After(position=0)]), new(after=[After(position=1)]), new()]
-    )
-    claimed = {job.id: job for job in claim(store, lease)}
-    assert set(claimed) == {ancestor, other}
-    outcomes = [outcome(claimed[ancestor], OutcomeKind.FAILED), outcome(claimed[other])]
-    with rows.hold(grandchild):
-        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=outcomes)
-        assert applied == {other} and applied.busy == {ancestor}
-        assert rows.states([ancestor, child, grandchild]) == {ancestor: "running", child: "waiting", grandchild: "waiting"}
-    applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(claimed[ancestor], OutcomeKind.FAILED)])
-    assert applied == {ancestor} and not applied.busy
-    assert rows.states([ancestor, child, grandchild]) == {ancestor: "failed", child: "cancelled", grandchild: "cancelled"}
-
-
-def test_a_success_does_not_look_past_its_direct_dependents(store, lease, rows):
-    # Only a failure's cancels travel further: a success settles its direct dependents alone.
-    ancestor, child, grandchild = store.enqueue_many([new(), new(after=[After(position=0)]), new(after=[After(position=1)])])
-    (job,) = claim(store, lease)
-    with rows.hold(grandchild):
-        applied = store.write_outcomes_many(lease_id=lease.id, outcomes=[outcome(job)])
-    assert applied == {ancestor} and not applied.busy
-    assert rows.states([ancestor, child, grandchild]) == {ancestor: "succeeded", child: "ready", grandchild: "waiting"}
-
-
 def test_a_retry_of_an_ancestor_is_not_held_by_its_dependent(store, lease, rows):
     ancestor, dependent = store.enqueue_many([new(max_attempts=3), new(after=[After(position=0)])])
     (job,) = claim(store, lease)
