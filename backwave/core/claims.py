@@ -134,16 +134,19 @@ def refusal(
     abandoned: int,
     pool_size: int,
     ahead: int,
+    busy: int = 0,
 ) -> str | None:
     """Why a claim's answer cannot be taken, or None. ``obsolete`` buffered outcomes are of jobs
     the claim returned again: they give their slots to the new attempts. ``ahead``: the most jobs
-    that may wait for a thread beyond the pool's ``pool_size``."""
+    that may wait for a thread beyond the pool's ``pool_size``. ``busy`` buffered outcomes came
+    back busy from a write: a claim riding that write was sized as if they had landed, so its
+    answer may hold that many more (the pump claims nothing more until they land)."""
     if len(jobs) > asked:
         return f"the claim asked for {asked} jobs and got {len(jobs)}"
     ids = [job.id for job in jobs]
     if len(set(ids)) != len(ids) or any(i in executing or i in queued for i in ids):
         return f"the claim returned a job this pump already holds: {ids}"
-    if unreported - obsolete + abandoned + len(jobs) > pool_size + ahead:
+    if unreported - obsolete - busy + abandoned + len(jobs) > pool_size + ahead:
         held = f"{unreported} unreported" + (f" + {abandoned} abandoned" if abandoned else "")
         room = f"pool_size {pool_size}" + (f" + {ahead} ahead" if ahead else "")
         return f"backpressure violated: {held} + {len(jobs)} claimed > {room}"

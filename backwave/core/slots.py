@@ -113,6 +113,7 @@ class Slots:
             abandoned=len(self.abandoned),
             pool_size=self.options.pool_size,
             ahead=self.options.jobs_ahead,
+            busy=len(self.outcomes.held_back),
         ):
             raise ValueError(reason)
         if obsolete:

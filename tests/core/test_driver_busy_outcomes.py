@@ -63,3 +63,22 @@ def test_draining_a_busy_outcome_is_retried_until_the_deadline_then_goes_with_th
     assert t.written(again, now=1.3, busy=[1]) == []
     (last,) = of_type(t.tick(5.1), cmd.WriteOutcomes)  # due again, past the deadline: one more try
     assert of_type(t.written(last, now=5.2, busy=[1]), cmd.ReleaseLease)
+
+
+def test_a_claim_sized_for_outcomes_that_came_back_busy_is_taken():
+    # The claim riding a write is sized as if the write's outcomes all landed: when some come back
+    # busy, their slots stay taken and the claim's full answer holds that many jobs more than the
+    # pool and the room ahead. Refusing it halted the pump (a fan-in on a real worker, two pumps
+    # settling one dependent: "backpressure violated: 96 unreported + 4 claimed > pool_size 4 + 92 ahead").
+    t, jobs = Trace.with_jobs(2, pool_size=2, poll_interval=1.0, claim_ahead=0)
+    t.finished(jobs[0], now=0.1)
+    commands = t.finished(jobs[1], now=0.1)
+    (write,) = of_type(commands, cmd.WriteOutcomes)
+    (riding,) = of_type(commands, cmd.ClaimJobs)
+    assert riding.limit == 2
+    t.written(write, now=0.2, busy=[1, 2])
+    t.returned(*t.jobs.make(2), now=0.2)  # no InvalidEvent
+    assert t.driver.unreported == 4
+    assert of_type(t.tick(0.5), cmd.ClaimJobs) == []  # over the pool until the busy ones land
+    (again,) = of_type(t.tick(1.2), cmd.WriteOutcomes)
+    assert ids_of(again) == [1, 2]
